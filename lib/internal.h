@@ -1,0 +1,87 @@
+/*
+ * internal.h - what the host modules and the two backends share: the cache's
+ * layout, a validated apply call, and the backend entry points.  C only; the
+ * CUDA backend (kernels/) includes it inside extern "C".
+ */
+#ifndef FUSEDROPE_INTERNAL_H
+#define FUSEDROPE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fusedrope.h"
+#include "rope_math.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct fusedrope_cache {
+    fusedrope_device device;  /* CPU or CUDA */
+    int rot_dim;
+    int64_t max_positions;    /* 0: no table, angles from inv_freq at apply time */
+    float *cos, *sin;         /* [max_positions][rot_dim/2] on `device`, or NULL */
+    double *inv_freq;         /* [rot_dim/2] on the host, NULL for a user table */
+    double *inv_freq_dev;     /* the same on the GPU (CUDA table-less caches) */
+    double attention_factor;
+    int *range_flag;          /* CUDA: mapped host word the kernels raise */
+    int *range_flag_dev;      /* its device address */
+};
+
+/* One tensor of a validated call: in and out views of the same shape. */
+typedef struct fr_io {
+    const void *in;
+    void *out;
+    int64_t heads, head_dim;
+    int64_t in_ss, in_sb, in_sh;    /* element strides of in: seq, batch, head */
+    int64_t out_ss, out_sb, out_sh; /* element strides of out */
+    int in_place;
+} fr_io;
+
+/* A forward or backward call that passed every host-side check. */
+typedef struct fr_apply_args {
+    const fusedrope_cache *cache;
+    float sgn;                /* +1 forward, -1 backward */
+    int interleaved;
+    fusedrope_dtype dtype;
+    int64_t seq_len, batch;   /* batch = 1 for THD */
+    fr_pos_args pos;
+    int count;                /* 1, or 2 for *_qk */
+    fr_io io[2];
+    void *stream;
+} fr_apply_args;
+
+/* Records the detail of a failure for fusedrope_last_error() and returns status. */
+fusedrope_status fr_fail(fusedrope_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void fr_clear_error(void);
+size_t fr_dtype_size(fusedrope_dtype dtype);
+
+/* Forward and backward modules both end here. */
+fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, float sgn,
+                          const fusedrope_positions *pos, int count,
+                          const fusedrope_tensor *const in[2],
+                          const fusedrope_tensor *const out[2], void *stream);
+
+/* OpenMP backend (lib/cpu_apply.c). */
+void fr_cpu_apply(const fr_apply_args *args);
+
+/* CUDA backend (kernels/*.cu, or lib/cuda_stub.c without CUDA).  Every one
+ * returns a status and records its detail with fr_fail. */
+int fr_cuda_device_present(void);
+fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache);  /* host cos/sin/inv_freq -> device */
+fusedrope_status fr_cuda_cache_download(const fusedrope_cache *cache, float *cos, float *sin);
+void fr_cuda_cache_release(fusedrope_cache *cache);
+fusedrope_status fr_cuda_cache_check(const fusedrope_cache *cache, void *stream);
+/* 1 if p is device-accessible memory, 0 if host memory, -1 on a runtime error. */
+int fr_cuda_is_device_pointer(const void *p);
+fusedrope_status fr_cuda_apply(const fr_apply_args *args);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FUSEDROPE_INTERNAL_H */

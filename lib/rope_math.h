@@ -1,0 +1,186 @@
+/*
+ * rope_math.h - the per-element math and the position rules, once, for both
+ * compilers: gcc builds the OpenMP backend from it, nvcc the CUDA kernels.
+ * Forward and backward differ only in the sign of sin, passed in as `sgn`.
+ *
+ * Bit-identical results on CPU and GPU depend on both compilers evaluating
+ * a*c - b*s as two rounded products and a rounded difference: the library is
+ * built with -ffp-contract=off (gcc) and -fmad=false (nvcc).
+ */
+#ifndef FUSEDROPE_ROPE_MATH_H
+#define FUSEDROPE_ROPE_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define FR_HD __host__ __device__ __forceinline__
+#else
+#define FR_HD static inline
+#endif
+
+/* ------------------------------------------------------- dtype conversion */
+
+FR_HD uint32_t fr_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+FR_HD float fr_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+FR_HD float fr_bf16_to_float(uint16_t h) { return fr_u2f((uint32_t)h << 16); }
+
+/* Round to nearest even; NaN stays NaN (quietened). */
+FR_HD uint16_t fr_float_to_bf16(float f)
+{
+    uint32_t u = fr_f2u(f);
+    uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)(nan ? ((u >> 16) | 0x40u) : rounded);
+}
+
+/* Exact: every binary16 value is a float. */
+FR_HD float fr_half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t em = (uint32_t)(h & 0x7fffu) << 13;
+    uint32_t exp = em & 0x0f800000u;
+    float mag;
+    if (exp == 0x0f800000u)          /* Inf or NaN */
+        mag = fr_u2f(em + (uint32_t)((255 - 31) << 23));
+    else if (exp == 0)                /* zero or subnormal: scale exactly */
+        mag = fr_u2f(em + (113u << 23)) - fr_u2f(113u << 23);
+    else
+        mag = fr_u2f(em + (uint32_t)((127 - 15) << 23));
+    return fr_u2f(fr_f2u(mag) | sign);
+}
+
+/* Round to nearest even, overflow to Inf, NaN to a quiet NaN. */
+FR_HD uint16_t fr_float_to_half(float f)
+{
+    uint32_t u = fr_f2u(f);
+    uint32_t sign = u & 0x80000000u;
+    uint32_t a = u ^ sign;
+    uint32_t o;
+    if (a >= (uint32_t)((127 + 16) << 23)) {
+        o = a > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    } else if (a < (113u << 23)) {
+        /* Subnormal result: let the float adder round at the binary16 ulp. */
+        const uint32_t magic = (uint32_t)((127 - 15) + (23 - 10) + 1) << 23;
+        o = fr_f2u(fr_u2f(a) + fr_u2f(magic)) - magic;
+    } else {
+        uint32_t odd = (a >> 13) & 1u;
+        a += (uint32_t)(((15 - 127) << 23) + 0xfff) + odd;
+        o = a >> 13;
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+
+/* ---------------------------------------------------------------- rotation */
+
+/* y = rotation of the pair (a, b) by the angle whose cos/sin are c/s;
+ * sgn = +1 forward, -1 backward (the transpose). */
+FR_HD void fr_rotate(float a, float b, float c, float s, float sgn, float *ya, float *yb)
+{
+    float ss = s * sgn;
+    float ac = a * c, bs = b * ss, bc = b * c, as = a * ss;
+    *ya = ac - bs;
+    *yb = bc + as;
+}
+
+/* Channel indices of pair i in a head: NeoX pairs i with i + half,
+ * interleaved pairs 2i with 2i+1. */
+FR_HD void fr_pair_channels(int interleaved, int64_t i, int64_t half, int64_t *ca, int64_t *cb)
+{
+    *ca = interleaved ? 2 * i : i;
+    *cb = interleaved ? 2 * i + 1 : i + half;
+}
+
+/* ---------------------------------------------------------------- positions */
+
+/*
+ * Context parallelism (Megatron / Transformer Engine): a sequence is cut into
+ * 2*cp_size equal chunks; rank r holds chunks r and 2*cp_size-1-r, so a local
+ * index j of a local length len (even) maps to the global position below.
+ */
+FR_HD int64_t fr_cp_position(int64_t j, int64_t len, int cp_size, int cp_rank)
+{
+    int64_t chunk;
+    if (cp_size <= 1)
+        return j;
+    chunk = len / 2;
+    if (j < chunk)
+        return (int64_t)cp_rank * chunk + j;
+    return (int64_t)(2 * cp_size - 1 - cp_rank) * chunk + (j - chunk);
+}
+
+/* The sequence that packed token t belongs to: the last s with
+ * cu_seqlens[s] <= t, in [0, num_seqs).  Stays in bounds for any array
+ * contents, monotonic or not. */
+FR_HD int64_t fr_thd_sequence(const int32_t *cu_seqlens, int64_t num_seqs, int64_t t)
+{
+    int64_t lo = 0, hi = num_seqs - 1;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo + 1) / 2;
+        if ((int64_t)cu_seqlens[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Where a call's positions come from; arrays on the backend's device. */
+typedef struct fr_pos_args {
+    const int64_t *ids;
+    const int64_t *offsets;
+    const int32_t *cu_seqlens; /* non-NULL: packed THD, batch is 1 */
+    int64_t num_seqs;
+    int64_t seq_len;           /* tokens per batch entry (THD: all tokens) */
+    int cp_size, cp_rank;
+} fr_pos_args;
+
+/*
+ * Position of token (b, s); for THD, s is the packed token index.  Sets *bad
+ * when the position arrays describe no valid position for it (a token outside
+ * every sequence, a negative result); the caller then skips the token.  Sums
+ * wrap instead of overflowing so garbage in device memory is never UB.
+ */
+FR_HD int64_t fr_token_position(const fr_pos_args *pa, int64_t b, int64_t s, int *bad)
+{
+    int64_t j = s, len = pa->seq_len, seq = b, p;
+    if (pa->cu_seqlens) {
+        int64_t start;
+        seq = fr_thd_sequence(pa->cu_seqlens, pa->num_seqs, s);
+        start = pa->cu_seqlens[seq];
+        len = (int64_t)pa->cu_seqlens[seq + 1] - start;
+        j = s - start;
+        if (j < 0 || j >= len) {
+            *bad = 1;
+            return 0;
+        }
+    }
+    if (pa->ids) {
+        p = pa->ids[pa->cu_seqlens ? s : b * pa->seq_len + s];
+    } else {
+        p = fr_cp_position(j, len, pa->cp_size, pa->cp_rank);
+        if (pa->offsets)
+            p = (int64_t)((uint64_t)p + (uint64_t)pa->offsets[seq]);
+    }
+    *bad = p < 0;
+    return p;
+}
+
+/* cos/sin of p * inv_freq, in double, times the attention factor, rounded
+ * once to float: the table-less mode's equivalent of a table row entry. */
+FR_HD void fr_angle(int64_t p, double inv_freq, double attn, float *c, float *s)
+{
+    double ang = (double)p * inv_freq;
+#ifdef __CUDA_ARCH__
+    double sv, cv;
+    sincos(ang, &sv, &cv);
+#else
+    double sv = sin(ang), cv = cos(ang);
+#endif
+    *c = (float)(cv * attn);
+    *s = (float)(sv * attn);
+}
+
+#endif /* FUSEDROPE_ROPE_MATH_H */

@@ -1,0 +1,1 @@
+# filled by the CUDA backend author
