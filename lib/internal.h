@@ -6,6 +6,10 @@
 #ifndef FUSEDROPE_INTERNAL_H
 #define FUSEDROPE_INTERNAL_H
 
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,15 +65,19 @@ void fr_clear_error(void);
 size_t fr_dtype_size(fusedrope_dtype dtype);
 
 /* Forward and backward modules both end here. */
+/* Forward and backward modules both end here: checks every argument, then
+ * runs the call on the cache's device.  names: in[0], out[0], in[1], out[1]
+ * as the caller calls them, for error messages. */
 fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, float sgn,
                           const fusedrope_positions *pos, int count,
                           const fusedrope_tensor *const in[2],
-                          const fusedrope_tensor *const out[2], void *stream);
+                          const fusedrope_tensor *const out[2], const char *const names[4],
+                          void *stream);
 
 /* OpenMP backend (lib/cpu_apply.c). */
 void fr_cpu_apply(const fr_apply_args *args);
 
-/* CUDA backend (kernels/*.cu, or lib/cuda_stub.c without CUDA).  Every one
+/* CUDA backend (the kernels directory, or lib/cuda_stub.c without CUDA).  Every one
  * returns a status and records its detail with fr_fail. */
 int fr_cuda_device_present(void);
 fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache);  /* host cos/sin/inv_freq -> device */

@@ -36,40 +36,35 @@ FR_HD uint16_t fr_float_to_bf16(float f)
     return (uint16_t)(nan ? ((u >> 16) | 0x40u) : rounded);
 }
 
-/* Exact: every binary16 value is a float. */
+/* Exact: every binary16 value is a float.  All three cases are computed and
+ * one is selected, so a loop of conversions vectorises. */
 FR_HD float fr_half_to_float(uint16_t h)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t em = (uint32_t)(h & 0x7fffu) << 13;
-    uint32_t exp = em & 0x0f800000u;
-    float mag;
-    if (exp == 0x0f800000u)          /* Inf or NaN */
-        mag = fr_u2f(em + (uint32_t)((255 - 31) << 23));
-    else if (exp == 0)                /* zero or subnormal: scale exactly */
-        mag = fr_u2f(em + (113u << 23)) - fr_u2f(113u << 23);
-    else
-        mag = fr_u2f(em + (uint32_t)((127 - 15) << 23));
-    return fr_u2f(fr_f2u(mag) | sign);
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t em = (uint32_t)(h & 0x7fffu) << 13;
+    const uint32_t exp = em & 0x0f800000u;
+    const uint32_t normal = em + (112u << 23);   /* rebias exponent 15 -> 127 */
+    const uint32_t infnan = em + (224u << 23);   /* exponent 31 -> 255 */
+    /* zero or subnormal: scale exactly through the float unit */
+    const uint32_t tiny = fr_f2u(fr_u2f(em + (113u << 23)) - fr_u2f(113u << 23));
+    const uint32_t mag = exp == 0x0f800000u ? infnan : exp == 0 ? tiny : normal;
+    return fr_u2f(mag | sign);
 }
 
-/* Round to nearest even, overflow to Inf, NaN to a quiet NaN. */
+/* Round to nearest even, overflow to Inf, NaN to a quiet NaN; branch-free
+ * like fr_half_to_float. */
 FR_HD uint16_t fr_float_to_half(float f)
 {
-    uint32_t u = fr_f2u(f);
-    uint32_t sign = u & 0x80000000u;
-    uint32_t a = u ^ sign;
-    uint32_t o;
-    if (a >= (uint32_t)((127 + 16) << 23)) {
-        o = a > 0x7f800000u ? 0x7e00u : 0x7c00u;
-    } else if (a < (113u << 23)) {
-        /* Subnormal result: let the float adder round at the binary16 ulp. */
-        const uint32_t magic = (uint32_t)((127 - 15) + (23 - 10) + 1) << 23;
-        o = fr_f2u(fr_u2f(a) + fr_u2f(magic)) - magic;
-    } else {
-        uint32_t odd = (a >> 13) & 1u;
-        a += (uint32_t)(((15 - 127) << 23) + 0xfff) + odd;
-        o = a >> 13;
-    }
+    const uint32_t u = fr_f2u(f);
+    const uint32_t sign = u & 0x80000000u;
+    const uint32_t a = u ^ sign;
+    const uint32_t big = a > 0x7f800000u ? 0x7e00u : 0x7c00u;
+    /* subnormal result: let the float adder round at the binary16 ulp */
+    const uint32_t magic = 126u << 23;
+    const uint32_t tiny = fr_f2u(fr_u2f(a) + fr_u2f(magic)) - magic;
+    /* normal: rebias exponent 127 -> 15 and round to nearest even */
+    const uint32_t normal = (a - (112u << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
+    const uint32_t o = a >= (143u << 23) ? big : a < (113u << 23) ? tiny : normal;
     return (uint16_t)(o | (sign >> 16));
 }
 
@@ -152,7 +147,7 @@ FR_HD int64_t fr_token_position(const fr_pos_args *pa, int64_t b, int64_t s, int
         start = pa->cu_seqlens[seq];
         len = (int64_t)pa->cu_seqlens[seq + 1] - start;
         j = s - start;
-        if (j < 0 || j >= len) {
+        if (j < 0 || j >= len || (pa->cp_size > 1 && len % 2)) {
             *bad = 1;
             return 0;
         }

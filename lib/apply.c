@@ -1,0 +1,353 @@
+/*
+ * apply.c - the host-side checks every forward/backward call passes before
+ * anything is written, and the dispatch to the OpenMP or CUDA backend.
+ * Forward and backward (and their _qk forms) differ only in `sgn`.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define TRY(expr)                                   \
+    do {                                            \
+        fusedrope_status st_ = (expr);              \
+        if (st_ != FUSEDROPE_OK)                    \
+            return st_;                             \
+    } while (0)
+
+typedef long long ll;
+
+/* One strided dimension of a view: `n` steps of `stride` elements. */
+typedef struct { int64_t stride, n; } dim;
+
+/* Sufficient test that blocks of `width` elements placed on the lattice
+ * spanned by dims never share an element: sorted by stride, each stride must
+ * clear everything the smaller dimensions cover. */
+static int lattice_disjoint(dim *d, int nd, int64_t width)
+{
+    for (int i = 1; i < nd; i++)
+        for (int j = i; j > 0 && d[j].stride < d[j - 1].stride; j--) {
+            dim t = d[j];
+            d[j] = d[j - 1];
+            d[j - 1] = t;
+        }
+    for (int i = 0; i < nd; i++) {
+        if (d[i].n <= 1)
+            continue;
+        if (d[i].stride < width)
+            return 0;
+        width += (d[i].n - 1) * d[i].stride; /* fits: the extent was checked */
+    }
+    return 1;
+}
+
+static int tokens_empty(const fusedrope_tensor *t)
+{
+    return t->seq_len == 0 || t->batch == 0 || t->heads == 0;
+}
+
+/* Shape, strides, pointer and extent of one descriptor; *bytes gets the
+ * number of bytes from data to one past its last element. */
+static fusedrope_status check_tensor(const fusedrope_tensor *t, const char *name, int rot_dim,
+                                     int64_t *bytes)
+{
+    const int64_t size[4] = { t->seq_len, t->batch, t->heads, t->head_dim };
+    const int64_t stride[3] = { t->stride_seq, t->stride_batch, t->stride_head };
+    static const char *const size_name[4] = { "seq_len", "batch", "heads", "head_dim" };
+    static const char *const stride_name[3] = { "stride_seq", "stride_batch", "stride_head" };
+    int64_t last = 0, es;
+
+    *bytes = 0;
+    if ((unsigned)t->dtype > FUSEDROPE_BFLOAT16)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "%s->dtype is %d, not a fusedrope_dtype", name,
+                       (int)t->dtype);
+    for (int i = 0; i < 4; i++)
+        if (size[i] < 0)
+            return fr_fail(FUSEDROPE_ERR_INVALID, "%s->%s is %lld; it must be >= 0", name,
+                           size_name[i], (ll)size[i]);
+    for (int i = 0; i < 3; i++)
+        if (stride[i] < 0)
+            return fr_fail(FUSEDROPE_ERR_INVALID, "%s->%s is %lld; strides must be >= 0", name,
+                           stride_name[i], (ll)stride[i]);
+    if (tokens_empty(t))
+        return FUSEDROPE_OK;
+    if (t->head_dim < rot_dim)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "%s->head_dim is %lld, smaller than the cache's rot_dim %d", name,
+                       (ll)t->head_dim, rot_dim);
+    if (!t->data)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "%s->data is NULL for a non-empty tensor", name);
+    es = (int64_t)fr_dtype_size(t->dtype);
+    for (int i = 0; i < 3; i++) {
+        int64_t step;
+        if (__builtin_mul_overflow(size[i] - 1, stride[i], &step) ||
+            __builtin_add_overflow(last, step, &last))
+            goto overflow;
+    }
+    if (__builtin_add_overflow(last, t->head_dim, &last) ||
+        __builtin_mul_overflow(last, es, bytes) || (uint64_t)*bytes > SIZE_MAX ||
+        (uintptr_t)t->data + (uint64_t)*bytes < (uintptr_t)t->data)
+        goto overflow;
+    return FUSEDROPE_OK;
+overflow:
+    return fr_fail(FUSEDROPE_ERR_RANGE,
+                   "%s spans more memory than can be addressed (seq_len %lld x stride %lld, "
+                   "batch %lld x stride %lld, heads %lld x stride %lld, head_dim %lld)",
+                   name, (ll)t->seq_len, (ll)t->stride_seq, (ll)t->batch, (ll)t->stride_batch,
+                   (ll)t->heads, (ll)t->stride_head, (ll)t->head_dim);
+}
+
+static fusedrope_status check_output_layout(const fusedrope_tensor *t, const char *name)
+{
+    dim d[3] = { { t->stride_seq, t->seq_len }, { t->stride_batch, t->batch },
+                 { t->stride_head, t->heads } };
+    if (!lattice_disjoint(d, 3, t->head_dim))
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "%s's elements overlap each other (strides seq %lld, batch %lld, head %lld "
+                       "with head_dim %lld): an output must not",
+                       name, (ll)t->stride_seq, (ll)t->stride_batch, (ll)t->stride_head,
+                       (ll)t->head_dim);
+    return FUSEDROPE_OK;
+}
+
+/* Whether two non-empty views provably share no byte: their address ranges
+ * are apart, or they are side by side in every token of one token lattice
+ * (q and k as views into one packed QKV buffer). */
+static int views_disjoint(const fusedrope_tensor *a, int64_t abytes, const fusedrope_tensor *b,
+                          int64_t bbytes)
+{
+    uintptr_t pa = (uintptr_t)a->data, pb = (uintptr_t)b->data;
+    int64_t es = (int64_t)fr_dtype_size(a->dtype), delta, fa, fb, lo, hi;
+    dim d[2] = { { a->stride_seq, a->seq_len }, { a->stride_batch, a->batch } };
+
+    if (pa + (uint64_t)abytes <= pb || pb + (uint64_t)bbytes <= pa)
+        return 1;
+    if (a->dtype != b->dtype || a->seq_len != b->seq_len || a->batch != b->batch ||
+        (a->seq_len > 1 && a->stride_seq != b->stride_seq) ||
+        (a->batch > 1 && a->stride_batch != b->stride_batch))
+        return 0;
+    if (pb >= pa ? (pb - pa) % (uint64_t)es : (pa - pb) % (uint64_t)es)
+        return 0;
+    delta = pb >= pa ? (int64_t)((pb - pa) / (uint64_t)es) : -(int64_t)((pa - pb) / (uint64_t)es);
+    fa = (a->heads - 1) * a->stride_head + a->head_dim;
+    fb = (b->heads - 1) * b->stride_head + b->head_dim;
+    if (delta < fa && delta + fb > 0)
+        return 0;
+    lo = delta < 0 ? delta : 0;
+    hi = delta + fb > fa ? delta + fb : fa;
+    return lattice_disjoint(d, 2, hi - lo);
+}
+
+static fusedrope_status check_pointer_device(const void *p, const char *name, fusedrope_device dev)
+{
+    int on_device;
+    if (!p)
+        return FUSEDROPE_OK;
+    on_device = fr_cuda_is_device_pointer(p);
+    if (on_device < 0)
+        return FUSEDROPE_ERR_CUDA; /* detail recorded by the backend */
+    if (dev == FUSEDROPE_DEVICE_CUDA && !on_device)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "%s is host memory but the cache is on the CUDA device", name);
+    if (dev == FUSEDROPE_DEVICE_CPU && on_device)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "%s is CUDA device memory but the cache is on the CPU",
+                       name);
+    return FUSEDROPE_OK;
+}
+
+/* Position rules that need no look at the arrays' contents. */
+static fusedrope_status check_positions(const fusedrope_positions *pos, const fusedrope_tensor *t,
+                                        fr_pos_args *pa)
+{
+    memset(pa, 0, sizeof *pa);
+    pa->seq_len = t->seq_len;
+    pa->cp_size = 1;
+    if (!pos)
+        return FUSEDROPE_OK;
+    pa->ids = pos->ids;
+    pa->offsets = pos->offsets;
+    pa->cu_seqlens = pos->cu_seqlens;
+    pa->num_seqs = pos->cu_seqlens ? pos->num_seqs : 0;
+    if (pos->cp_size < 0)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "pos->cp_size is %d; it must be >= 1 (0 means 1)",
+                       pos->cp_size);
+    pa->cp_size = pos->cp_size ? pos->cp_size : 1;
+    if (pos->cp_rank < 0 || pos->cp_rank >= pa->cp_size)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "pos->cp_rank is %d; it must be in [0, %d)",
+                       pos->cp_rank, pa->cp_size);
+    pa->cp_rank = pos->cp_rank;
+    if (pos->ids && (pos->offsets || pa->cp_size > 1))
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "pos->ids are absolute positions and cannot be combined with %s",
+                       pos->offsets ? "pos->offsets" : "context parallelism (pos->cp_size > 1)");
+    if (pos->cu_seqlens) {
+        if (t->batch != 1)
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "pos->cu_seqlens is given (packed THD) but the tensor's batch is %lld, not 1",
+                           (ll)t->batch);
+        if (pos->num_seqs < 1 || pos->num_seqs == INT64_MAX)
+            return fr_fail(FUSEDROPE_ERR_INVALID, "pos->num_seqs is %lld; it must be >= 1",
+                           (ll)pos->num_seqs);
+    } else if (pa->cp_size > 1 && t->seq_len % 2) {
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "seq_len is %lld; context parallelism needs an even local length",
+                       (ll)t->seq_len);
+    }
+    return FUSEDROPE_OK;
+}
+
+/* CPU only: the contents of the position arrays, every token, before any write. */
+static fusedrope_status check_position_values(const fr_pos_args *pa, int64_t batch,
+                                              int64_t max_positions)
+{
+    if (pa->cu_seqlens) {
+        const int32_t *cu = pa->cu_seqlens;
+        if (cu[0] != 0)
+            return fr_fail(FUSEDROPE_ERR_INVALID, "pos->cu_seqlens[0] is %d; it must be 0",
+                           (int)cu[0]);
+        for (int64_t i = 0; i < pa->num_seqs; i++) {
+            if (cu[i + 1] < cu[i])
+                return fr_fail(FUSEDROPE_ERR_INVALID,
+                               "pos->cu_seqlens is not monotonic: cu_seqlens[%lld] = %d < "
+                               "cu_seqlens[%lld] = %d",
+                               (ll)(i + 1), (int)cu[i + 1], (ll)i, (int)cu[i]);
+            if (pa->cp_size > 1 && (cu[i + 1] - cu[i]) % 2)
+                return fr_fail(FUSEDROPE_ERR_INVALID,
+                               "sequence %lld has local length %d; context parallelism needs "
+                               "even lengths",
+                               (ll)i, (int)(cu[i + 1] - cu[i]));
+        }
+        if ((int64_t)cu[pa->num_seqs] != pa->seq_len)
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "pos->cu_seqlens[num_seqs = %lld] is %d but the tensor has %lld tokens",
+                           (ll)pa->num_seqs, (int)cu[pa->num_seqs], (ll)pa->seq_len);
+    }
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t s = 0; s < pa->seq_len; s++) {
+            int bad = 0;
+            int64_t p = fr_token_position(pa, b, s, &bad);
+            if (bad || (max_positions > 0 && p >= max_positions)) {
+                if (max_positions > 0)
+                    return fr_fail(FUSEDROPE_ERR_RANGE,
+                                   "token (batch %lld, seq %lld) has position %lld, outside the "
+                                   "table's [0, %lld)",
+                                   (ll)b, (ll)s, (ll)p, (ll)max_positions);
+                return fr_fail(FUSEDROPE_ERR_RANGE,
+                               "token (batch %lld, seq %lld) has position %lld; positions must "
+                               "be >= 0",
+                               (ll)b, (ll)s, (ll)p);
+            }
+        }
+    return FUSEDROPE_OK;
+}
+
+fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, float sgn,
+                          const fusedrope_positions *pos, int count,
+                          const fusedrope_tensor *const in[2],
+                          const fusedrope_tensor *const out[2], const char *const names[4],
+                          void *stream)
+{
+    int64_t bytes_in[2] = { 0, 0 }, bytes_out[2] = { 0, 0 };
+    fr_apply_args args;
+
+    if (!cache)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "cache is NULL");
+    if (style != FUSEDROPE_NEOX && style != FUSEDROPE_INTERLEAVED)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "style is %d, not a fusedrope_style", (int)style);
+
+    for (int k = 0; k < count; k++) {
+        const fusedrope_tensor *x = in[k], *y = out[k];
+        const char *xn = names[2 * k], *yn = names[2 * k + 1];
+        if (!x || !y)
+            return fr_fail(FUSEDROPE_ERR_INVALID, "%s is NULL", x ? yn : xn);
+        TRY(check_tensor(x, xn, cache->rot_dim, &bytes_in[k]));
+        TRY(check_tensor(y, yn, cache->rot_dim, &bytes_out[k]));
+        if (x->dtype != y->dtype || x->seq_len != y->seq_len || x->batch != y->batch ||
+            x->heads != y->heads || x->head_dim != y->head_dim)
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "%s (dtype %d, %lld x %lld x %lld x %lld) and %s (dtype %d, "
+                           "%lld x %lld x %lld x %lld) differ in dtype or shape",
+                           xn, (int)x->dtype, (ll)x->seq_len, (ll)x->batch, (ll)x->heads,
+                           (ll)x->head_dim, yn, (int)y->dtype, (ll)y->seq_len, (ll)y->batch,
+                           (ll)y->heads, (ll)y->head_dim);
+    }
+    if (count == 2 && (in[0]->seq_len != in[1]->seq_len || in[0]->batch != in[1]->batch ||
+                       in[0]->dtype != in[1]->dtype))
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "%s (seq_len %lld, batch %lld, dtype %d) and %s (seq_len %lld, batch "
+                       "%lld, dtype %d) must agree in seq_len, batch and dtype",
+                       names[0], (ll)in[0]->seq_len, (ll)in[0]->batch, (int)in[0]->dtype,
+                       names[2], (ll)in[1]->seq_len, (ll)in[1]->batch, (int)in[1]->dtype);
+
+    memset(&args, 0, sizeof args);
+    TRY(check_positions(pos, in[0], &args.pos));
+    if (tokens_empty(in[0]) && (count == 1 || tokens_empty(in[1])))
+        return FUSEDROPE_OK;
+
+    /* Overlap: each output against itself, its own input (equal = in place)
+     * and, for _qk, the other pair's input and output. */
+    for (int k = 0; k < count; k++) {
+        const fusedrope_tensor *y = out[k];
+        if (tokens_empty(y))
+            continue;
+        TRY(check_output_layout(y, names[2 * k + 1]));
+        for (int j = 0; j < count; j++) {
+            const fusedrope_tensor *x = in[j];
+            int same = x->data == y->data && x->stride_seq == y->stride_seq &&
+                       x->stride_batch == y->stride_batch && x->stride_head == y->stride_head;
+            if (tokens_empty(x) || (j == k && same))
+                continue;
+            if (!views_disjoint(y, bytes_out[k], x, bytes_in[j]))
+                return fr_fail(FUSEDROPE_ERR_INVALID,
+                               "%s partially overlaps %s; outputs must be the same view as "
+                               "their input (in place) or share no memory with any input",
+                               names[2 * k + 1], names[2 * j]);
+        }
+        if (k == 1 && !tokens_empty(out[0]) &&
+            !views_disjoint(out[0], bytes_out[0], out[1], bytes_out[1]))
+            return fr_fail(FUSEDROPE_ERR_INVALID, "%s and %s overlap", names[1], names[3]);
+    }
+
+    /* Every pointer must live where the cache does. */
+    for (int k = 0; k < count; k++) {
+        if (tokens_empty(in[k]))
+            continue;
+        TRY(check_pointer_device(in[k]->data, names[2 * k], cache->device));
+        TRY(check_pointer_device(out[k]->data, names[2 * k + 1], cache->device));
+    }
+    TRY(check_pointer_device(args.pos.ids, "pos->ids", cache->device));
+    TRY(check_pointer_device(args.pos.offsets, "pos->offsets", cache->device));
+    TRY(check_pointer_device(args.pos.cu_seqlens, "pos->cu_seqlens", cache->device));
+    if (cache->device == FUSEDROPE_DEVICE_CPU)
+        TRY(check_position_values(&args.pos, in[0]->batch, cache->max_positions));
+
+    args.cache = cache;
+    args.sgn = sgn;
+    args.interleaved = style == FUSEDROPE_INTERLEAVED;
+    args.dtype = in[0]->dtype;
+    args.seq_len = in[0]->seq_len;
+    args.batch = in[0]->batch;
+    args.stream = stream;
+    for (int k = 0; k < count; k++) {
+        const fusedrope_tensor *x = in[k], *y = out[k];
+        fr_io *io = &args.io[args.count];
+        if (tokens_empty(x))
+            continue;
+        io->in = x->data;
+        io->out = y->data;
+        io->heads = x->heads;
+        io->head_dim = x->head_dim;
+        io->in_ss = x->stride_seq;
+        io->in_sb = x->stride_batch;
+        io->in_sh = x->stride_head;
+        io->out_ss = y->stride_seq;
+        io->out_sb = y->stride_batch;
+        io->out_sh = y->stride_head;
+        io->in_place = x->data == y->data;
+        args.count++;
+    }
+    if (cache->device == FUSEDROPE_DEVICE_CUDA)
+        return fr_cuda_apply(&args);
+    fr_cpu_apply(&args);
+    return FUSEDROPE_OK;
+}

@@ -1,0 +1,405 @@
+/*
+ * cache.c - the cache module: rope type -> inverse frequencies and attention
+ * factor (in double), the cos/sin table rounded once to float32, and its
+ * placement on the CPU or the GPU.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define FR_PI 3.14159265358979323846
+
+void fusedrope_cache_config_init(fusedrope_cache_config *config, fusedrope_rope_type type,
+                                 int rot_dim, int64_t max_positions, double theta)
+{
+    if (!config)
+        return;
+    memset(config, 0, sizeof *config);
+    config->type = type;
+    config->rot_dim = rot_dim;
+    config->max_positions = max_positions;
+    config->theta = theta;
+    config->factor = type == FUSEDROPE_ROPE_LONGROPE ? 0.0 : 1.0;
+    config->beta_fast = 32.0;
+    config->beta_slow = 1.0;
+    config->truncate = 1;
+    config->low_freq_factor = 1.0;
+    config->high_freq_factor = 4.0;
+}
+
+static const char *type_name(fusedrope_rope_type t)
+{
+    switch (t) {
+    case FUSEDROPE_ROPE_DEFAULT: return "default";
+    case FUSEDROPE_ROPE_LINEAR: return "linear";
+    case FUSEDROPE_ROPE_DYNAMIC: return "dynamic";
+    case FUSEDROPE_ROPE_YARN: return "yarn";
+    case FUSEDROPE_ROPE_LONGROPE: return "longrope";
+    case FUSEDROPE_ROPE_LLAMA3: return "llama3";
+    }
+    return "?";
+}
+
+static fusedrope_status check_rot_dim(int rot_dim)
+{
+    if (rot_dim < 2 || rot_dim > FUSEDROPE_MAX_ROT_DIM || rot_dim % 2)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "rot_dim is %d; it must be even and in [2, %d]", rot_dim,
+                       FUSEDROPE_MAX_ROT_DIM);
+    return FUSEDROPE_OK;
+}
+
+/* value must be finite and > lo (or >= lo when `inclusive`). */
+static fusedrope_status check_real(const char *name, double value, double lo, int inclusive,
+                                   const char *type)
+{
+    if (!isfinite(value) || value < lo || (!inclusive && value == lo))
+        return fr_fail(FUSEDROPE_ERR_INVALID, "%s is %g for rope type %s; it must be finite and %s %g",
+                       name, value, type, inclusive ? ">=" : ">", lo);
+    return FUSEDROPE_OK;
+}
+
+#define TRY(expr)                                   \
+    do {                                            \
+        fusedrope_status st_ = (expr);              \
+        if (st_ != FUSEDROPE_OK)                    \
+            return st_;                             \
+    } while (0)
+
+static fusedrope_status check_config(const fusedrope_cache_config *c)
+{
+    const char *tn = type_name(c->type);
+    int uses_factor, uses_original;
+
+    if ((unsigned)c->type > FUSEDROPE_ROPE_LLAMA3)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "config->type is %d, not a fusedrope_rope_type",
+                       (int)c->type);
+    TRY(check_rot_dim(c->rot_dim));
+    if (c->max_positions < 0)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "max_positions is %lld; it must be >= 0",
+                       (long long)c->max_positions);
+    TRY(check_real("theta", c->theta, 1.0, 0, tn));
+
+    uses_factor = c->type != FUSEDROPE_ROPE_DEFAULT;
+    uses_original = c->type != FUSEDROPE_ROPE_DEFAULT && c->type != FUSEDROPE_ROPE_LINEAR;
+    if (uses_factor)
+        TRY(check_real("factor", c->factor, 0.0, c->type == FUSEDROPE_ROPE_LONGROPE, tn));
+    if (uses_original && c->original_max_positions <= 0)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "original_max_positions is %lld for rope type %s; it must be > 0",
+                       (long long)c->original_max_positions, tn);
+
+    switch (c->type) {
+    case FUSEDROPE_ROPE_DYNAMIC:
+        if (c->rot_dim < 4)
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "rot_dim is %d for rope type dynamic; it must be >= 4", c->rot_dim);
+        if (c->seq_len < 0)
+            return fr_fail(FUSEDROPE_ERR_INVALID, "seq_len is %lld; it must be >= 0",
+                           (long long)c->seq_len);
+        break;
+    case FUSEDROPE_ROPE_YARN:
+        TRY(check_real("beta_fast", c->beta_fast, 0.0, 0, tn));
+        TRY(check_real("beta_slow", c->beta_slow, 0.0, 0, tn));
+        TRY(check_real("attention_factor", c->attention_factor, 0.0, 1, tn));
+        TRY(check_real("mscale", c->mscale, 0.0, 1, tn));
+        TRY(check_real("mscale_all_dim", c->mscale_all_dim, 0.0, 1, tn));
+        if (c->truncate != 0 && c->truncate != 1)
+            return fr_fail(FUSEDROPE_ERR_INVALID, "truncate is %d; it must be 0 or 1", c->truncate);
+        break;
+    case FUSEDROPE_ROPE_LONGROPE:
+        TRY(check_real("attention_factor", c->attention_factor, 0.0, 1, tn));
+        if (!c->short_factor || !c->long_factor)
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "%s is NULL; rope type longrope needs short_factor and long_factor",
+                           c->short_factor ? "long_factor" : "short_factor");
+        for (int i = 0; i < c->rot_dim / 2; i++) {
+            if (!(isfinite(c->short_factor[i]) && c->short_factor[i] > 0))
+                return fr_fail(FUSEDROPE_ERR_INVALID,
+                               "short_factor[%d] is %g; it must be finite and > 0", i,
+                               c->short_factor[i]);
+            if (!(isfinite(c->long_factor[i]) && c->long_factor[i] > 0))
+                return fr_fail(FUSEDROPE_ERR_INVALID,
+                               "long_factor[%d] is %g; it must be finite and > 0", i,
+                               c->long_factor[i]);
+        }
+        break;
+    case FUSEDROPE_ROPE_LLAMA3:
+        TRY(check_real("low_freq_factor", c->low_freq_factor, 0.0, 0, tn));
+        TRY(check_real("high_freq_factor", c->high_freq_factor, 0.0, 0, tn));
+        if (!(c->low_freq_factor < c->high_freq_factor))
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "low_freq_factor %g is not below high_freq_factor %g",
+                           c->low_freq_factor, c->high_freq_factor);
+        break;
+    default:
+        break;
+    }
+    return FUSEDROPE_OK;
+}
+
+/* Yarn's attention scale: m(s, k) = 1 if s <= 1, else 0.1 k ln(s) + 1. */
+static double yarn_m(double s, double k)
+{
+    return s <= 1.0 ? 1.0 : 0.1 * k * log(s) + 1.0;
+}
+
+/* Dimension index at which a wavelength makes `rotations` turns over the
+ * original context. */
+static double yarn_corr(double rotations, int d, double base, double original)
+{
+    return d * log(original / (2.0 * FR_PI * rotations)) / (2.0 * log(base));
+}
+
+/* inv[i] for i < d/2 and the attention factor, per DESIGN.md's formulas. */
+static void compute_frequencies(const fusedrope_cache_config *c, double *inv, double *attn)
+{
+    const int d = c->rot_dim, n = d / 2;
+    const double orig = (double)c->original_max_positions;
+    double base = c->theta;
+    double low = 0, high = 0, s;
+    *attn = 1.0;
+
+    if (c->type == FUSEDROPE_ROPE_DYNAMIC) {
+        double len = (double)(c->seq_len ? c->seq_len : c->max_positions);
+        if (len < orig)
+            len = orig;
+        base *= pow(c->factor * len / orig - (c->factor - 1.0), (double)d / (d - 2));
+    }
+    if (c->type == FUSEDROPE_ROPE_YARN) {
+        low = yarn_corr(c->beta_fast, d, base, orig);
+        high = yarn_corr(c->beta_slow, d, base, orig);
+        if (c->truncate) {
+            low = floor(low);
+            high = ceil(high);
+        }
+        if (low < 0)
+            low = 0;
+        if (high > d - 1)
+            high = d - 1;
+        if (low == high)
+            high += 0.001;
+        if (c->attention_factor > 0)
+            *attn = c->attention_factor;
+        else if (c->mscale > 0 && c->mscale_all_dim > 0)
+            *attn = yarn_m(c->factor, c->mscale) / yarn_m(c->factor, c->mscale_all_dim);
+        else
+            *attn = yarn_m(c->factor, 1.0);
+    }
+    if (c->type == FUSEDROPE_ROPE_LONGROPE) {
+        s = c->factor > 0 ? c->factor : (double)c->max_positions / orig;
+        if (c->attention_factor > 0)
+            *attn = c->attention_factor;
+        else if (s > 1.0)
+            *attn = sqrt(1.0 + log(s) / log(orig));
+    }
+
+    for (int i = 0; i < n; i++) {
+        double f = pow(base, -2.0 * i / d);
+        switch (c->type) {
+        case FUSEDROPE_ROPE_LINEAR:
+            f /= c->factor;
+            break;
+        case FUSEDROPE_ROPE_YARN: {
+            double ramp = (i - low) / (high - low);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            f = (1.0 - ramp) * f + ramp * f / c->factor;
+            break;
+        }
+        case FUSEDROPE_ROPE_LONGROPE:
+            f /= c->max_positions > c->original_max_positions ? c->long_factor[i]
+                                                               : c->short_factor[i];
+            break;
+        case FUSEDROPE_ROPE_LLAMA3: {
+            double w = 2.0 * FR_PI / f;
+            double lo = orig / c->low_freq_factor, hi = orig / c->high_freq_factor;
+            if (w > lo) {
+                f /= c->factor;
+            } else if (w >= hi) {
+                double t = (orig / w - c->low_freq_factor) /
+                           (c->high_freq_factor - c->low_freq_factor);
+                f = (1.0 - t) * f / c->factor + t * f;
+            }
+            break;
+        }
+        default:
+            break;
+        }
+        inv[i] = f;
+    }
+}
+
+/* Allocates an empty cache whose table, if any, has `positions` rows in host memory. */
+static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv,
+                                    fusedrope_cache **out)
+{
+    const size_t half = (size_t)rot_dim / 2;
+    fusedrope_cache *c;
+
+    if (positions > 0 && (uint64_t)positions > SIZE_MAX / sizeof(float) / half)
+        return fr_fail(FUSEDROPE_ERR_RANGE,
+                       "a table of %lld positions x %d channels does not fit in memory",
+                       (long long)positions, rot_dim);
+    c = calloc(1, sizeof *c);
+    if (!c)
+        return fr_fail(FUSEDROPE_ERR_NOMEM, "cannot allocate the cache");
+    c->device = FUSEDROPE_DEVICE_CPU;
+    c->rot_dim = rot_dim;
+    c->max_positions = positions;
+    c->attention_factor = 1.0;
+    if (positions > 0) {
+        c->cos = malloc((size_t)positions * half * sizeof(float));
+        c->sin = malloc((size_t)positions * half * sizeof(float));
+    }
+    if (with_inv)
+        c->inv_freq = malloc(half * sizeof(double));
+    if ((positions > 0 && (!c->cos || !c->sin)) || (with_inv && !c->inv_freq)) {
+        fusedrope_cache_destroy(c);
+        return fr_fail(FUSEDROPE_ERR_NOMEM, "cannot allocate a table of %lld x %d floats",
+                       (long long)positions, rot_dim);
+    }
+    *out = c;
+    return FUSEDROPE_OK;
+}
+
+static fusedrope_status resolve_device(fusedrope_device *device)
+{
+    switch (*device) {
+    case FUSEDROPE_DEVICE_AUTO:
+        *device = fr_cuda_device_present() ? FUSEDROPE_DEVICE_CUDA : FUSEDROPE_DEVICE_CPU;
+        return FUSEDROPE_OK;
+    case FUSEDROPE_DEVICE_CPU:
+        return FUSEDROPE_OK;
+    case FUSEDROPE_DEVICE_CUDA:
+        if (!fr_cuda_device_present())
+            return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
+                           "device is FUSEDROPE_DEVICE_CUDA but %s",
+#ifdef HAVE_CUDA
+                           "no CUDA device is present"
+#else
+                           "the library was built without CUDA"
+#endif
+            );
+        return FUSEDROPE_OK;
+    }
+    return fr_fail(FUSEDROPE_ERR_INVALID, "device is %d, not a fusedrope_device", (int)*device);
+}
+
+/* Moves a host-built cache to its device, or frees it on failure. */
+static fusedrope_status place(fusedrope_cache *c, fusedrope_device device, fusedrope_cache **out)
+{
+    if (device == FUSEDROPE_DEVICE_CUDA) {
+        fusedrope_status st = fr_cuda_cache_upload(c);
+        if (st != FUSEDROPE_OK) {
+            fusedrope_cache_destroy(c);
+            return st;
+        }
+    }
+    *out = c;
+    return FUSEDROPE_OK;
+}
+
+fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *config,
+                                        fusedrope_device device, fusedrope_cache **out)
+{
+    fusedrope_cache *c;
+    size_t half;
+
+    if (!out)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "out is NULL");
+    *out = NULL;
+    if (!config)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "config is NULL");
+    TRY(check_config(config));
+    TRY(resolve_device(&device));
+    TRY(alloc_cache(config->rot_dim, config->max_positions, 1, &c));
+
+    compute_frequencies(config, c->inv_freq, &c->attention_factor);
+    half = (size_t)config->rot_dim / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < c->max_positions; p++)
+        for (size_t i = 0; i < half; i++)
+            fr_angle(p, c->inv_freq[i], c->attention_factor, &c->cos[(size_t)p * half + i],
+                     &c->sin[(size_t)p * half + i]);
+    return place(c, device, out);
+}
+
+fusedrope_status fusedrope_cache_create_from_table(const float *cos, const float *sin,
+                                                   int64_t positions, int rot_dim,
+                                                   fusedrope_device device, fusedrope_cache **out)
+{
+    fusedrope_cache *c;
+    size_t bytes;
+
+    if (!out)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "out is NULL");
+    *out = NULL;
+    if (!cos || !sin)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "%s is NULL", cos ? "sin" : "cos");
+    if (positions < 1)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "positions is %lld; it must be >= 1",
+                       (long long)positions);
+    TRY(check_rot_dim(rot_dim));
+    TRY(resolve_device(&device));
+    TRY(alloc_cache(rot_dim, positions, 0, &c));
+    bytes = (size_t)positions * (size_t)(rot_dim / 2) * sizeof(float);
+    memcpy(c->cos, cos, bytes);
+    memcpy(c->sin, sin, bytes);
+    return place(c, device, out);
+}
+
+fusedrope_status fusedrope_cache_copy_table(const fusedrope_cache *cache, float *cos, float *sin)
+{
+    if (!cache)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "cache is NULL");
+    if (!cos || !sin)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "%s is NULL", cos ? "sin" : "cos");
+    if (cache->max_positions == 0)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "the cache has no table (max_positions is 0): angles are computed at apply time");
+    if (cache->device == FUSEDROPE_DEVICE_CUDA)
+        return fr_cuda_cache_download(cache, cos, sin);
+    memcpy(cos, cache->cos, (size_t)cache->max_positions * (size_t)(cache->rot_dim / 2) * sizeof(float));
+    memcpy(sin, cache->sin, (size_t)cache->max_positions * (size_t)(cache->rot_dim / 2) * sizeof(float));
+    return FUSEDROPE_OK;
+}
+
+void fusedrope_cache_destroy(fusedrope_cache *cache)
+{
+    if (!cache)
+        return;
+    if (cache->device == FUSEDROPE_DEVICE_CUDA) {
+        fr_cuda_cache_release(cache);
+    } else {
+        free(cache->cos);
+        free(cache->sin);
+    }
+    free(cache->inv_freq);
+    free(cache);
+}
+
+int fusedrope_cache_rot_dim(const fusedrope_cache *cache)
+{
+    return cache ? cache->rot_dim : 0;
+}
+
+int64_t fusedrope_cache_max_positions(const fusedrope_cache *cache)
+{
+    return cache ? cache->max_positions : 0;
+}
+
+fusedrope_device fusedrope_cache_device(const fusedrope_cache *cache)
+{
+    return cache ? cache->device : FUSEDROPE_DEVICE_CPU;
+}
+
+fusedrope_status fusedrope_cache_check(const fusedrope_cache *cache, void *stream)
+{
+    if (!cache)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "cache is NULL");
+    if (cache->device == FUSEDROPE_DEVICE_CUDA)
+        return fr_cuda_cache_check(cache, stream);
+    return FUSEDROPE_OK;
+}

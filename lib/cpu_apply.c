@@ -1,0 +1,197 @@
+/*
+ * cpu_apply.c - the OpenMP backend.  The work is a flat range of
+ * (token, head) items split evenly over the threads, so prefill (many tokens)
+ * and decode (few tokens, many heads) both use every core.  For each head, a
+ * converting load, the rotation and a
+ * converting store are one loop over pairs that the compiler vectorises;
+ * an iteration reads both elements of its pair before writing either, which
+ * makes in place safe.
+ */
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+#include "internal.h"
+
+#define LD_F32(p, i) ((const float *)(p))[i]
+#define ST_F32(p, i, v) (((float *)(p))[i] = (v))
+#define LD_F16(p, i) fr_half_to_float(((const uint16_t *)(p))[i])
+#define ST_F16(p, i, v) (((uint16_t *)(p))[i] = fr_float_to_half(v))
+#define LD_BF16(p, i) fr_bf16_to_float(((const uint16_t *)(p))[i])
+#define ST_BF16(p, i, v) (((uint16_t *)(p))[i] = fr_float_to_bf16(v))
+
+/* Iterations of the pair loops touch disjoint elements even when x == y
+ * (in place), so they may run as vectors: tell gcc, which cannot prove it. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define FR_IVDEP _Pragma("GCC ivdep")
+#else
+#define FR_IVDEP
+#endif
+
+/* x86-64: also build an AVX2 clone of the pair loops, picked at load time. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+#define FR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FR_CLONES
+#endif
+
+/* Rotates the rot_dim leading channels of one head; x may equal y. */
+#define DEFINE_HEAD(NAME, T, LD, ST)                                                      \
+    FR_CLONES static void NAME(const T *x, T *y, const float *cs, const float *sn,       \
+                               int64_t half, int interleaved, float sgn)                  \
+    {                                                                                     \
+        if (interleaved) {                                                                \
+            FR_IVDEP for (int64_t i = 0; i < half; i++)                                   \
+            {                                                                             \
+                float a, b;                                                               \
+                fr_rotate(LD(x, 2 * i), LD(x, 2 * i + 1), cs[i], sn[i], sgn, &a, &b);     \
+                ST(y, 2 * i, a);                                                          \
+                ST(y, 2 * i + 1, b);                                                      \
+            }                                                                             \
+        } else {                                                                          \
+            FR_IVDEP for (int64_t i = 0; i < half; i++)                                   \
+            {                                                                             \
+                float a, b;                                                               \
+                fr_rotate(LD(x, i), LD(x, half + i), cs[i], sn[i], sgn, &a, &b);          \
+                ST(y, i, a);                                                              \
+                ST(y, half + i, b);                                                       \
+            }                                                                             \
+        }                                                                                 \
+    }
+
+DEFINE_HEAD(head_f32, float, LD_F32, ST_F32)
+DEFINE_HEAD(head_f16, uint16_t, LD_F16, ST_F16)
+DEFINE_HEAD(head_bf16, uint16_t, LD_BF16, ST_BF16)
+
+static void rotate_head(fusedrope_dtype dt, const void *x, void *y, const float *cs,
+                        const float *sn, int64_t half, int interleaved, float sgn)
+{
+    switch (dt) {
+    case FUSEDROPE_FLOAT32:
+        head_f32(x, y, cs, sn, half, interleaved, sgn);
+        break;
+    case FUSEDROPE_FLOAT16:
+        head_f16(x, y, cs, sn, half, interleaved, sgn);
+        break;
+    case FUSEDROPE_BFLOAT16:
+        head_bf16(x, y, cs, sn, half, interleaved, sgn);
+        break;
+    }
+}
+
+enum {
+    STREAM_ROW_BYTES = 16384,     /* largest head written through a row buffer */
+    STREAM_MIN_BYTES = 1 << 22    /* outputs smaller than this stay in the cache */
+};
+
+#ifdef __SSE2__
+/* Out of place, a large output is written with non-temporal stores: a plain
+ * store first reads the line it fills, a third memory transfer per element
+ * that memcpy does not pay. */
+static void stream_row(void *dst, const void *src, size_t bytes)
+{
+    for (size_t i = 0; i < bytes; i += 16)
+        _mm_stream_si128((__m128i *)((char *)dst + i),
+                         _mm_load_si128((const __m128i *)((const char *)src + i)));
+}
+#define FR_STREAM_FENCE() _mm_sfence()
+#else
+#define FR_STREAM_FENCE() ((void)0)
+#endif
+
+/* Whether every output row of io can go through stream_row. */
+static int streamable(const fr_io *io, size_t es, int64_t tokens)
+{
+#ifdef __SSE2__
+    const size_t row = (size_t)io->head_dim * es;
+    return !io->in_place && row % 16 == 0 && row <= STREAM_ROW_BYTES &&
+           (uintptr_t)io->out % 16 == 0 && (io->out_ss * es) % 16 == 0 &&
+           (io->out_sb * es) % 16 == 0 && (io->out_sh * es) % 16 == 0 &&
+           (uint64_t)tokens * (uint64_t)io->heads * row >= STREAM_MIN_BYTES;
+#else
+    (void)io, (void)es, (void)tokens;
+    return 0;
+#endif
+}
+
+void fr_cpu_apply(const fr_apply_args *args)
+{
+    const fusedrope_cache *cache = args->cache;
+    const int64_t half = cache->rot_dim / 2;
+    const size_t es = fr_dtype_size(args->dtype);
+    const int64_t tokens = args->seq_len * args->batch;
+    const int64_t heads0 = args->io[0].heads;
+    const int64_t heads = heads0 + (args->count > 1 ? args->io[1].heads : 0);
+    const int64_t items = tokens * heads;
+    int64_t elems = 0;
+    int stream[2] = { 0, 0 };
+
+    for (int k = 0; k < args->count; k++) {
+        elems += tokens * args->io[k].heads * args->io[k].head_dim;
+        stream[k] = streamable(&args->io[k], es, tokens);
+    }
+
+#pragma omp parallel if (elems > (1 << 16))
+    {
+        int nt = 1, id = 0;
+        int64_t n0, n1, base, rem, token = -1;
+        const float *cs = NULL, *sn = NULL;
+        /* Table-less caches: this token's cos/sin, computed once per token. */
+        float row_c[FUSEDROPE_MAX_ROT_DIM / 2], row_s[FUSEDROPE_MAX_ROT_DIM / 2];
+        _Alignas(16) char row[STREAM_ROW_BYTES];
+#ifdef _OPENMP
+        nt = omp_get_num_threads();
+        id = omp_get_thread_num();
+#endif
+        base = items / nt;
+        rem = items % nt;
+        n0 = id * base + (id < rem ? id : rem);
+        n1 = n0 + base + (id < rem);
+
+        for (int64_t n = n0; n < n1; n++) {
+            const int64_t t = n / heads, hh = n % heads;
+            const int k = hh >= heads0;
+            const fr_io *io = &args->io[k];
+            const int64_t h = hh - (k ? heads0 : 0);
+            const int64_t b = t / args->seq_len, s = t % args->seq_len;
+            const char *x;
+            char *y;
+
+            if (t != token) {
+                int bad = 0;
+                int64_t p = fr_token_position(&args->pos, b, s, &bad);
+                token = t;
+                if (cache->max_positions > 0) {
+                    cs = cache->cos + p * half;
+                    sn = cache->sin + p * half;
+                } else {
+                    for (int64_t i = 0; i < half; i++)
+                        fr_angle(p, cache->inv_freq[i], cache->attention_factor, &row_c[i],
+                                 &row_s[i]);
+                    cs = row_c;
+                    sn = row_s;
+                }
+            }
+            x = (const char *)io->in + (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es;
+            y = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es;
+            if (stream[k]) {
+                rotate_head(args->dtype, x, row, cs, sn, half, args->interleaved, args->sgn);
+                memcpy(row + (size_t)cache->rot_dim * es, x + (size_t)cache->rot_dim * es,
+                       (size_t)(io->head_dim - cache->rot_dim) * es);
+#ifdef __SSE2__
+                stream_row(y, row, (size_t)io->head_dim * es);
+#endif
+                continue;
+            }
+            rotate_head(args->dtype, x, y, cs, sn, half, args->interleaved, args->sgn);
+            if (!io->in_place && io->head_dim > cache->rot_dim)
+                memcpy(y + (size_t)cache->rot_dim * es, x + (size_t)cache->rot_dim * es,
+                       (size_t)(io->head_dim - cache->rot_dim) * es);
+        }
+        FR_STREAM_FENCE();
+    }
+}
