@@ -1,12 +1,12 @@
 # CUDA backend.  nvcc compiles each .cu once per build into an object that
 # goes into libfusedrope.a; without CUDA, lib/cuda_stub.c answers instead.
+#   kernels/cuda_cache.cu   device presence, pointer queries, the cache's device side
+#   kernels/cuda_apply.cu   the forward/backward kernel (6 instantiations per arch:
+#                           3 dtypes x vector/scalar path) and fr_cuda_apply
 CUDA_SRCS = \
-	kernels/runtime.cu \
-	kernels/cache.cu \
-	kernels/forward.cu \
-	kernels/backward.cu
+	kernels/cuda_cache.cu \
+	kernels/cuda_apply.cu
 CUDA_HDRS = \
-	kernels/apply_kernel.cuh \
 	kernels/cuda_util.cuh
 
 EXTRA_DIST += $(CUDA_SRCS) $(CUDA_HDRS) lib/cuda_stub.c
@@ -17,6 +17,8 @@ libfusedrope_a_LIBADD = $(CUDA_OBJS)
 libfusedrope_a_DEPENDENCIES = $(CUDA_OBJS)
 CLEANFILES += $(CUDA_OBJS)
 
+# -fmad=false: no FMA contraction, so the rotation rounds exactly as the CPU
+# backend's (built with -ffp-contract=off) does; the two agree to the bit.
 NVCC_ALLFLAGS = $(CUDA_GENCODE) -O3 -std=c++17 -fmad=false -Xcompiler -fPIC \
 	$(DEFS) -I$(top_builddir) $(AM_CPPFLAGS) $(NVCCFLAGS)
 AM_V_NVCC = $(am__v_NVCC_@AM_V@)

@@ -111,13 +111,14 @@ static fusedrope_status check_output_layout(const fusedrope_tensor *t, const cha
 }
 
 /* Whether two non-empty views provably share no byte: their address ranges
- * are apart, or they are side by side in every token of one token lattice
- * (q and k as views into one packed QKV buffer). */
+ * are apart, or they share one token lattice (same seq and batch strides) and
+ * their heads never meet inside a token -- q and k as views into one packed
+ * QKV buffer, grouped by head or interleaved head by head. */
 static int views_disjoint(const fusedrope_tensor *a, int64_t abytes, const fusedrope_tensor *b,
                           int64_t bbytes)
 {
     uintptr_t pa = (uintptr_t)a->data, pb = (uintptr_t)b->data;
-    int64_t es = (int64_t)fr_dtype_size(a->dtype), delta, fa, fb, lo, hi;
+    int64_t es = (int64_t)fr_dtype_size(a->dtype), delta, ha = 0, hb = 0, lo, hi;
     dim d[2] = { { a->stride_seq, a->seq_len }, { a->stride_batch, a->batch } };
 
     if (pa + (uint64_t)abytes <= pb || pb + (uint64_t)bbytes <= pa)
@@ -129,12 +130,27 @@ static int views_disjoint(const fusedrope_tensor *a, int64_t abytes, const fused
     if (pb >= pa ? (pb - pa) % (uint64_t)es : (pa - pb) % (uint64_t)es)
         return 0;
     delta = pb >= pa ? (int64_t)((pb - pa) / (uint64_t)es) : -(int64_t)((pa - pb) / (uint64_t)es);
-    fa = (a->heads - 1) * a->stride_head + a->head_dim;
-    fb = (b->heads - 1) * b->stride_head + b->head_dim;
-    if (delta < fa && delta + fb > 0)
+    /* Heads of one token are intervals [h*stride_head, +head_dim), sorted by
+     * start in each view: sweep both lists for a meeting.  Bounded so that a
+     * descriptor with absurd head counts cannot stall the call. */
+    if (a->heads + b->heads > (1 << 20))
         return 0;
+    while (ha < a->heads && hb < b->heads) {
+        int64_t a0 = ha * a->stride_head, a1 = a0 + a->head_dim;
+        int64_t b0 = delta + hb * b->stride_head, b1 = b0 + b->head_dim;
+        if (a1 <= b0)
+            ha++;
+        else if (b1 <= a0)
+            hb++;
+        else
+            return 0;
+    }
+    /* ...and tokens must stay apart: one token's span of both views against
+     * the seq/batch lattice. */
     lo = delta < 0 ? delta : 0;
-    hi = delta + fb > fa ? delta + fb : fa;
+    hi = (a->heads - 1) * a->stride_head + a->head_dim;
+    if (delta + (b->heads - 1) * b->stride_head + b->head_dim > hi)
+        hi = delta + (b->heads - 1) * b->stride_head + b->head_dim;
     return lattice_disjoint(d, 2, hi - lo);
 }
 
@@ -193,6 +209,29 @@ static fusedrope_status check_positions(const fusedrope_positions *pos, const fu
                        "seq_len is %lld; context parallelism needs an even local length",
                        (ll)t->seq_len);
     }
+    return FUSEDROPE_OK;
+}
+
+/* Positions that come from no array (implicit, maybe context-parallel) are
+ * known on the host whatever the device: the largest is at the end of one of
+ * the two local halves. */
+static fusedrope_status check_implicit_positions(const fr_pos_args *pa, int64_t max_positions)
+{
+    int64_t last;
+    if (pa->ids || pa->offsets || pa->cu_seqlens || max_positions == 0 || pa->seq_len == 0)
+        return FUSEDROPE_OK;
+    last = fr_cp_position(pa->seq_len - 1, pa->seq_len, pa->cp_size, pa->cp_rank);
+    if (pa->cp_size > 1) {
+        int64_t first_half_end =
+            fr_cp_position(pa->seq_len / 2 - 1, pa->seq_len, pa->cp_size, pa->cp_rank);
+        if (first_half_end > last)
+            last = first_half_end;
+    }
+    if (last >= max_positions)
+        return fr_fail(FUSEDROPE_ERR_RANGE,
+                       "the implicit positions reach %lld, outside the table's [0, %lld) "
+                       "(seq_len %lld, cp_size %d, cp_rank %d)",
+                       (ll)last, (ll)max_positions, (ll)pa->seq_len, pa->cp_size, pa->cp_rank);
     return FUSEDROPE_OK;
 }
 
@@ -318,7 +357,9 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
     TRY(check_pointer_device(args.pos.ids, "pos->ids", cache->device));
     TRY(check_pointer_device(args.pos.offsets, "pos->offsets", cache->device));
     TRY(check_pointer_device(args.pos.cu_seqlens, "pos->cu_seqlens", cache->device));
-    if (cache->device == FUSEDROPE_DEVICE_CPU)
+    TRY(check_implicit_positions(&args.pos, cache->max_positions));
+    if (cache->device == FUSEDROPE_DEVICE_CPU &&
+        (args.pos.ids || args.pos.offsets || args.pos.cu_seqlens))
         TRY(check_position_values(&args.pos, in[0]->batch, cache->max_positions));
 
     args.cache = cache;

@@ -240,7 +240,7 @@ static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv
 
     if (positions > 0 && (uint64_t)positions > SIZE_MAX / sizeof(float) / half)
         return fr_fail(FUSEDROPE_ERR_RANGE,
-                       "a table of %lld positions x %d channels does not fit in memory",
+                       "max_positions %lld x rot_dim %d: the table does not fit in memory",
                        (long long)positions, rot_dim);
     c = calloc(1, sizeof *c);
     if (!c)

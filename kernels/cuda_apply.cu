@@ -1,0 +1,810 @@
+/*
+ * cuda_apply.cu - the forward and backward kernels (one kernel: they differ
+ * only in the sign of sin) and fr_cuda_apply, which picks a path and a launch
+ * shape on the host and enqueues ONE launch per call, q and k together.
+ *
+ * Work decomposition.  A call is a set of tokens (batch x seq_len, or the
+ * packed THD tokens) times a set of heads (q's heads, then k's heads for the
+ * *_qk calls) times a set of "lanes" per head:
+ *
+ *   lanes [0, nc)        rotary lanes.  Vector NeoX path: one 16-byte chunk
+ *                        of the first half and the matching chunk of the
+ *                        second half.  Vector interleaved path: two 16-byte
+ *                        chunks of whole pairs (chunk c and c + nc).  Scalar
+ *                        path: one pair.
+ *   lanes [nc, lanes)    pass-through lanes: 16 bytes of channels
+ *                        [rot_dim, head_dim), copied when out of place (one
+ *                        16-byte copy when the chunk is whole and the call is
+ *                        on the vector path, element by element otherwise).
+ *
+ * The block is three-dimensional: threadIdx.x = lane, threadIdx.y = head
+ * group, threadIdx.z = token within the block; blockIdx.y selects a range of
+ * head groups and blockIdx.x a range of tokens (grid-stride over tokens,
+ * walked in memory order).  A thread owns one lane of one token and the
+ * heads g, g + G, g + 2G, ... (G = head groups in the grid): it computes the
+ * position and loads cos/sin for its lane once per token, then reuses them
+ * for all its heads, issuing the loads of U heads (two 16-byte loads each on
+ * the vector paths) before any of their stores.  Heads per thread (1..8) and
+ * the block shape follow the amount of work: decode-sized calls get one head
+ * per thread and blocks small enough to reach every SM, prefill-sized calls
+ * several heads per thread (fewer cos/sin loads, fewer threads to start).
+ *
+ * Paths (chosen per call on the host, for both tensors of a *_qk call):
+ * vector when every data pointer is 16-byte aligned, every stride along a
+ * dimension of extent > 1 is a multiple of 16 bytes, and the rotated part
+ * splits into whole chunks (NeoX: (rot_dim/2)*elemsize % 16 == 0,
+ * interleaved: rot_dim*elemsize % 16 == 0); scalar otherwise.  Each path is
+ * its own kernel (3 dtypes x {scalar, NeoX vector, interleaved vector}), so
+ * each gets its own register budget.
+ *
+ * Every element offset is int64.  The per-element math and the position
+ * rules are rope_math.h's, shared with the CPU backend; with -fmad=false the
+ * two backends agree to the bit.
+ */
+#include <limits.h>
+#include <stdint.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "internal.h"
+#include "cuda_util.cuh"
+
+namespace {
+
+enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
+
+/*
+ * Tuning knobs (NVCCFLAGS=-DFR_CUDA_...=N), defaults measured on an H100:
+ *   FR_CUDA_U, FR_CUDA_U_NEOX  heads whose loads a thread issues before their
+ *                              stores (pass-through and interleaved lanes,
+ *                              NeoX lanes).  2: four 16-byte loads in flight
+ *                              per rotary lane at about 96 registers; 4 cost
+ *                              ~125 registers and lost more than they gained.
+ *   FR_CUDA_MAX_HPT            most heads per thread (cos/sin reuse).
+ *   FR_CUDA_WAVES              heads per thread grow only while the grid keeps
+ *                              this many waves of 2048 threads per SM.
+ */
+#ifndef FR_CUDA_U
+#define FR_CUDA_U 2
+#endif
+#ifndef FR_CUDA_U_NEOX
+#define FR_CUDA_U_NEOX 2
+#endif
+#ifndef FR_CUDA_MAX_HPT
+#define FR_CUDA_MAX_HPT 8
+#endif
+#ifndef FR_CUDA_WAVES
+#define FR_CUDA_WAVES 2
+#endif
+constexpr int U = FR_CUDA_U;
+/* Largest block the launcher builds (and the kernels are compiled for). */
+constexpr int MAX_BLOCK = 512;
+
+template <int DT> struct Elem;
+template <> struct Elem<DT_F32> {
+    typedef float T;
+    static __device__ __forceinline__ float to_f(float v) { return v; }
+    static __device__ __forceinline__ float from_f(float f) { return f; }
+};
+/*
+ * The 16-bit conversions.  rope_math.h's converters define the results; on
+ * the GPU the hardware's round-to-nearest-even conversions (one instruction
+ * per pair of values instead of about seven per value) give the same bits
+ * for every value the kernels convert:
+ *   - widening half/bfloat16 -> float is exact both ways (NaN inputs only
+ *     ever produce NaN results, see below);
+ *   - narrowing float -> bfloat16 or half of a non-NaN value is the same
+ *     IEEE rounding (subnormals and overflow to Inf included);
+ *   - a NaN the kernels narrow is the result of float arithmetic, which the
+ *     GPU always returns as the canonical 0x7fffffff: fr_float_to_bf16 and
+ *     the hardware both give 0x7fff; for half, fr_float_to_half gives 0x7e00
+ *     and the hardware 0x7fff, so half NaNs go through fr_float_to_half.
+ * FR_CUDA_SOFT_CVT=1 builds the kernels with rope_math.h's converters only.
+ */
+#ifndef FR_CUDA_SOFT_CVT
+#define FR_CUDA_SOFT_CVT 0
+#endif
+
+template <> struct Elem<DT_F16> {
+    typedef uint16_t T;
+    static __device__ __forceinline__ float to_f(uint16_t v)
+    {
+#if FR_CUDA_SOFT_CVT
+        return fr_half_to_float(v);
+#else
+        return __half2float(__ushort_as_half(v));
+#endif
+    }
+    static __device__ __forceinline__ uint16_t from_f(float f)
+    {
+#if FR_CUDA_SOFT_CVT
+        return fr_float_to_half(f);
+#else
+        return f != f ? fr_float_to_half(f) : __half_as_ushort(__float2half_rn(f));
+#endif
+    }
+    /* (lo, hi) packed into one word */
+    static __device__ __forceinline__ uint32_t from_f2(float lo, float hi)
+    {
+#if FR_CUDA_SOFT_CVT
+        return (uint32_t)from_f(lo) | ((uint32_t)from_f(hi) << 16);
+#else
+        if (lo != lo || hi != hi)
+            return (uint32_t)fr_float_to_half(lo) | ((uint32_t)fr_float_to_half(hi) << 16);
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+#endif
+    }
+};
+template <> struct Elem<DT_BF16> {
+    typedef uint16_t T;
+    static __device__ __forceinline__ float to_f(uint16_t v) { return fr_bf16_to_float(v); }
+    static __device__ __forceinline__ uint16_t from_f(float f)
+    {
+#if FR_CUDA_SOFT_CVT
+        return fr_float_to_bf16(f);
+#else
+        return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#endif
+    }
+    static __device__ __forceinline__ uint32_t from_f2(float lo, float hi)
+    {
+#if FR_CUDA_SOFT_CVT
+        return (uint32_t)from_f(lo) | ((uint32_t)from_f(hi) << 16);
+#else
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&h);
+#endif
+    }
+};
+
+/* Quiet NaN as rope_math.h's converters write it: what an out-of-table
+ * token's rotated channels get. */
+template <int DT> __device__ __forceinline__ uint32_t nan_word()
+{
+    return DT == DT_F32 ? 0x7fc00000u : DT == DT_F16 ? 0x7e007e00u : 0x7fc07fc0u;
+}
+
+struct KIo {
+    const void *in;
+    void *out;
+    int64_t heads, head_dim;
+    int64_t in_ss, in_sb, in_sh, out_ss, out_sb, out_sh;
+    int64_t np;   /* pass-through lanes this tensor needs (0 in place) */
+};
+
+struct KParams {
+    KIo io[2];
+    fr_pos_args pos;
+    const float *cos, *sin;  /* device table, or NULL: angles from inv_freq */
+    const double *inv_freq;
+    double attn;
+    int *flag;               /* device address of the cache's range flag */
+    int64_t tokens, seq_len, batch, max_positions;
+    int64_t heads0, heads;   /* q's heads; q's + k's heads */
+    int64_t gtotal;          /* head groups in the grid: a thread's head stride */
+    int64_t nc, lanes;       /* rotary lanes; rotary + pass-through lanes */
+    int64_t half, rot_dim;
+    int interleaved;
+    int seq_major;           /* token t is (s = t / batch, b = t % batch): sbhd order */
+    float sgn;
+};
+
+/* ------------------------------------------------------------ 16-byte chunks */
+
+template <int DT> struct Chunk {
+    typedef typename Elem<DT>::T T;
+    static constexpr int E = 16 / (int)sizeof(T); /* elements per chunk */
+
+    static __device__ __forceinline__ void unpack(const uint4 v, float *f)
+    {
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        if constexpr (DT == DT_F32) {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                f[k] = fr_u2f(w[k]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                f[k] = Elem<DT>::to_f((T)(uint16_t)(w[k >> 1] >> ((k & 1) * 16)));
+        }
+    }
+    static __device__ __forceinline__ uint4 pack(const float *f)
+    {
+        uint32_t w[4];
+        if constexpr (DT == DT_F32) {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                w[k] = fr_f2u(f[k]);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                w[k] = Elem<DT>::from_f2(f[2 * k], f[2 * k + 1]);
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+};
+
+__device__ __forceinline__ uint4 ld16(const void *p) { return *(const uint4 *)p; }
+__device__ __forceinline__ void st16(void *p, uint4 v) { *(uint4 *)p = v; }
+
+/* n consecutive floats of the table from p, 4n-byte aligned (n = 1, 2, 4, 8). */
+template <int N>
+__device__ __forceinline__ void load_row(const float *p, float *v)
+{
+    if (N >= 4) {
+#pragma unroll
+        for (int k = 0; k < N; k += 4) {
+            float4 t = __ldg((const float4 *)(p + k));
+            v[k] = t.x; v[k + 1] = t.y; v[k + 2] = t.z; v[k + 3] = t.w;
+        }
+    } else if (N == 2) {
+        float2 t = __ldg((const float2 *)p);
+        v[0] = t.x; v[1] = t.y;
+    } else {
+        v[0] = __ldg(p);
+    }
+}
+
+/* cos/sin of pairs [i0, i0 + N) at position p: table row, or computed in double. */
+template <int N>
+__device__ __forceinline__ void cos_sin(const KParams &P, int64_t p, int64_t i0, float *c,
+                                        float *s)
+{
+    if (P.cos != nullptr) {
+        load_row<N>(P.cos + p * P.half + i0, c);
+        load_row<N>(P.sin + p * P.half + i0, s);
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            fr_angle(p, __ldg(P.inv_freq + i0 + k), P.attn, &c[k], &s[k]);
+    }
+}
+
+/* Position of token (b, s); 0 and the range flag raised when it has none in the table. */
+__device__ __forceinline__ int64_t token_position(const KParams &P, int64_t b, int64_t s,
+                                                  int *bad)
+{
+    int64_t p = fr_token_position(&P.pos, b, s, bad);
+    if (!*bad && P.max_positions > 0 && p >= P.max_positions)
+        *bad = 1;
+    return p;
+}
+
+__device__ __forceinline__ void raise_flag(const KParams &P, int64_t lane, int64_t g)
+{
+    if (lane == 0 && g == 0 && P.flag != nullptr)
+        *P.flag = 1;
+}
+
+/* Token base pointers of the (up to) two tensors. */
+template <typename T> struct TokenPtrs {
+    const T *in0, *in1;
+    T *out0, *out1;
+
+    /* Head h of the combined head list; returns which tensor it belongs to. */
+    __device__ __forceinline__ int head(const KParams &P, int64_t h, const T **src, T **dst) const
+    {
+        if (h < P.heads0) {
+            *src = in0 + h * P.io[0].in_sh;
+            *dst = out0 + h * P.io[0].out_sh;
+            return 0;
+        }
+        h -= P.heads0;
+        *src = in1 + h * P.io[1].in_sh;
+        *dst = out1 + h * P.io[1].out_sh;
+        return 1;
+    }
+};
+
+/* --------------------------------------------------------------- rotary lanes */
+
+/* Vector NeoX: chunk `lane` of the first half pairs with the same chunk of the
+ * second half; E pairs. */
+template <int DT>
+__device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
+                                                int64_t b, int64_t s, int64_t lane, int64_t g)
+{
+    typedef typename Elem<DT>::T T;
+    typedef Chunk<DT> C;
+    constexpr int E = C::E;
+    const int64_t i0 = lane * E;
+    int64_t ca, cb;
+    int bad;
+    fr_pair_channels(0, i0, P.half, &ca, &cb);
+    const int64_t p = token_position(P, b, s, &bad);
+
+    if (bad) {
+        const uint32_t nw = nan_word<DT>();
+        const uint4 nv = make_uint4(nw, nw, nw, nw);
+        raise_flag(P, lane, g);
+        for (int64_t h = g; h < P.heads; h += P.gtotal) {
+            const T *src;
+            T *dst;
+            t.head(P, h, &src, &dst);
+            st16(dst + ca, nv);
+            st16(dst + cb, nv);
+        }
+        return;
+    }
+
+    float c[E], sn[E];
+    cos_sin<E>(P, p, i0, c, sn);
+
+    constexpr int U = FR_CUDA_U_NEOX;
+    for (int64_t h0 = g; h0 < P.heads; h0 += U * P.gtotal) {
+        uint4 va[U], vb[U];
+        T *dst[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t h = h0 + u * P.gtotal;
+            if (h < P.heads) {
+                const T *src;
+                t.head(P, h, &src, &dst[u]);
+                va[u] = ld16(src + ca);
+                vb[u] = ld16(src + cb);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t h = h0 + u * P.gtotal;
+            if (h < P.heads) {
+                float fa[E], fb[E], ya[E], yb[E];
+                C::unpack(va[u], fa);
+                C::unpack(vb[u], fb);
+#pragma unroll
+                for (int k = 0; k < E; k++)
+                    fr_rotate(fa[k], fb[k], c[k], sn[k], P.sgn, &ya[k], &yb[k]);
+                st16(dst[u] + ca, C::pack(ya));
+                st16(dst[u] + cb, C::pack(yb));
+            }
+        }
+    }
+}
+
+/* Vector interleaved: a chunk holds E/2 whole pairs.  Lane c owns chunk c
+ * and, when there is one, chunk c + nc (nc = half the head's chunks, rounded
+ * up), so it has two independent loads per head like a NeoX lane. */
+template <int DT>
+__device__ __forceinline__ void rotary_inter_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
+                                                 int64_t b, int64_t s, int64_t lane, int64_t g)
+{
+    typedef typename Elem<DT>::T T;
+    typedef Chunk<DT> C;
+    constexpr int E = C::E;
+    constexpr int NP = E / 2;
+    constexpr int K = 2;
+    const int second = (lane + P.nc) * E < P.rot_dim; /* this lane has a second chunk */
+    int64_t ca[K], cb;
+    int bad;
+#pragma unroll
+    for (int k = 0; k < K; k++) /* ca = 2*i0: the chunk's first channel */
+        fr_pair_channels(1, (lane + k * P.nc) * NP, P.half, &ca[k], &cb);
+    const int64_t p = token_position(P, b, s, &bad);
+
+    if (bad) {
+        const uint32_t nw = nan_word<DT>();
+        const uint4 nv = make_uint4(nw, nw, nw, nw);
+        raise_flag(P, lane, g);
+        for (int64_t h = g; h < P.heads; h += P.gtotal) {
+            const T *src;
+            T *dst;
+            t.head(P, h, &src, &dst);
+            st16(dst + ca[0], nv);
+            if (second)
+                st16(dst + ca[1], nv);
+        }
+        return;
+    }
+
+    float c[K][NP], sn[K][NP];
+    cos_sin<NP>(P, p, lane * NP, c[0], sn[0]);
+    if (second)
+        cos_sin<NP>(P, p, (lane + P.nc) * NP, c[1], sn[1]);
+
+    for (int64_t h0 = g; h0 < P.heads; h0 += U * P.gtotal) {
+        uint4 v[U][K];
+        T *dst[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t h = h0 + u * P.gtotal;
+            if (h < P.heads) {
+                const T *src;
+                t.head(P, h, &src, &dst[u]);
+                v[u][0] = ld16(src + ca[0]);
+                if (second)
+                    v[u][1] = ld16(src + ca[1]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t h = h0 + u * P.gtotal;
+            if (h < P.heads) {
+#pragma unroll
+                for (int k = 0; k < K; k++) {
+                    float f[E], y[E];
+                    if (k == 1 && !second)
+                        break;
+                    C::unpack(v[u][k], f);
+#pragma unroll
+                    for (int j = 0; j < NP; j++)
+                        fr_rotate(f[2 * j], f[2 * j + 1], c[k][j], sn[k][j], P.sgn, &y[2 * j],
+                                  &y[2 * j + 1]);
+                    st16(dst[u] + ca[k], C::pack(y));
+                }
+            }
+        }
+    }
+}
+
+/* Scalar: lane = pair index, either style. */
+template <int DT>
+__device__ __forceinline__ void rotary_scalar(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
+                                              int64_t b, int64_t s, int64_t lane, int64_t g)
+{
+    typedef typename Elem<DT>::T T;
+    int64_t ca, cb;
+    int bad;
+    fr_pair_channels(P.interleaved, lane, P.half, &ca, &cb);
+    const int64_t p = token_position(P, b, s, &bad);
+
+    if (bad) {
+        const T nv = (T)nan_word<DT>();
+        raise_flag(P, lane, g);
+        for (int64_t h = g; h < P.heads; h += P.gtotal) {
+            const T *src;
+            T *dst;
+            t.head(P, h, &src, &dst);
+            dst[ca] = nv;
+            dst[cb] = nv;
+        }
+        return;
+    }
+
+    float c, sn;
+    cos_sin<1>(P, p, lane, &c, &sn);
+
+    for (int64_t h0 = g; h0 < P.heads; h0 += U * P.gtotal) {
+        T va[U], vb[U];
+        T *dst[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t h = h0 + u * P.gtotal;
+            if (h < P.heads) {
+                const T *src;
+                t.head(P, h, &src, &dst[u]);
+                va[u] = src[ca];
+                vb[u] = src[cb];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t h = h0 + u * P.gtotal;
+            if (h < P.heads) {
+                float ya, yb;
+                fr_rotate(Elem<DT>::to_f(va[u]), Elem<DT>::to_f(vb[u]), c, sn, P.sgn, &ya, &yb);
+                dst[u][ca] = Elem<DT>::from_f(ya);
+                dst[u][cb] = Elem<DT>::from_f(yb);
+            }
+        }
+    }
+}
+
+/* --------------------------------------------------------- pass-through lanes */
+
+/* Lane j copies channels [rot_dim + jE, rot_dim + (j+1)E) of every head of a
+ * tensor computed out of place: one 16-byte copy on the vector path when the
+ * chunk is whole, element by element otherwise. */
+template <int DT, bool VEC>
+__device__ __forceinline__ void pass_lane(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
+                                          int64_t j, int64_t g)
+{
+    typedef typename Elem<DT>::T T;
+    constexpr int E = Chunk<DT>::E;
+    const int64_t c0 = P.rot_dim + j * E;
+
+    for (int64_t h0 = g; h0 < P.heads; h0 += U * P.gtotal) {
+        uint4 v[U];
+        T *dst[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t h = h0 + u * P.gtotal;
+            dst[u] = nullptr;
+            if (h < P.heads) {
+                const T *src;
+                T *d;
+                const int sel = t.head(P, h, &src, &d);
+                const int64_t np = sel ? P.io[1].np : P.io[0].np;
+                const int64_t hd = sel ? P.io[1].head_dim : P.io[0].head_dim;
+                if (j >= np)
+                    continue;
+                if (VEC && c0 + E <= hd) {
+                    v[u] = ld16(src + c0);
+                    dst[u] = d;
+                } else {
+                    const int64_t c1 = c0 + E < hd ? c0 + E : hd;
+                    for (int64_t c = c0; c < c1; c++)
+                        d[c] = src[c];
+                }
+            }
+        }
+        if (VEC) {
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (dst[u] != nullptr)
+                    st16(dst[u] + c0, v[u]);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- the kernel */
+
+/* MODE: the path, one kernel each so each gets its own register budget. */
+enum { MODE_SCALAR, MODE_NEOX_VEC, MODE_INTER_VEC };
+
+/* The explicit minimum of 1 block per SM matters: with __launch_bounds__(512)
+ * alone ptxas (CUDA 13) squeezes some kernels into 64 registers with spills. */
+template <int DT, int MODE>
+__global__ void __launch_bounds__(MAX_BLOCK, 1) rope_kernel(const __grid_constant__ KParams P)
+{
+    constexpr bool VEC = MODE != MODE_SCALAR;
+    typedef typename Elem<DT>::T T;
+    const int64_t g = (int64_t)blockIdx.y * blockDim.y + threadIdx.y;
+    if (g >= P.gtotal)
+        return;
+    const int64_t tstride = (int64_t)gridDim.x * blockDim.z;
+
+    for (int64_t tok = (int64_t)blockIdx.x * blockDim.z + threadIdx.z; tok < P.tokens;
+         tok += tstride) {
+        int64_t b = 0, s = tok;
+        if (P.batch > 1) {
+            if (P.seq_major) {
+                s = tok / P.batch;
+                b = tok - s * P.batch;
+            } else {
+                b = tok / P.seq_len;
+                s = tok - b * P.seq_len;
+            }
+        }
+        TokenPtrs<T> t;
+        t.in0 = (const T *)P.io[0].in + b * P.io[0].in_sb + s * P.io[0].in_ss;
+        t.out0 = (T *)P.io[0].out + b * P.io[0].out_sb + s * P.io[0].out_ss;
+        t.in1 = (const T *)P.io[1].in + b * P.io[1].in_sb + s * P.io[1].in_ss;
+        t.out1 = (T *)P.io[1].out + b * P.io[1].out_sb + s * P.io[1].out_ss;
+
+        for (int64_t lane = threadIdx.x; lane < P.lanes; lane += blockDim.x) {
+            if (lane < P.nc) {
+                if (MODE == MODE_SCALAR)
+                    rotary_scalar<DT>(P, t, b, s, lane, g);
+                else if (MODE == MODE_INTER_VEC)
+                    rotary_inter_vec<DT>(P, t, b, s, lane, g);
+                else
+                    rotary_neox_vec<DT>(P, t, b, s, lane, g);
+            } else {
+                pass_lane<DT, VEC>(P, t, lane - P.nc, g);
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- host side */
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Streaming multiprocessors of the current device, cached per device. */
+int sm_count(void)
+{
+    static int cached[64];
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 132;
+    }
+    if (dev >= 0 && dev < 64 && (n = __atomic_load_n(&cached[dev], __ATOMIC_RELAXED)) > 0)
+        return n;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
+        (void)cudaGetLastError();
+        return 132;
+    }
+    if (dev >= 0 && dev < 64)
+        __atomic_store_n(&cached[dev], n, __ATOMIC_RELAXED);
+    return n;
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* A stride only matters along a dimension with more than one index. */
+bool stride_ok(int64_t stride, int64_t extent, int64_t es)
+{
+    return extent <= 1 || (stride * es) % 16 == 0;
+}
+
+bool io_vector_ok(const fr_io *io, const fr_apply_args *a, int64_t es)
+{
+    if (io->heads == 0)
+        return true;
+    return aligned16(io->in) && aligned16(io->out) &&
+           stride_ok(io->in_ss, a->seq_len, es) && stride_ok(io->out_ss, a->seq_len, es) &&
+           stride_ok(io->in_sb, a->batch, es) && stride_ok(io->out_sb, a->batch, es) &&
+           stride_ok(io->in_sh, io->heads, es) && stride_ok(io->out_sh, io->heads, es);
+}
+
+/* Fraction of a block's last warp left idle. */
+double warp_waste(int64_t n) { return (double)(ceil_div(n, 32) * 32 - n) / (double)n; }
+
+struct Shape {
+    dim3 grid, block;
+    int64_t gtotal;
+};
+
+/*
+ * Block and grid from the work: `lanes` threads per head group and token,
+ * `heads` heads per token, `tokens` tokens.  Heads per thread grow (up to 8,
+ * reusing a token's cos/sin) only while the grid still holds a couple of
+ * full waves of threads; small calls (decode) keep one head per thread and
+ * are cut into enough blocks to reach every SM.
+ */
+Shape choose_shape(int64_t tokens, int64_t heads, int64_t lanes, int sms)
+{
+    Shape sh;
+    const int64_t bx = lanes < MAX_BLOCK ? lanes : MAX_BLOCK;
+    const double wave = (double)sms * 2048.0;
+    int64_t hpt = 1;
+    while (hpt < FR_CUDA_MAX_HPT && hpt * 2 <= heads &&
+           (double)tokens * (double)bx * (double)ceil_div(heads, hpt * 2) >= FR_CUDA_WAVES * wave)
+        hpt *= 2;
+    int64_t gtotal = ceil_div(heads, hpt);
+    int64_t gb = MAX_BLOCK / bx;
+    if (gb > gtotal)
+        gb = gtotal;
+
+    /* Tokens per block: blocks of 128..512 threads with as little of the last
+     * warp idle as possible, near 256. */
+    int64_t per_tok = bx * gb;
+    int64_t tmax = MAX_BLOCK / per_tok;
+    if (tmax > 64)
+        tmax = 64;
+    if (tmax > tokens)
+        tmax = tokens;
+    if (tmax < 1)
+        tmax = 1;
+    int64_t tz = 256 / per_tok;
+    if (tz < 1)
+        tz = 1;
+    if (tz > tmax)
+        tz = tmax;
+    for (int64_t t = 1; t <= tmax; t++) {
+        const int64_t n = t * per_tok, best = tz * per_tok;
+        if (n < 128 && t != tmax)
+            continue;
+        const double w = warp_waste(n), bw = warp_waste(best);
+        if (w < bw - 1e-9 ||
+            (w <= bw + 1e-9 && (n > 256 ? n - 256 : 256 - n) < (best > 256 ? best - 256 : 256 - best)))
+            tz = t;
+    }
+
+    /* Small calls: fewer tokens, then fewer head groups per block, until
+     * there are blocks for every SM (two each) or blocks are two warps. */
+    for (;;) {
+        const double blocks = (double)ceil_div(tokens, tz) * (double)ceil_div(gtotal, gb);
+        if (blocks >= 2.0 * sms)
+            break;
+        if (tz > 1)
+            tz = ceil_div(tz, 2);
+        else if (gb > 1 && bx * ceil_div(gb, 2) >= 64)
+            gb = ceil_div(gb, 2);
+        else
+            break;
+    }
+
+    int64_t gy = ceil_div(gtotal, gb);
+    if (gy > 65535) {
+        gy = 65535; /* threads take more heads: the head loop strides by gtotal */
+        gtotal = gy * gb;
+    }
+    int64_t gx = ceil_div(tokens, tz);
+    if (gx > INT_MAX)
+        gx = INT_MAX; /* grid-stride over tokens */
+    sh.block = dim3((unsigned)bx, (unsigned)gb, (unsigned)tz);
+    sh.grid = dim3((unsigned)gx, (unsigned)gy, 1);
+    sh.gtotal = gtotal;
+    return sh;
+}
+
+template <int DT>
+cudaError_t launch(bool vec, const Shape &sh, const KParams &P, cudaStream_t stream)
+{
+    if (!vec)
+        rope_kernel<DT, MODE_SCALAR><<<sh.grid, sh.block, 0, stream>>>(P);
+    else if (P.interleaved)
+        rope_kernel<DT, MODE_INTER_VEC><<<sh.grid, sh.block, 0, stream>>>(P);
+    else
+        rope_kernel<DT, MODE_NEOX_VEC><<<sh.grid, sh.block, 0, stream>>>(P);
+    return cudaGetLastError();
+}
+
+} /* namespace */
+
+extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
+{
+    const fusedrope_cache *cache = a->cache;
+    const int64_t es = a->dtype == FUSEDROPE_FLOAT32 ? 4 : 2;
+    const int64_t E = 16 / es;
+    const int64_t rot_dim = cache->rot_dim, half = rot_dim / 2;
+    const int64_t tokens = a->seq_len * a->batch;
+    KParams P;
+    int i;
+
+    memset(&P, 0, sizeof P);
+    for (i = 0; i < a->count && i < 2; i++) {
+        const fr_io *io = &a->io[i];
+        KIo *k = &P.io[i];
+        k->in = io->in;
+        k->out = io->out;
+        k->heads = io->heads;
+        k->head_dim = io->head_dim;
+        k->in_ss = io->in_ss;
+        k->in_sb = io->in_sb;
+        k->in_sh = io->in_sh;
+        k->out_ss = io->out_ss;
+        k->out_sb = io->out_sb;
+        k->out_sh = io->out_sh;
+        k->np = (!io->in_place && io->heads > 0 && io->head_dim > rot_dim)
+                    ? ceil_div(io->head_dim - rot_dim, E)
+                    : 0;
+    }
+    P.heads0 = P.io[0].heads;
+    P.heads = P.io[0].heads + P.io[1].heads;
+    if (tokens <= 0 || P.heads <= 0)
+        return FUSEDROPE_OK;
+
+    bool vec = (a->interleaved ? (rot_dim * es) % 16 : (half * es) % 16) == 0;
+    for (i = 0; i < a->count && i < 2 && vec; i++)
+        vec = io_vector_ok(&a->io[i], a, es);
+
+    P.pos = a->pos;
+    P.cos = cache->max_positions > 0 ? cache->cos : nullptr;
+    P.sin = cache->max_positions > 0 ? cache->sin : nullptr;
+    P.inv_freq = cache->inv_freq_dev;
+    P.attn = cache->attention_factor;
+    P.flag = cache->range_flag_dev;
+    P.tokens = tokens;
+    P.seq_len = a->seq_len;
+    P.batch = a->batch;
+    P.max_positions = cache->max_positions;
+    P.half = half;
+    P.rot_dim = rot_dim;
+    P.interleaved = a->interleaved;
+    /* Walk tokens in memory order: sbhd-like strides put the batch inside the sequence. */
+    P.seq_major = a->batch > 1 && a->seq_len > 1 && a->io[0].in_ss > a->io[0].in_sb;
+    P.sgn = a->sgn;
+    /* rotary lanes: scalar, one pair each; NeoX, a chunk of each half;
+     * interleaved, two chunks (the last lane one when the count is odd) */
+    P.nc = !vec ? half : a->interleaved ? ceil_div(rot_dim / E, 2) : half / E;
+    P.lanes = P.nc + (P.io[0].np > P.io[1].np ? P.io[0].np : P.io[1].np);
+    if (P.cos == nullptr && P.inv_freq == nullptr)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "fr_cuda_apply: the cache has neither a device table nor frequencies");
+
+    const Shape sh = choose_shape(tokens, P.heads, P.lanes, sm_count());
+    P.gtotal = sh.gtotal;
+
+    cudaStream_t stream = (cudaStream_t)a->stream;
+    cudaError_t err;
+    switch (a->dtype) {
+    case FUSEDROPE_FLOAT32:
+        err = launch<DT_F32>(vec, sh, P, stream);
+        break;
+    case FUSEDROPE_FLOAT16:
+        err = launch<DT_F16>(vec, sh, P, stream);
+        break;
+    default:
+        err = launch<DT_BF16>(vec, sh, P, stream);
+        break;
+    }
+    if (err != cudaSuccess)
+        return fr_cuda_fail(err, "the RoPE kernel launch");
+    return FUSEDROPE_OK;
+}

@@ -1,0 +1,172 @@
+/*
+ * cuda_cache.cu - the CUDA backend's runtime side: device presence, pointer
+ * classification, and the device half of a cache (table upload, download,
+ * release, and the out-of-table flag the kernels raise).
+ *
+ * The table itself is built on the host in double by lib/cache.c, so a CUDA
+ * cache holds exactly the float32 values a CPU cache holds.
+ */
+#include <stdlib.h>
+
+#include <cuda_runtime.h>
+
+#include "internal.h"
+#include "cuda_util.cuh"
+
+/* 0: not asked yet, 1: no usable device, 2: a device is present. */
+static int device_state;
+
+extern "C" int fr_cuda_device_present(void)
+{
+    int state = __atomic_load_n(&device_state, __ATOMIC_ACQUIRE);
+    if (state == 0) {
+        int n = 0;
+        cudaError_t err = cudaGetDeviceCount(&n);
+        if (err != cudaSuccess) {
+            /* No driver, no device, driver too old: all mean "no CUDA". */
+            (void)cudaGetLastError();
+            n = 0;
+        }
+        state = n > 0 ? 2 : 1;
+        /* Racing first callers compute the same answer; either store wins. */
+        __atomic_store_n(&device_state, state, __ATOMIC_RELEASE);
+    }
+    return state == 2;
+}
+
+extern "C" int fr_cuda_is_device_pointer(const void *p)
+{
+    cudaPointerAttributes attr;
+    cudaError_t err;
+
+    if (p == NULL || !fr_cuda_device_present())
+        return 0;
+    err = cudaPointerGetAttributes(&attr, p);
+    if (err == cudaErrorInvalidValue) {
+        /* Older runtimes report plain host memory this way. */
+        (void)cudaGetLastError();
+        return 0;
+    }
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+}
+
+extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
+{
+    size_t half = (size_t)(cache->rot_dim / 2);
+    size_t table_bytes = (size_t)cache->max_positions * half * sizeof(float);
+    float *dcos = NULL, *dsin = NULL;
+    double *dinv = NULL;
+    int *flag = NULL, *flag_dev = NULL;
+    fusedrope_status st = FUSEDROPE_OK;
+    cudaError_t err;
+
+    if (cache->max_positions > 0 && cache->cos != NULL && cache->sin != NULL) {
+        if ((err = cudaMalloc((void **)&dcos, table_bytes)) != cudaSuccess ||
+            (err = cudaMalloc((void **)&dsin, table_bytes)) != cudaSuccess) {
+            st = fr_cuda_fail(err, "cudaMalloc of the cos/sin table");
+            goto fail;
+        }
+        if ((err = cudaMemcpy(dcos, cache->cos, table_bytes, cudaMemcpyHostToDevice)) !=
+                cudaSuccess ||
+            (err = cudaMemcpy(dsin, cache->sin, table_bytes, cudaMemcpyHostToDevice)) !=
+                cudaSuccess) {
+            st = fr_cuda_fail(err, "cudaMemcpy of the cos/sin table to the device");
+            goto fail;
+        }
+    }
+    if (cache->inv_freq != NULL) {
+        if ((err = cudaMalloc((void **)&dinv, half * sizeof(double))) != cudaSuccess) {
+            st = fr_cuda_fail(err, "cudaMalloc of the inverse frequencies");
+            goto fail;
+        }
+        if ((err = cudaMemcpy(dinv, cache->inv_freq, half * sizeof(double),
+                              cudaMemcpyHostToDevice)) != cudaSuccess) {
+            st = fr_cuda_fail(err, "cudaMemcpy of the inverse frequencies to the device");
+            goto fail;
+        }
+    }
+    if ((err = cudaHostAlloc((void **)&flag, sizeof(int), cudaHostAllocMapped)) !=
+        cudaSuccess) {
+        flag = NULL;
+        st = fr_cuda_fail(err, "cudaHostAlloc of the range flag");
+        goto fail;
+    }
+    *flag = 0;
+    if ((err = cudaHostGetDevicePointer((void **)&flag_dev, flag, 0)) != cudaSuccess) {
+        st = fr_cuda_fail(err, "cudaHostGetDevicePointer of the range flag");
+        goto fail;
+    }
+
+    free(cache->cos);
+    free(cache->sin);
+    cache->cos = dcos;
+    cache->sin = dsin;
+    cache->inv_freq_dev = dinv;
+    cache->range_flag = flag;
+    cache->range_flag_dev = flag_dev;
+    cache->device = FUSEDROPE_DEVICE_CUDA;
+    return FUSEDROPE_OK;
+
+fail:
+    if (dcos)
+        cudaFree(dcos);
+    if (dsin)
+        cudaFree(dsin);
+    if (dinv)
+        cudaFree(dinv);
+    if (flag)
+        cudaFreeHost(flag);
+    (void)cudaGetLastError();
+    return st;
+}
+
+extern "C" fusedrope_status fr_cuda_cache_download(const fusedrope_cache *cache, float *cos,
+                                                   float *sin)
+{
+    size_t bytes = (size_t)cache->max_positions * (size_t)(cache->rot_dim / 2) * sizeof(float);
+    cudaError_t err;
+
+    if (bytes == 0 || cache->cos == NULL || cache->sin == NULL)
+        return FUSEDROPE_OK;
+    if ((err = cudaMemcpy(cos, cache->cos, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess ||
+        (err = cudaMemcpy(sin, cache->sin, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess)
+        return fr_cuda_fail(err, "cudaMemcpy of the cos/sin table to the host");
+    return FUSEDROPE_OK;
+}
+
+extern "C" void fr_cuda_cache_release(fusedrope_cache *cache)
+{
+    if (cache->cos)
+        cudaFree(cache->cos);
+    if (cache->sin)
+        cudaFree(cache->sin);
+    if (cache->inv_freq_dev)
+        cudaFree(cache->inv_freq_dev);
+    if (cache->range_flag)
+        cudaFreeHost(cache->range_flag);
+    (void)cudaGetLastError();
+    cache->cos = cache->sin = NULL;
+    cache->inv_freq_dev = NULL;
+    cache->range_flag = cache->range_flag_dev = NULL;
+}
+
+extern "C" fusedrope_status fr_cuda_cache_check(const fusedrope_cache *cache, void *stream)
+{
+    cudaError_t err = cudaStreamSynchronize((cudaStream_t)stream);
+    if (err != cudaSuccess)
+        return fr_cuda_fail(err, "cudaStreamSynchronize in fusedrope_cache_check");
+    if (cache->range_flag == NULL)
+        return FUSEDROPE_OK;
+    /* Read and clear in one step: a second check reports OK. */
+    if (__atomic_exchange_n(cache->range_flag, 0, __ATOMIC_SEQ_CST) != 0)
+        return fr_fail(FUSEDROPE_ERR_RANGE,
+                       "fusedrope_cache_check: a kernel met a position outside the table "
+                       "(max_positions %lld) or a token outside every sequence; its rotated "
+                       "channels were written as NaN",
+                       (long long)cache->max_positions);
+    return FUSEDROPE_OK;
+}

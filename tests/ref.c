@@ -1,0 +1,566 @@
+/*
+ * ref.c - the tests' independent float64 reference (see ref.h).
+ *
+ * Nothing here comes from lib/: the 16-bit conversions are done with frexp and
+ * ldexp on doubles, the rope formulas are transcribed from DESIGN.md.
+ */
+#include "ref.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REF_PI 3.14159265358979323846
+
+/* ------------------------------------------------------------ dtype helpers */
+
+typedef struct {
+    int prec;      /* significand bits, implicit one included */
+    int qmin;      /* exponent of the smallest subnormal */
+    int emin;      /* frexp exponent of the smallest normal (2^(emin-1)) */
+    int bias;
+    double maxv;
+} fmt_info;
+
+static fmt_info fmt(fusedrope_dtype dt)
+{
+    fmt_info f;
+    switch (dt) {
+    case FUSEDROPE_FLOAT16:
+        f.prec = 11; f.qmin = -24; f.emin = -13; f.bias = 15;
+        f.maxv = 65504.0;
+        break;
+    case FUSEDROPE_BFLOAT16:
+        f.prec = 8; f.qmin = -133; f.emin = -125; f.bias = 127;
+        f.maxv = ldexp(255.0, 120);
+        break;
+    default:
+        f.prec = 24; f.qmin = -149; f.emin = -125; f.bias = 127;
+        f.maxv = ldexp(16777215.0, 104);
+        break;
+    }
+    return f;
+}
+
+size_t ref_dtype_size(fusedrope_dtype dt)
+{
+    return dt == FUSEDROPE_FLOAT32 ? 4 : 2;
+}
+
+const char *ref_dtype_name(fusedrope_dtype dt)
+{
+    switch (dt) {
+    case FUSEDROPE_FLOAT32: return "f32";
+    case FUSEDROPE_FLOAT16: return "f16";
+    case FUSEDROPE_BFLOAT16: return "bf16";
+    }
+    return "?";
+}
+
+double ref_max_finite(fusedrope_dtype dt)
+{
+    return fmt(dt).maxv;
+}
+
+/* 2^e for -1022 <= e <= 1023, exactly, from the bits of a double. */
+static double pow2(int e)
+{
+    uint64_t u = (uint64_t)(e + 1023) << 52;
+    double d;
+    memcpy(&d, &u, 8);
+    return d;
+}
+
+double ref_round(double v, fusedrope_dtype dt)
+{
+    fmt_info f = fmt(dt);
+    int e, q;
+    double r;
+    if (v == 0 || !isfinite(v))
+        return v;
+    frexp(v, &e);                 /* |v| in [2^(e-1), 2^e) */
+    q = e - f.prec;
+    if (q < f.qmin)
+        q = f.qmin;
+    /* here -149 <= q <= 1016: 2^q and 2^-q are normal doubles */
+    /* v * 2^-q and back are exact (powers of two); nearbyint rounds to even */
+    r = nearbyint(v * pow2(-q)) * pow2(q);
+    if (fabs(r) > f.maxv)
+        r = copysign(INFINITY, v);
+    return r;
+}
+
+double ref_ulp(double v, fusedrope_dtype dt)
+{
+    fmt_info f = fmt(dt);
+    int e, q;
+    if (v == 0 || !isfinite(v))
+        return pow2(f.qmin);
+    frexp(v, &e);
+    q = e - f.prec;
+    if (q < f.qmin)
+        q = f.qmin;
+    if (q > 1023)
+        return INFINITY;
+    return pow2(q);
+}
+
+static double decode16(uint16_t h, int mbits, int ebits, fusedrope_dtype dt)
+{
+    fmt_info f = fmt(dt);
+    int emax = (1 << ebits) - 1;
+    int E = (h >> mbits) & emax;
+    int m = h & ((1 << mbits) - 1);
+    double v;
+    if (E == 0)
+        v = ldexp((double)m, f.qmin);
+    else if (E == emax)
+        v = m ? NAN : INFINITY;
+    else
+        v = ldexp((double)(m + (1 << mbits)), E - f.bias - mbits);
+    return (h & 0x8000) ? -v : v;
+}
+
+static uint16_t encode16(double v, int mbits, int ebits, fusedrope_dtype dt)
+{
+    fmt_info f = fmt(dt);
+    int emax = (1 << ebits) - 1;
+    uint16_t sign = signbit(v) ? 0x8000 : 0;
+    double r, a;
+    int e;
+    if (isnan(v))
+        return (uint16_t)(sign | (emax << mbits) | (1 << (mbits - 1)));
+    r = ref_round(v, dt);
+    a = fabs(r);
+    if (isinf(a))
+        return (uint16_t)(sign | (emax << mbits));
+    if (a == 0)
+        return sign;
+    frexp(a, &e);
+    if (e >= f.emin) {
+        /* normal: a = 1.m * 2^(e-1) */
+        int E = e - 1 + f.bias;
+        long m = (long)ldexp(a, mbits + 1 - e) - (1L << mbits);
+        return (uint16_t)(sign | (E << mbits) | m);
+    }
+    return (uint16_t)(sign | (long)ldexp(a, -f.qmin));
+}
+
+double ref_half_to_double(uint16_t h) { return decode16(h, 10, 5, FUSEDROPE_FLOAT16); }
+double ref_bf16_to_double(uint16_t h) { return decode16(h, 7, 8, FUSEDROPE_BFLOAT16); }
+
+/* The two decodings above, tabulated once (loads are the tests' hot path). */
+static double *decode_table(fusedrope_dtype dt)
+{
+    static double *tab[2];
+    int k = dt == FUSEDROPE_BFLOAT16;
+    if (!tab[k]) {
+        double *t = malloc(65536 * sizeof(double));
+        unsigned h;
+        if (!t)
+            return NULL;
+        for (h = 0; h < 65536; h++)
+            t[h] = k ? ref_bf16_to_double((uint16_t)h) : ref_half_to_double((uint16_t)h);
+        tab[k] = t;
+    }
+    return tab[k];
+}
+uint16_t ref_double_to_half(double v) { return encode16(v, 10, 5, FUSEDROPE_FLOAT16); }
+uint16_t ref_double_to_bf16(double v) { return encode16(v, 7, 8, FUSEDROPE_BFLOAT16); }
+
+double ref_load(const void *base, fusedrope_dtype dt, int64_t index)
+{
+    const unsigned char *p = (const unsigned char *)base + (size_t)index * ref_dtype_size(dt);
+    if (dt == FUSEDROPE_FLOAT32) {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    } else {
+        uint16_t h;
+        const double *t = decode_table(dt);
+        memcpy(&h, p, 2);
+        if (t)
+            return t[h];
+        return dt == FUSEDROPE_FLOAT16 ? ref_half_to_double(h) : ref_bf16_to_double(h);
+    }
+}
+
+void ref_store(void *base, fusedrope_dtype dt, int64_t index, double v)
+{
+    unsigned char *p = (unsigned char *)base + (size_t)index * ref_dtype_size(dt);
+    if (dt == FUSEDROPE_FLOAT32) {
+        float f = (float)ref_round(v, dt);
+        memcpy(p, &f, 4);
+    } else {
+        uint16_t h = dt == FUSEDROPE_FLOAT16 ? ref_double_to_half(v) : ref_double_to_bf16(v);
+        memcpy(p, &h, 2);
+    }
+}
+
+double ref_tolerance(double ref, double a, double b, double attn, fusedrope_dtype dt)
+{
+    double m = attn > 1 ? attn : 1;
+    return ref_ulp(ref, dt) + ldexp(fabs(a) + fabs(b), -22) * m;
+}
+
+int ref_within(double y, double ref, double a, double b, double attn, fusedrope_dtype dt,
+               double *tol)
+{
+    double t = ref_tolerance(ref, a, b, attn, dt);
+    if (tol)
+        *tol = t;
+    return fabs(y - ref) <= t; /* false for NaN */
+}
+
+/* ---------------------------------------------------------------- rope types */
+
+double ref_yarn_mscale(double s, double k)
+{
+    if (s <= 1)
+        return 1.0;
+    return 0.1 * k * log(s) + 1.0;
+}
+
+static double yarn_corr(double d, double orig, double base, double r)
+{
+    return d * log(orig / (2.0 * REF_PI * r)) / (2.0 * log(base));
+}
+
+void ref_yarn_range(const fusedrope_cache_config *cfg, double *low, double *high)
+{
+    double d = cfg->rot_dim, orig = (double)cfg->original_max_positions;
+    double lo = yarn_corr(d, orig, cfg->theta, cfg->beta_fast);
+    double hi = yarn_corr(d, orig, cfg->theta, cfg->beta_slow);
+    if (cfg->truncate) {
+        lo = floor(lo);
+        hi = ceil(hi);
+    }
+    if (lo < 0)
+        lo = 0;
+    if (hi > d - 1)
+        hi = d - 1;
+    if (lo == hi)
+        hi += 0.001;
+    *low = lo;
+    *high = hi;
+}
+
+int ref_inv_freq(const fusedrope_cache_config *cfg, double *inv, double *attn)
+{
+    int d = cfg->rot_dim, half = d / 2, i;
+    double base = cfg->theta;
+    double orig = (double)cfg->original_max_positions;
+    *attn = 1.0;
+    switch (cfg->type) {
+    case FUSEDROPE_ROPE_DEFAULT:
+        for (i = 0; i < half; i++)
+            inv[i] = pow(base, -(2.0 * i) / d);
+        return 0;
+    case FUSEDROPE_ROPE_LINEAR:
+        for (i = 0; i < half; i++)
+            inv[i] = pow(base, -(2.0 * i) / d) / cfg->factor;
+        return 0;
+    case FUSEDROPE_ROPE_DYNAMIC: {
+        double L = cfg->seq_len ? (double)cfg->seq_len : (double)cfg->max_positions;
+        double b2;
+        if (L < orig)
+            L = orig;
+        b2 = base * pow(cfg->factor * L / orig - (cfg->factor - 1.0), (double)d / (d - 2));
+        for (i = 0; i < half; i++)
+            inv[i] = pow(b2, -(2.0 * i) / d);
+        return 0;
+    }
+    case FUSEDROPE_ROPE_YARN: {
+        double low, high;
+        if (cfg->attention_factor != 0)
+            *attn = cfg->attention_factor;
+        else if (cfg->mscale != 0 && cfg->mscale_all_dim != 0)
+            *attn = ref_yarn_mscale(cfg->factor, cfg->mscale) /
+                    ref_yarn_mscale(cfg->factor, cfg->mscale_all_dim);
+        else
+            *attn = ref_yarn_mscale(cfg->factor, 1.0);
+        ref_yarn_range(cfg, &low, &high);
+        for (i = 0; i < half; i++) {
+            double ramp = (i - low) / (high - low);
+            double ext = pow(base, -(2.0 * i) / d);
+            if (ramp < 0)
+                ramp = 0;
+            if (ramp > 1)
+                ramp = 1;
+            inv[i] = (1.0 - ramp) * ext + ramp * (ext / cfg->factor);
+        }
+        return 0;
+    }
+    case FUSEDROPE_ROPE_LONGROPE: {
+        const double *f = cfg->max_positions > cfg->original_max_positions ? cfg->long_factor
+                                                                           : cfg->short_factor;
+        double s = cfg->factor != 0 ? cfg->factor : (double)cfg->max_positions / orig;
+        for (i = 0; i < half; i++)
+            inv[i] = pow(base, -(2.0 * i) / d) / f[i];
+        if (cfg->attention_factor != 0)
+            *attn = cfg->attention_factor;
+        else if (s <= 1)
+            *attn = 1.0;
+        else
+            *attn = sqrt(1.0 + log(s) / log(orig));
+        return 0;
+    }
+    case FUSEDROPE_ROPE_LLAMA3: {
+        double lo = orig / cfg->low_freq_factor, hi = orig / cfg->high_freq_factor;
+        for (i = 0; i < half; i++) {
+            double v = pow(base, -(2.0 * i) / d);
+            double w = 2.0 * REF_PI / v;
+            if (w < hi) {
+                inv[i] = v;
+            } else if (w > lo) {
+                inv[i] = v / cfg->factor;
+            } else {
+                double t = (orig / w - cfg->low_freq_factor) /
+                           (cfg->high_freq_factor - cfg->low_freq_factor);
+                inv[i] = (1.0 - t) * v / cfg->factor + t * v;
+            }
+        }
+        return 0;
+    }
+    }
+    return -1;
+}
+
+int ref_rope_from_config(ref_rope *r, const fusedrope_cache_config *cfg)
+{
+    memset(r, 0, sizeof *r);
+    r->rot_dim = cfg->rot_dim;
+    r->inv_freq = malloc(sizeof(double) * (size_t)(cfg->rot_dim / 2 + 1));
+    if (!r->inv_freq)
+        return -1;
+    return ref_inv_freq(cfg, r->inv_freq, &r->attn);
+}
+
+void ref_rope_from_table(ref_rope *r, const float *cos, const float *sin, int64_t rows,
+                         int rot_dim)
+{
+    int64_t k, n = rows * (rot_dim / 2);
+    memset(r, 0, sizeof *r);
+    r->rot_dim = rot_dim;
+    r->tcos = cos;
+    r->tsin = sin;
+    r->rows = rows;
+    r->attn = 1.0;
+    for (k = 0; k < n; k++) {
+        if (fabs(cos[k]) > r->attn)
+            r->attn = fabs(cos[k]);
+        if (fabs(sin[k]) > r->attn)
+            r->attn = fabs(sin[k]);
+    }
+}
+
+void ref_rope_free(ref_rope *r)
+{
+    free(r->inv_freq);
+    r->inv_freq = NULL;
+}
+
+void ref_cos_sin(const ref_rope *r, int64_t p, int i, double *c, double *s)
+{
+    if (r->inv_freq) {
+        double ang = (double)p * r->inv_freq[i];
+        *c = cos(ang) * r->attn;
+        *s = sin(ang) * r->attn;
+    } else {
+        *c = r->tcos[p * (r->rot_dim / 2) + i];
+        *s = r->tsin[p * (r->rot_dim / 2) + i];
+    }
+}
+
+/* ---------------------------------------------------------------- positions */
+
+int64_t ref_cp_position(int64_t j, int64_t len, int cp_size, int cp_rank)
+{
+    int64_t chunk;
+    if (cp_size <= 1)
+        return j;
+    chunk = len / 2;
+    if (j < chunk)
+        return cp_rank * chunk + j;
+    return (int64_t)(2 * cp_size - 1 - cp_rank) * chunk + (j - chunk);
+}
+
+void ref_positions(const fusedrope_positions *pos, int64_t seq_len, int64_t batch,
+                   int64_t *out)
+{
+    int64_t b, s;
+    int cp, rank;
+    if (!pos) {
+        for (b = 0; b < batch; b++)
+            for (s = 0; s < seq_len; s++)
+                out[b * seq_len + s] = s;
+        return;
+    }
+    cp = pos->cp_size < 1 ? 1 : pos->cp_size;
+    rank = pos->cp_rank;
+    if (pos->cu_seqlens) {
+        int64_t n;
+        for (n = 0; n < pos->num_seqs; n++) {
+            int64_t start = pos->cu_seqlens[n], len = pos->cu_seqlens[n + 1] - start, j;
+            for (j = 0; j < len; j++) {
+                int64_t t = start + j;
+                if (pos->ids)
+                    out[t] = pos->ids[t];
+                else
+                    out[t] = ref_cp_position(j, len, cp, rank) +
+                             (pos->offsets ? pos->offsets[n] : 0);
+            }
+        }
+        return;
+    }
+    for (b = 0; b < batch; b++)
+        for (s = 0; s < seq_len; s++) {
+            if (pos->ids)
+                out[b * seq_len + s] = pos->ids[b * seq_len + s];
+            else
+                out[b * seq_len + s] = ref_cp_position(s, seq_len, cp, rank) +
+                                       (pos->offsets ? pos->offsets[b] : 0);
+        }
+}
+
+/* ----------------------------------------------------------------- rotation */
+
+void ref_pair(fusedrope_style style, int rot_dim, int i, int64_t *ca, int64_t *cb)
+{
+    if (style == FUSEDROPE_INTERLEAVED) {
+        *ca = 2 * i;
+        *cb = 2 * i + 1;
+    } else {
+        *ca = i;
+        *cb = i + rot_dim / 2;
+    }
+}
+
+int64_t ref_offset(const fusedrope_tensor *t, int64_t s, int64_t b, int64_t h, int64_t c)
+{
+    return s * t->stride_seq + b * t->stride_batch + h * t->stride_head + c;
+}
+
+/* The double result of one pair. */
+static void rot(double a, double b, double c, double s, int backward, double *ya, double *yb)
+{
+    if (!backward) {
+        *ya = a * c - b * s;
+        *yb = b * c + a * s;
+    } else {
+        *ya = a * c + b * s;
+        *yb = b * c - a * s;
+    }
+}
+
+void ref_apply(const ref_rope *r, fusedrope_style style, const int64_t *positions,
+               const fusedrope_tensor *x, int backward, double *out)
+{
+    int64_t s, b, h, c;
+    int i, half = r->rot_dim / 2;
+    for (s = 0; s < x->seq_len; s++)
+        for (b = 0; b < x->batch; b++) {
+            int64_t p = positions[b * x->seq_len + s];
+            for (h = 0; h < x->heads; h++) {
+                double *o = out + ((s * x->batch + b) * x->heads + h) * x->head_dim;
+                for (c = r->rot_dim; c < x->head_dim; c++)
+                    o[c] = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, c));
+                for (i = 0; i < half; i++) {
+                    int64_t ca, cb;
+                    double cs, sn, a, bb;
+                    ref_pair(style, r->rot_dim, i, &ca, &cb);
+                    ref_cos_sin(r, p, i, &cs, &sn);
+                    a = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, ca));
+                    bb = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, cb));
+                    rot(a, bb, cs, sn, backward, &o[ca], &o[cb]);
+                }
+            }
+        }
+}
+
+static void appendf(char *msg, size_t len, const char *fmt, ...)
+{
+    size_t used;
+    va_list ap;
+    if (!msg || !len)
+        return;
+    used = strlen(msg);
+    if (used + 1 >= len)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(msg + used, len - used, fmt, ap);
+    va_end(ap);
+}
+
+int64_t ref_check_apply(const ref_rope *r, fusedrope_style style, const int64_t *positions,
+                        const fusedrope_tensor *x, const fusedrope_tensor *y, int backward,
+                        char *msg, size_t msglen)
+{
+    int64_t s, b, h, c, bad = 0;
+    int i, half = r->rot_dim / 2;
+    size_t es = ref_dtype_size(x->dtype);
+    /* cos/sin per (token, pair), computed once per token */
+    double *cs = malloc(sizeof(double) * (size_t)(half > 0 ? half : 1));
+    double *sn = malloc(sizeof(double) * (size_t)(half > 0 ? half : 1));
+    if (msg && msglen)
+        msg[0] = 0;
+    if (!cs || !sn) {
+        free(cs);
+        free(sn);
+        appendf(msg, msglen, "out of memory in ref_check_apply");
+        return 1;
+    }
+    for (s = 0; s < x->seq_len; s++)
+        for (b = 0; b < x->batch; b++) {
+            int64_t p = positions[b * x->seq_len + s];
+            for (i = 0; i < half; i++)
+                ref_cos_sin(r, p, i, &cs[i], &sn[i]);
+            for (h = 0; h < x->heads; h++) {
+                for (c = r->rot_dim; c < x->head_dim; c++) {
+                    const unsigned char *px = (const unsigned char *)x->data +
+                                              (size_t)ref_offset(x, s, b, h, c) * es;
+                    const unsigned char *py = (const unsigned char *)y->data +
+                                              (size_t)ref_offset(y, s, b, h, c) * es;
+                    if (memcmp(px, py, es) != 0) {
+                        if (bad++ < 4)
+                            appendf(msg, msglen,
+                                    "[s=%lld b=%lld h=%lld c=%lld] pass-through channel "
+                                    "changed: x=%.9g y=%.9g; ",
+                                    (long long)s, (long long)b, (long long)h, (long long)c,
+                                    ref_load(x->data, x->dtype, ref_offset(x, s, b, h, c)),
+                                    ref_load(y->data, y->dtype, ref_offset(y, s, b, h, c)));
+                    }
+                }
+                for (i = 0; i < half; i++) {
+                    int64_t ca, cb, k;
+                    double a, bb, ra, rb;
+                    ref_pair(style, r->rot_dim, i, &ca, &cb);
+                    a = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, ca));
+                    bb = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, cb));
+                    rot(a, bb, cs[i], sn[i], backward, &ra, &rb);
+                    for (k = 0; k < 2; k++) {
+                        int64_t ch = k ? cb : ca;
+                        double want = k ? rb : ra, tol;
+                        double got = ref_load(y->data, y->dtype, ref_offset(y, s, b, h, ch));
+                        if (!ref_within(got, want, a, bb, r->attn, y->dtype, &tol)) {
+                            if (bad++ < 4)
+                                appendf(msg, msglen,
+                                        "[s=%lld b=%lld h=%lld c=%lld pos=%lld pair=%d] "
+                                        "got %.9g want %.12g (|err| %.3g > tol %.3g; a=%.9g "
+                                        "b=%.9g); ",
+                                        (long long)s, (long long)b, (long long)h,
+                                        (long long)ch, (long long)p, i, got, want,
+                                        fabs(got - want), tol, a, bb);
+                        }
+                    }
+                }
+            }
+        }
+    if (bad > 4)
+        appendf(msg, msglen, "... %lld bad elements in all", (long long)bad);
+    free(cs);
+    free(sn);
+    return bad;
+}

@@ -1,0 +1,118 @@
+/*
+ * ref.h - an independent float64 reference for libfusedrope's tests.
+ *
+ * Written from DESIGN.md's formulas only: it shares no code with lib/.  All
+ * arithmetic is in double; cos and sin are exact double values (the library
+ * rounds its table to float32, which the precision bound allows for).
+ */
+#ifndef FUSEDROPE_TEST_REF_H
+#define FUSEDROPE_TEST_REF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fusedrope.h"
+
+/* ------------------------------------------------------------ dtype helpers */
+
+size_t ref_dtype_size(fusedrope_dtype dt);
+const char *ref_dtype_name(fusedrope_dtype dt);
+
+/* Exact conversions of the 16-bit formats to double (NaN and Inf kept). */
+double ref_half_to_double(uint16_t h);
+double ref_bf16_to_double(uint16_t h);
+/* Round to nearest, ties to even; overflow gives Inf; NaN gives a quiet NaN. */
+uint16_t ref_double_to_half(double v);
+uint16_t ref_double_to_bf16(double v);
+
+/* v rounded (to nearest, ties to even) to the dtype's grid, as a double;
+ * values beyond the largest finite one round to +-Inf. */
+double ref_round(double v, fusedrope_dtype dt);
+/* Spacing of the dtype's numbers at |v|: 2^(exponent - precision + 1), never
+ * below the dtype's smallest subnormal (so ulp(0) is that subnormal). */
+double ref_ulp(double v, fusedrope_dtype dt);
+/* Largest finite value of the dtype. */
+double ref_max_finite(fusedrope_dtype dt);
+
+/* Element `index` of an array of dtype at base, as a double. */
+double ref_load(const void *base, fusedrope_dtype dt, int64_t index);
+/* Stores v rounded to the dtype. */
+void ref_store(void *base, fusedrope_dtype dt, int64_t index, double v);
+
+/*
+ * DESIGN's precision bound:
+ *   |y - ref| <= ulp(ref) + 2^-22 * (|a| + |b|) * max(1, attn)
+ * where ref is the float64 result, a and b the pair's inputs.  Returns 1 when
+ * y is within it (a NaN y never is); *tol receives the tolerance.
+ */
+int ref_within(double y, double ref, double a, double b, double attn, fusedrope_dtype dt,
+               double *tol);
+double ref_tolerance(double ref, double a, double b, double attn, fusedrope_dtype dt);
+
+/* ---------------------------------------------------------------- rope types */
+
+/* YaRN's m(s, k) = 1 if s <= 1 else 0.1 k ln s + 1. */
+double ref_yarn_mscale(double s, double k);
+/* YaRN's correction range (low, high) after clamping and the +0.001 rule. */
+void ref_yarn_range(const fusedrope_cache_config *cfg, double *low, double *high);
+
+/*
+ * inv_freq[rot_dim/2] and the attention factor of a (valid) configuration,
+ * following DESIGN.md "Rope types".  Returns 0, or -1 for an unknown type.
+ */
+int ref_inv_freq(const fusedrope_cache_config *cfg, double *inv_freq, double *attn);
+
+/* Where cos/sin come from: a rope configuration or a user table. */
+typedef struct ref_rope {
+    int rot_dim;
+    double attn;          /* the attention factor (for a user table: max |entry|, >= 1) */
+    double *inv_freq;     /* [rot_dim/2], or NULL for a user table */
+    const float *tcos, *tsin; /* user table [rows][rot_dim/2] */
+    int64_t rows;
+} ref_rope;
+
+int ref_rope_from_config(ref_rope *r, const fusedrope_cache_config *cfg);
+void ref_rope_from_table(ref_rope *r, const float *cos, const float *sin, int64_t rows,
+                         int rot_dim);
+void ref_rope_free(ref_rope *r);
+/* cos(p * inv_i) * attn and sin(p * inv_i) * attn in double (or the table's values). */
+void ref_cos_sin(const ref_rope *r, int64_t p, int i, double *c, double *s);
+
+/* ---------------------------------------------------------------- positions */
+
+/* Context parallelism: local index j of a local sequence of (even) length len. */
+int64_t ref_cp_position(int64_t j, int64_t len, int cp_size, int cp_rank);
+
+/*
+ * The position of every token of a (valid) call: out[b * seq_len + s] (for THD,
+ * batch is 1 and s is the packed token index).  pos may be NULL.
+ */
+void ref_positions(const fusedrope_positions *pos, int64_t seq_len, int64_t batch,
+                   int64_t *out);
+
+/* ----------------------------------------------------------------- rotation */
+
+/* Channels of pair i for a style. */
+void ref_pair(fusedrope_style style, int rot_dim, int i, int64_t *ca, int64_t *cb);
+
+/* Element offset of (s, b, h, c) in a tensor view. */
+int64_t ref_offset(const fusedrope_tensor *t, int64_t s, int64_t b, int64_t h, int64_t c);
+
+/*
+ * The float64 result of forward (backward = 0) or backward (1) applied to x:
+ * out[((s * batch + b) * heads + h) * head_dim + c], channels >= rot_dim copied.
+ */
+void ref_apply(const ref_rope *r, fusedrope_style style, const int64_t *positions,
+               const fusedrope_tensor *x, int backward, double *out);
+
+/*
+ * Compares the library's output y with the reference applied to x (x holds the
+ * original input; y may have other strides).  Rotated channels must be within
+ * the bound; channels >= rot_dim must equal x's bit for bit.  Returns the
+ * number of bad elements; msg gets a description of the first few.
+ */
+int64_t ref_check_apply(const ref_rope *r, fusedrope_style style, const int64_t *positions,
+                        const fusedrope_tensor *x, const fusedrope_tensor *y, int backward,
+                        char *msg, size_t msglen);
+
+#endif /* FUSEDROPE_TEST_REF_H */

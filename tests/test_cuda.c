@@ -1,0 +1,1218 @@
+/*
+ * test_cuda.c - the CUDA backend against the CPU backend.
+ *
+ * Every case runs the same call twice: on the CPU with a CPU cache and host
+ * buffers, and on the GPU with a CUDA cache of the same configuration and
+ * device buffers holding the same bytes (outputs poisoned first).  The whole
+ * buffers, padding, leads and guard tails included, must come back
+ * bit-identical (table caches) or within one unit in the last place of the
+ * dtype (table-less caches: glibc's and CUDA's double sin/cos may differ in
+ * the last bit of a double, which can move a float by one ulp).  A NaN
+ * result (only Inf - Inf from extreme inputs) must be NaN on both; its bits
+ * are the hardware's (x86's default NaN is negative, the GPU's positive).
+ *
+ * Exits 77 (skipped) where no CUDA device is present.  CUDA cannot be used in
+ * a child forked after the parent touched it, so the suite runs with
+ * CK_NOFORK.  FUSEDROPE_TEST_SEED fixes the random data (default 1).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <check.h>
+#include <cuda_runtime.h>
+
+#include "fusedrope.h"
+
+#define CUDA_OK(call)                                                                     \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        ck_assert_msg(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));        \
+    } while (0)
+
+#define FR_OK(call)                                                                       \
+    do {                                                                                  \
+        fusedrope_status s_ = (call);                                                     \
+        ck_assert_msg(s_ == FUSEDROPE_OK, "%s: %s (%s)", #call, fusedrope_status_string(s_), \
+                      fusedrope_last_error());                                            \
+    } while (0)
+
+/* ------------------------------------------------------------------ random */
+
+static uint64_t seed = 1;
+
+typedef struct { uint64_t s; } rng_t;
+
+static uint64_t rng_next(rng_t *r)
+{
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void rng_init(rng_t *r, uint64_t stream)
+{
+    r->s = seed * 0x2545f4914f6cdd1dull + stream;
+    (void)rng_next(r);
+}
+
+static int64_t rng_int(rng_t *r, int64_t lo, int64_t hi) /* inclusive */
+{
+    return lo + (int64_t)(rng_next(r) % (uint64_t)(hi - lo + 1));
+}
+
+/* ------------------------------------------------------------------ dtypes */
+
+static size_t dt_size(fusedrope_dtype dt)
+{
+    return dt == FUSEDROPE_FLOAT32 ? 4 : 2;
+}
+
+static const char *dt_name(fusedrope_dtype dt)
+{
+    return dt == FUSEDROPE_FLOAT32 ? "f32" : dt == FUSEDROPE_FLOAT16 ? "f16" : "bf16";
+}
+
+static float u2f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static double half_value(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* Element i of a buffer as a double. */
+static double elem_value(const unsigned char *p, fusedrope_dtype dt, size_t i)
+{
+    if (dt == FUSEDROPE_FLOAT32) {
+        uint32_t u;
+        memcpy(&u, p + 4 * i, 4);
+        return u2f(u);
+    } else {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        return dt == FUSEDROPE_BFLOAT16 ? u2f((uint32_t)h << 16) : half_value(h);
+    }
+}
+
+/* Bit pattern of element i mapped to a monotonic integer line. */
+static int64_t elem_ordinal(const unsigned char *p, fusedrope_dtype dt, size_t i)
+{
+    if (dt == FUSEDROPE_FLOAT32) {
+        uint32_t u;
+        memcpy(&u, p + 4 * i, 4);
+        return (u & 0x80000000u) ? -(int64_t)(u & 0x7fffffffu) : (int64_t)u;
+    } else {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        return (h & 0x8000u) ? -(int64_t)(h & 0x7fffu) : (int64_t)h;
+    }
+}
+
+/* Random finite values of moderate size, |v| < 8; or, with `extreme`, any
+ * finite bit pattern of the dtype (subnormals and values near the largest
+ * included, so results also underflow and overflow). */
+static void fill_values(unsigned char *p, fusedrope_dtype dt, size_t n, rng_t *r, int extreme)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t x = rng_next(r);
+        if (extreme) {
+            if (dt == FUSEDROPE_FLOAT32) {
+                uint32_t u = (uint32_t)x;
+                if ((u & 0x7f800000u) == 0x7f800000u)
+                    u &= 0xff7fffffu; /* Inf/NaN -> a finite value */
+                memcpy(p + 4 * i, &u, 4);
+            } else {
+                uint16_t h = (uint16_t)x;
+                const uint16_t em = dt == FUSEDROPE_FLOAT16 ? 0x7c00u : 0x7f80u;
+                if ((h & em) == em)
+                    h &= 0xbfffu; /* Inf/NaN -> a finite value */
+                memcpy(p + 2 * i, &h, 2);
+            }
+            continue;
+        }
+        if (dt == FUSEDROPE_FLOAT32) {
+            float f = (float)(((double)(x >> 11) * 0x1p-53) * 16.0 - 8.0);
+            memcpy(p + 4 * i, &f, 4);
+        } else if (dt == FUSEDROPE_BFLOAT16) {
+            float f = (float)(((double)(x >> 11) * 0x1p-53) * 16.0 - 8.0);
+            uint32_t u;
+            uint16_t h;
+            memcpy(&u, &f, 4);
+            h = (uint16_t)(u >> 16);
+            memcpy(p + 2 * i, &h, 2);
+        } else {
+            /* sign, exponent 2^-6..2^2, any mantissa */
+            uint16_t h = (uint16_t)(((x & 1) << 15) | ((uint64_t)(9 + (x >> 1) % 9) << 10) |
+                                    ((x >> 8) & 1023));
+            memcpy(p + 2 * i, &h, 2);
+        }
+    }
+}
+
+static void fill_random(unsigned char *p, fusedrope_dtype dt, size_t n, rng_t *r)
+{
+    fill_values(p, dt, n, r, 0);
+}
+
+/* ------------------------------------------------------------------ caches */
+
+static void config_for(fusedrope_cache_config *cfg, fusedrope_rope_type type, int rot_dim,
+                       int64_t max_positions, double *factors)
+{
+    fusedrope_cache_config_init(cfg, type, rot_dim, max_positions, 10000.0);
+    if (type != FUSEDROPE_ROPE_DEFAULT) {
+        cfg->factor = type == FUSEDROPE_ROPE_LONGROPE ? 0.0 : 4.0;
+        cfg->original_max_positions = 64;
+    }
+    if (type == FUSEDROPE_ROPE_DYNAMIC)
+        cfg->seq_len = 300;
+    if (type == FUSEDROPE_ROPE_LONGROPE) {
+        for (int i = 0; i < rot_dim / 2; i++)
+            factors[i] = 1.0 + 0.05 * i;
+        cfg->short_factor = factors;
+        cfg->long_factor = factors;
+    }
+}
+
+static fusedrope_cache *make_cache(fusedrope_rope_type type, int rot_dim, int64_t max_positions,
+                                   fusedrope_device dev)
+{
+    fusedrope_cache_config cfg;
+    fusedrope_cache *c = NULL;
+    double *factors = calloc((size_t)rot_dim / 2 + 1, sizeof(double));
+    ck_assert(factors != NULL);
+    config_for(&cfg, type, rot_dim, max_positions, factors);
+    FR_OK(fusedrope_cache_create(&cfg, dev, &c));
+    free(factors);
+    ck_assert_int_eq(fusedrope_cache_device(c), dev);
+    return c;
+}
+
+/* A small memo of cache pairs, so a grid does not rebuild them per case. */
+typedef struct {
+    fusedrope_rope_type type;
+    int rot_dim;
+    int64_t max_positions;
+    fusedrope_cache *cpu, *gpu;
+} cache_pair;
+static cache_pair memo[32];
+static int memo_n;
+
+static cache_pair *get_caches(fusedrope_rope_type type, int rot_dim, int64_t max_positions)
+{
+    for (int i = 0; i < memo_n; i++)
+        if (memo[i].type == type && memo[i].rot_dim == rot_dim &&
+            memo[i].max_positions == max_positions)
+            return &memo[i];
+    if (memo_n == (int)(sizeof memo / sizeof memo[0])) {
+        for (int i = 0; i < memo_n; i++) {
+            fusedrope_cache_destroy(memo[i].cpu);
+            fusedrope_cache_destroy(memo[i].gpu);
+        }
+        memo_n = 0;
+    }
+    memo[memo_n].type = type;
+    memo[memo_n].rot_dim = rot_dim;
+    memo[memo_n].max_positions = max_positions;
+    memo[memo_n].cpu = make_cache(type, rot_dim, max_positions, FUSEDROPE_DEVICE_CPU);
+    memo[memo_n].gpu = make_cache(type, rot_dim, max_positions, FUSEDROPE_DEVICE_CUDA);
+    return &memo[memo_n++];
+}
+
+static void free_caches(void)
+{
+    for (int i = 0; i < memo_n; i++) {
+        fusedrope_cache_destroy(memo[i].cpu);
+        fusedrope_cache_destroy(memo[i].gpu);
+    }
+    memo_n = 0;
+}
+
+/* -------------------------------------------------------------- the cases */
+
+enum { OP_FWD, OP_BWD, OP_FWD_QK, OP_BWD_QK, OP_NUM };
+enum { LAY_SBHD, LAY_BSHD, LAY_THD, LAY_NUM };
+enum { PM_NONE, PM_OFFSETS, PM_IDS, PM_CP0, PM_CP1, PM_CP_OFFSETS, PM_NUM };
+
+static const char *const op_names[] = { "forward", "backward", "forward_qk", "backward_qk" };
+static const char *const lay_names[] = { "sbhd", "bshd", "thd" };
+static const char *const pm_names[] = { "implicit", "offsets", "ids", "cp2/rank0", "cp2/rank1",
+                                        "cp2+offsets" };
+
+typedef struct {
+    fusedrope_dtype dt;
+    fusedrope_style style;
+    int op, layout, qkv, pm, in_place, misalign, tableless;
+    fusedrope_rope_type type;
+    int rot_dim;
+    int64_t head_dim;
+    int64_t s, b;    /* THD: s = tokens, b = 1 */
+    int64_t hq, hk;  /* single-tensor calls use hq heads (hk with qkv views) */
+    int64_t max_positions; /* table rows; 0 means 512 (table-less caches have none) */
+    int extreme;           /* inputs: any finite bit pattern instead of |v| < 8 */
+} tcase;
+
+static void describe(const tcase *c, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "%s %s %s %s%s pos=%s %s rot=%d/%lld s=%lld b=%lld hq=%lld hk=%lld%s%s type=%d",
+             op_names[c->op], dt_name(c->dt), c->style == FUSEDROPE_NEOX ? "neox" : "interleaved",
+             lay_names[c->layout], c->qkv ? "+qkv-views" : "", pm_names[c->pm],
+             c->in_place ? "in-place" : "out-of-place", c->rot_dim, (long long)c->head_dim,
+             (long long)c->s, (long long)c->b, (long long)c->hq, (long long)c->hk,
+             c->misalign ? " misaligned" : "", c->tableless ? " table-less" : "", (int)c->type);
+}
+
+#define GUARD 24 /* elements after every buffer's last view element */
+
+typedef struct {
+    int64_t heads;        /* heads per token stored in the buffer */
+    int64_t nel;          /* elements, lead and guard included */
+    int is_input;
+    unsigned char *init, *cpu, *gpu;
+    void *dev;
+} tbuf;
+
+typedef struct {
+    int buf;
+    int64_t head0, heads;
+} tview;
+
+typedef struct {
+    tbuf bufs[4];
+    int nb;
+    tview in[2], out[2];
+    int count;
+    /* positions, host and device */
+    int64_t *ids, *offsets;
+    int32_t *cu;
+    int64_t n_ids, n_off, num_seqs;
+    void *d_ids, *d_off, *d_cu;
+    fusedrope_positions pos_h, pos_d;
+    int pos_null;
+} tsetup;
+
+static int add_buf(tsetup *u, const tcase *c, int64_t heads, int is_input, rng_t *r)
+{
+    tbuf *b = &u->bufs[u->nb];
+    size_t es = dt_size(c->dt);
+    b->heads = heads;
+    b->nel = (c->misalign ? 1 : 0) + c->s * c->b * heads * c->head_dim + GUARD;
+    b->is_input = is_input;
+    b->init = malloc((size_t)b->nel * es);
+    b->cpu = malloc((size_t)b->nel * es);
+    b->gpu = malloc((size_t)b->nel * es);
+    ck_assert(b->init && b->cpu && b->gpu);
+    if (is_input)
+        fill_values(b->init, c->dt, (size_t)b->nel, r, c->extreme);
+    else
+        memset(b->init, 0xa5, (size_t)b->nel * es); /* poison */
+    b->dev = NULL;
+    return u->nb++;
+}
+
+static void layout_strides(const tcase *c, int64_t H, int64_t *ss, int64_t *sb)
+{
+    const int64_t d = c->head_dim;
+    switch (c->layout) {
+    case LAY_SBHD:
+        *ss = c->b * H * d;
+        *sb = H * d;
+        break;
+    case LAY_BSHD:
+        *ss = H * d;
+        *sb = c->s * H * d;
+        break;
+    default: /* THD */
+        *ss = H * d;
+        *sb = 0;
+        break;
+    }
+}
+
+static fusedrope_tensor make_view(const tsetup *u, const tcase *c, const tview *v, int on_gpu)
+{
+    const tbuf *b = &u->bufs[v->buf];
+    const size_t es = dt_size(c->dt);
+    unsigned char *base = on_gpu ? (unsigned char *)b->dev : b->cpu;
+    fusedrope_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = base + ((c->misalign ? 1 : 0) + v->head0 * c->head_dim) * (int64_t)es;
+    t.dtype = c->dt;
+    t.seq_len = c->s;
+    t.batch = c->b;
+    t.heads = v->heads;
+    t.head_dim = c->head_dim;
+    layout_strides(c, b->heads, &t.stride_seq, &t.stride_batch);
+    t.stride_head = c->head_dim;
+    return t;
+}
+
+/* Sequence lengths of a THD case: num_seqs sequences (one of them empty)
+ * adding up to `total`; even lengths when `even`. */
+static void thd_lengths(int32_t *cu, int64_t num_seqs, int64_t total, int even, rng_t *r)
+{
+    const int64_t unit = even ? 2 : 1, units = total / unit;
+    int64_t left = units;
+    cu[0] = 0;
+    for (int64_t i = 0; i < num_seqs; i++) {
+        int64_t n;
+        if (i == num_seqs - 1)
+            n = left;
+        else if (i == 1)
+            n = 0;
+        else
+            n = rng_int(r, 0, left);
+        left -= n;
+        cu[i + 1] = cu[i] + (int32_t)(n * unit);
+    }
+}
+
+static void *to_device(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    if (!h)
+        return NULL;
+    CUDA_OK(cudaMalloc(&d, bytes ? bytes : 1));
+    CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void setup_positions(tsetup *u, const tcase *c, int64_t max_positions, rng_t *r)
+{
+    const int thd = c->layout == LAY_THD;
+    const int cp = c->pm == PM_CP0 || c->pm == PM_CP1 || c->pm == PM_CP_OFFSETS;
+    memset(&u->pos_h, 0, sizeof u->pos_h);
+    u->pos_h.cp_size = 1;
+    u->pos_null = !thd && c->pm == PM_NONE;
+    u->num_seqs = thd ? 4 : c->b;
+    if (thd) {
+        u->cu = malloc((size_t)(u->num_seqs + 1) * sizeof(int32_t));
+        thd_lengths(u->cu, u->num_seqs, c->s, cp, r);
+        u->pos_h.cu_seqlens = u->cu;
+        u->pos_h.num_seqs = u->num_seqs;
+    }
+    if (c->pm == PM_IDS) {
+        u->n_ids = c->s * c->b;
+        u->ids = malloc((size_t)u->n_ids * sizeof(int64_t));
+        for (int64_t i = 0; i < u->n_ids; i++)
+            u->ids[i] = rng_int(r, 0, (max_positions > 0 ? max_positions : 1 << 20) - 1);
+        u->pos_h.ids = u->ids;
+    }
+    if (c->pm == PM_OFFSETS || c->pm == PM_CP_OFFSETS) {
+        u->n_off = u->num_seqs;
+        u->offsets = malloc((size_t)u->n_off * sizeof(int64_t));
+        for (int64_t i = 0; i < u->n_off; i++)
+            u->offsets[i] = rng_int(r, 0, 100);
+        u->pos_h.offsets = u->offsets;
+    }
+    if (cp) {
+        u->pos_h.cp_size = 2;
+        u->pos_h.cp_rank = c->pm == PM_CP1 ? 1 : c->pm == PM_CP0 ? 0 : (int)rng_int(r, 0, 1);
+    }
+    u->pos_d = u->pos_h;
+    u->d_ids = to_device(u->ids, (size_t)u->n_ids * sizeof(int64_t));
+    u->d_off = to_device(u->offsets, (size_t)u->n_off * sizeof(int64_t));
+    u->d_cu = to_device(u->cu, (size_t)(u->num_seqs + 1) * sizeof(int32_t));
+    u->pos_d.ids = u->d_ids;
+    u->pos_d.offsets = u->d_off;
+    u->pos_d.cu_seqlens = u->d_cu;
+}
+
+static void setup_case(tsetup *u, const tcase *c, int64_t max_positions, rng_t *r)
+{
+    const int qk = c->op == OP_FWD_QK || c->op == OP_BWD_QK;
+    memset(u, 0, sizeof *u);
+    if (c->qkv) {
+        const int64_t H = c->hq + 2 * c->hk; /* q, k and v heads of one projection */
+        int p = add_buf(u, c, H, 1, r);
+        int po = c->in_place ? p : add_buf(u, c, H, 0, r);
+        if (qk) {
+            u->in[0] = (tview){ p, 0, c->hq };
+            u->in[1] = (tview){ p, c->hq, c->hk };
+            u->out[0] = (tview){ po, 0, c->hq };
+            u->out[1] = (tview){ po, c->hq, c->hk };
+            u->count = 2;
+        } else {
+            u->in[0] = (tview){ p, c->hq, c->hk };
+            u->out[0] = (tview){ po, c->hq, c->hk };
+            u->count = 1;
+        }
+    } else {
+        int q = add_buf(u, c, c->hq, 1, r);
+        int qo = c->in_place ? q : add_buf(u, c, c->hq, 0, r);
+        u->in[0] = (tview){ q, 0, c->hq };
+        u->out[0] = (tview){ qo, 0, c->hq };
+        u->count = 1;
+        if (qk) {
+            int k = add_buf(u, c, c->hk, 1, r);
+            int ko = c->in_place ? k : add_buf(u, c, c->hk, 0, r);
+            u->in[1] = (tview){ k, 0, c->hk };
+            u->out[1] = (tview){ ko, 0, c->hk };
+            u->count = 2;
+        }
+    }
+    setup_positions(u, c, max_positions, r);
+}
+
+static void teardown_case(tsetup *u)
+{
+    for (int i = 0; i < u->nb; i++) {
+        free(u->bufs[i].init);
+        free(u->bufs[i].cpu);
+        free(u->bufs[i].gpu);
+        if (u->bufs[i].dev)
+            cudaFree(u->bufs[i].dev);
+    }
+    free(u->ids);
+    free(u->offsets);
+    free(u->cu);
+    if (u->d_ids)
+        cudaFree(u->d_ids);
+    if (u->d_off)
+        cudaFree(u->d_off);
+    if (u->d_cu)
+        cudaFree(u->d_cu);
+    memset(u, 0, sizeof *u);
+}
+
+static fusedrope_status call_op(const tcase *c, const tsetup *u, const fusedrope_cache *cache,
+                                int on_gpu, void *stream)
+{
+    const fusedrope_positions *pos = u->pos_null ? NULL : on_gpu ? &u->pos_d : &u->pos_h;
+    fusedrope_tensor x0 = make_view(u, c, &u->in[0], on_gpu);
+    fusedrope_tensor y0 = make_view(u, c, &u->out[0], on_gpu);
+    fusedrope_tensor x1, y1;
+    if (u->count == 2) {
+        x1 = make_view(u, c, &u->in[1], on_gpu);
+        y1 = make_view(u, c, &u->out[1], on_gpu);
+    }
+    switch (c->op) {
+    case OP_FWD:
+        return fusedrope_forward(cache, c->style, pos, &x0, &y0, stream);
+    case OP_BWD:
+        return fusedrope_backward(cache, c->style, pos, &x0, &y0, stream);
+    case OP_FWD_QK:
+        return fusedrope_forward_qk(cache, c->style, pos, &x0, &y0, &x1, &y1, stream);
+    default:
+        return fusedrope_backward_qk(cache, c->style, pos, &x0, &y0, &x1, &y1, stream);
+    }
+}
+
+/* Runs the case on the GPU into bufs[].gpu; the caller checks the status. */
+static fusedrope_status run_gpu(const tcase *c, tsetup *u, const fusedrope_cache *gpu,
+                                cudaStream_t stream)
+{
+    const size_t es = dt_size(c->dt);
+    fusedrope_status st;
+    for (int i = 0; i < u->nb; i++) {
+        tbuf *b = &u->bufs[i];
+        if (!b->dev)
+            CUDA_OK(cudaMalloc(&b->dev, (size_t)b->nel * es));
+        CUDA_OK(cudaMemcpy(b->dev, b->init, (size_t)b->nel * es, cudaMemcpyHostToDevice));
+    }
+    st = call_op(c, u, gpu, 1, stream);
+    if (st != FUSEDROPE_OK)
+        return st;
+    st = fusedrope_cache_check(gpu, stream);
+    for (int i = 0; i < u->nb; i++)
+        CUDA_OK(cudaMemcpy(u->bufs[i].gpu, u->bufs[i].dev, (size_t)u->bufs[i].nel * es,
+                           cudaMemcpyDeviceToHost));
+    return st;
+}
+
+static void run_cpu(const tcase *c, tsetup *u, const fusedrope_cache *cpu)
+{
+    const size_t es = dt_size(c->dt);
+    for (int i = 0; i < u->nb; i++)
+        memcpy(u->bufs[i].cpu, u->bufs[i].init, (size_t)u->bufs[i].nel * es);
+    FR_OK(call_op(c, u, cpu, 0, NULL));
+}
+
+/* Compares every buffer, CPU against GPU. */
+static void compare(const tcase *c, const tsetup *u)
+{
+    const size_t es = dt_size(c->dt);
+    char desc[512];
+    for (int i = 0; i < u->nb; i++) {
+        const tbuf *b = &u->bufs[i];
+        if (memcmp(b->cpu, b->gpu, (size_t)b->nel * es) == 0)
+            continue;
+        for (int64_t k = 0; k < b->nel; k++) {
+            double vc, vg, tol;
+            if (memcmp(b->cpu + k * (int64_t)es, b->gpu + k * (int64_t)es, es) == 0)
+                continue;
+            vc = elem_value(b->cpu, c->dt, (size_t)k);
+            vg = elem_value(b->gpu, c->dt, (size_t)k);
+            /* Inf - Inf (extreme inputs): a NaN on both, but x86's default
+             * NaN is negative and the GPU's canonical one positive. */
+            if (isnan(vc) && isnan(vg))
+                continue;
+            /* Table-less: one ulp of the dtype, or the float32 arithmetic's
+             * own slack where a*c - b*s cancels (|a|, |b| < 8, attention
+             * factor below 2). */
+            tol = 0x1p-22 * 16.0 * 2.0;
+            if (c->tableless && !isnan(vc) && !isnan(vg) &&
+                (llabs(elem_ordinal(b->cpu, c->dt, (size_t)k) -
+                       elem_ordinal(b->gpu, c->dt, (size_t)k)) <= 1 ||
+                 fabs(vc - vg) <= tol))
+                continue;
+            describe(c, desc, sizeof desc);
+            ck_abort_msg("%s: buffer %d element %lld (of %lld, lead %d): CPU %.9g, GPU %.9g", desc,
+                         i, (long long)k, (long long)b->nel, c->misalign, vc, vg);
+        }
+    }
+}
+
+static void run_case(const tcase *c, cudaStream_t stream)
+{
+    const int64_t max_positions = c->tableless ? 0 : c->max_positions ? c->max_positions : 512;
+    cache_pair *cp = get_caches(c->type, c->rot_dim, max_positions);
+    rng_t r;
+    tsetup u;
+    fusedrope_status st;
+    char desc[512];
+
+    rng_init(&r, (uint64_t)c->op * 1000003u + (uint64_t)c->pm * 7919u + (uint64_t)c->s);
+    setup_case(&u, c, max_positions, &r);
+    run_cpu(c, &u, cp->cpu);
+    st = run_gpu(c, &u, cp->gpu, stream);
+    if (st != FUSEDROPE_OK) {
+        describe(c, desc, sizeof desc);
+        ck_abort_msg("%s: GPU call: %s (%s)", desc, fusedrope_status_string(st),
+                     fusedrope_last_error());
+    }
+    compare(c, &u);
+    teardown_case(&u);
+}
+
+/* ------------------------------------------------------------- the grid */
+
+static const struct { int64_t head_dim; int full, partial; } dims[] = {
+    { 128, 128, 64 }, /* vector path for every dtype and style when aligned */
+    { 80, 80, 48 },   /* odd head_dim, 16-byte rows */
+    { 72, 72, 40 },   /* NeoX 16-bit: half = 36 channels, not whole 16-byte chunks */
+    { 66, 66, 64 },   /* rows not a multiple of 16 bytes: scalar path; 2-channel tail */
+};
+
+/* One loop iteration per (dtype, style, op); inside it every layout, view
+ * kind and position mode, with the remaining properties (in place, partial
+ * rotation, head_dim, misalignment, table-less, rope type) rotated so each
+ * value meets each of the others. */
+START_TEST(test_grid)
+{
+    const fusedrope_dtype dts[3] = { FUSEDROPE_FLOAT32, FUSEDROPE_FLOAT16, FUSEDROPE_BFLOAT16 };
+    const fusedrope_rope_type types[6] = { FUSEDROPE_ROPE_DEFAULT, FUSEDROPE_ROPE_YARN,
+                                           FUSEDROPE_ROPE_LLAMA3, FUSEDROPE_ROPE_LINEAR,
+                                           FUSEDROPE_ROPE_LONGROPE, FUSEDROPE_ROPE_DYNAMIC };
+    cudaStream_t stream;
+    int n = 0;
+    CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (int lay = 0; lay < LAY_NUM; lay++)
+        for (int qkv = 0; qkv < 2; qkv++)
+            for (int pm = 0; pm < PM_NUM; pm++)
+                for (int v = 0; v < 4; v++, n++) {
+                    const int k = _i * 7 + n;
+                    tcase c;
+                    memset(&c, 0, sizeof c);
+                    c.dt = dts[_i / 8];
+                    c.style = (_i / 4) % 2 ? FUSEDROPE_INTERLEAVED : FUSEDROPE_NEOX;
+                    c.op = _i % 4;
+                    c.layout = lay;
+                    c.qkv = qkv;
+                    c.pm = pm;
+                    c.in_place = v & 1;
+                    c.head_dim = dims[(v / 2 + k) % 4].head_dim;
+                    c.rot_dim = (v / 2) ? dims[(v / 2 + k) % 4].partial : dims[(v / 2 + k) % 4].full;
+                    c.misalign = k % 3 == 0;
+                    c.tableless = k % 5 == 2;
+                    c.type = types[k % 6];
+                    if (c.type == FUSEDROPE_ROPE_DYNAMIC && c.rot_dim < 4)
+                        c.type = FUSEDROPE_ROPE_DEFAULT;
+                    c.hq = 4;
+                    c.hk = 2;
+                    if (lay == LAY_THD) {
+                        c.b = 1;
+                        c.s = 30 + (pm >= PM_CP0 ? 0 : k % 2);
+                    } else {
+                        c.b = 3;
+                        c.s = 14 - (pm >= PM_CP0 ? 0 : k % 2);
+                    }
+                    run_case(&c, stream);
+                }
+    CUDA_OK(cudaStreamDestroy(stream));
+    free_caches();
+}
+END_TEST
+
+/* Launch shapes off the grid: decode (few tokens, many heads), enough tokens
+ * that threads take several heads (partial head batches with 7 + 3 heads),
+ * and rows wider than a block. */
+START_TEST(test_shapes)
+{
+    cudaStream_t stream;
+    tcase c;
+    CUDA_OK(cudaStreamCreate(&stream));
+
+    /* decode: batch 64, one token, 32 q heads + 8 k heads, offsets */
+    memset(&c, 0, sizeof c);
+    c.dt = FUSEDROPE_BFLOAT16;
+    c.style = FUSEDROPE_NEOX;
+    c.op = OP_FWD_QK;
+    c.layout = LAY_BSHD;
+    c.pm = PM_OFFSETS;
+    c.in_place = 1;
+    c.rot_dim = 128;
+    c.head_dim = 128;
+    c.s = 1;
+    c.b = 64;
+    c.hq = 32;
+    c.hk = 8;
+    c.type = FUSEDROPE_ROPE_LLAMA3;
+    run_case(&c, stream);
+    c.qkv = 1;
+    c.in_place = 0;
+    c.op = OP_BWD_QK;
+    run_case(&c, stream);
+
+    /* prefill-sized: several heads per thread, heads 7 + 3 */
+    memset(&c, 0, sizeof c);
+    c.dt = FUSEDROPE_BFLOAT16;
+    c.style = FUSEDROPE_NEOX;
+    c.op = OP_FWD_QK;
+    c.layout = LAY_SBHD;
+    c.pm = PM_IDS;
+    c.in_place = 1;
+    c.rot_dim = 128;
+    c.head_dim = 128;
+    c.s = 8192;
+    c.b = 4;
+    c.hq = 7;
+    c.hk = 3;
+    c.type = FUSEDROPE_ROPE_YARN;
+    run_case(&c, stream);
+
+    /* the same with pass-through lanes, fp32 interleaved, qkv views, backward */
+    c.dt = FUSEDROPE_FLOAT32;
+    c.style = FUSEDROPE_INTERLEAVED;
+    c.op = OP_BWD_QK;
+    c.layout = LAY_THD;
+    c.qkv = 1;
+    c.pm = PM_CP_OFFSETS;
+    c.in_place = 0;
+    c.rot_dim = 64;
+    c.head_dim = 80;
+    c.s = 16384;
+    c.b = 1;
+    c.max_positions = 2 * 16384 + 128; /* cp 2: global positions up to twice the length */
+    c.type = FUSEDROPE_ROPE_DEFAULT;
+    run_case(&c, stream);
+
+    /* table-less, several heads per thread */
+    c.dt = FUSEDROPE_FLOAT16;
+    c.style = FUSEDROPE_NEOX;
+    c.op = OP_FWD_QK;
+    c.layout = LAY_BSHD;
+    c.qkv = 0;
+    c.pm = PM_NONE;
+    c.tableless = 1;
+    c.rot_dim = 64;
+    c.head_dim = 64;
+    c.s = 4096;
+    c.b = 8;
+    c.type = FUSEDROPE_ROPE_YARN;
+    run_case(&c, stream);
+
+    /* wide rows: more lanes than a block holds, vector and scalar */
+    memset(&c, 0, sizeof c);
+    c.dt = FUSEDROPE_FLOAT32;
+    c.style = FUSEDROPE_NEOX;
+    c.op = OP_FWD;
+    c.layout = LAY_SBHD;
+    c.pm = PM_OFFSETS;
+    c.rot_dim = 4096;
+    c.head_dim = 4100;
+    c.s = 3;
+    c.b = 2;
+    c.hq = 3;
+    c.hk = 1;
+    run_case(&c, stream);
+    c.misalign = 1;
+    c.in_place = 1;
+    c.op = OP_BWD;
+    run_case(&c, stream);
+
+    CUDA_OK(cudaStreamDestroy(stream));
+    free_caches();
+}
+END_TEST
+
+/* Extreme values: subnormal inputs and results, overflow to Inf.  The GPU
+ * converts with the hardware's round-to-nearest-even instructions; they must
+ * give rope_math.h's bits for every finite input (both paths). */
+START_TEST(test_extreme_values)
+{
+    const fusedrope_dtype dts[3] = { FUSEDROPE_FLOAT32, FUSEDROPE_FLOAT16, FUSEDROPE_BFLOAT16 };
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreate(&stream));
+    for (int d = 0; d < 3; d++)
+        for (int style = 0; style < 2; style++)
+            for (int mis = 0; mis < 2; mis++)
+                for (int op = 0; op < OP_NUM; op++) {
+                    tcase c;
+                    memset(&c, 0, sizeof c);
+                    c.dt = dts[d];
+                    c.style = style ? FUSEDROPE_INTERLEAVED : FUSEDROPE_NEOX;
+                    c.op = op;
+                    c.layout = op % 2 ? LAY_SBHD : LAY_BSHD;
+                    c.qkv = op >= OP_FWD_QK;
+                    c.pm = PM_IDS;
+                    c.in_place = op % 2;
+                    c.misalign = mis;
+                    c.extreme = 1;
+                    c.rot_dim = 128;
+                    c.head_dim = 136;
+                    c.s = 64;
+                    c.b = 4;
+                    c.hq = 4;
+                    c.hk = 2;
+                    c.type = FUSEDROPE_ROPE_YARN; /* attention factor > 1 */
+                    run_case(&c, stream);
+                }
+    CUDA_OK(cudaStreamDestroy(stream));
+    free_caches();
+}
+END_TEST
+
+/* ------------------------------------------------------------ the table */
+
+START_TEST(test_copy_table)
+{
+    const fusedrope_rope_type types[6] = { FUSEDROPE_ROPE_DEFAULT, FUSEDROPE_ROPE_LINEAR,
+                                           FUSEDROPE_ROPE_DYNAMIC, FUSEDROPE_ROPE_YARN,
+                                           FUSEDROPE_ROPE_LONGROPE, FUSEDROPE_ROPE_LLAMA3 };
+    const int rot_dim = 96;
+    const int64_t maxpos = 3000, n = maxpos * rot_dim / 2;
+    float *c1 = malloc((size_t)n * 4), *s1 = malloc((size_t)n * 4);
+    float *c2 = malloc((size_t)n * 4), *s2 = malloc((size_t)n * 4);
+    fusedrope_cache *tab;
+    ck_assert(c1 && s1 && c2 && s2);
+
+    for (int t = 0; t < 6; t++) {
+        fusedrope_cache *cpu = make_cache(types[t], rot_dim, maxpos, FUSEDROPE_DEVICE_CPU);
+        fusedrope_cache *gpu = make_cache(types[t], rot_dim, maxpos, FUSEDROPE_DEVICE_CUDA);
+        memset(c2, 0, (size_t)n * 4);
+        memset(s2, 0, (size_t)n * 4);
+        FR_OK(fusedrope_cache_copy_table(cpu, c1, s1));
+        FR_OK(fusedrope_cache_copy_table(gpu, c2, s2));
+        ck_assert_msg(memcmp(c1, c2, (size_t)n * 4) == 0, "rope type %d: cos tables differ", t);
+        ck_assert_msg(memcmp(s1, s2, (size_t)n * 4) == 0, "rope type %d: sin tables differ", t);
+        ck_assert_int_eq(fusedrope_cache_rot_dim(gpu), rot_dim);
+        ck_assert_int_eq(fusedrope_cache_max_positions(gpu), maxpos);
+        FR_OK(fusedrope_cache_check(gpu, NULL));
+        fusedrope_cache_destroy(cpu);
+        fusedrope_cache_destroy(gpu);
+    }
+
+    /* a user table goes up and comes back unchanged */
+    FR_OK(fusedrope_cache_create_from_table(c1, s1, maxpos, rot_dim, FUSEDROPE_DEVICE_CUDA, &tab));
+    memset(c2, 0, (size_t)n * 4);
+    memset(s2, 0, (size_t)n * 4);
+    FR_OK(fusedrope_cache_copy_table(tab, c2, s2));
+    ck_assert(memcmp(c1, c2, (size_t)n * 4) == 0 && memcmp(s1, s2, (size_t)n * 4) == 0);
+    fusedrope_cache_destroy(tab);
+
+    /* table-less CUDA cache: no table to copy */
+    tab = make_cache(FUSEDROPE_ROPE_DEFAULT, rot_dim, 0, FUSEDROPE_DEVICE_CUDA);
+    ck_assert_int_eq(fusedrope_cache_copy_table(tab, c2, s2), FUSEDROPE_ERR_INVALID);
+    fusedrope_cache_destroy(tab);
+    free(c1);
+    free(s1);
+    free(c2);
+    free(s2);
+}
+END_TEST
+
+/* ------------------------------------------------- positions off the table */
+
+static uint16_t bf16_bits(const unsigned char *p, int64_t i)
+{
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return h;
+}
+
+START_TEST(test_out_of_table)
+{
+    /* sbhd s=8 b=2, 2 heads, head_dim 80, rot_dim 64, bf16, out of place,
+     * device ids with some positions off a 64-row table */
+    const int64_t S = 8, B = 2, H = 2, D = 80, R = 64, n = S * B * H * D;
+    fusedrope_cache *cpu = make_cache(FUSEDROPE_ROPE_DEFAULT, (int)R, 64, FUSEDROPE_DEVICE_CPU);
+    fusedrope_cache *gpu = make_cache(FUSEDROPE_ROPE_DEFAULT, (int)R, 64, FUSEDROPE_DEVICE_CUDA);
+    int64_t ids[16], ids_ok[16];
+    unsigned char *x = malloc((size_t)n * 2), *yc = malloc((size_t)n * 2),
+                  *yg = malloc((size_t)n * 2);
+    void *dx, *dy, *dids;
+    fusedrope_positions ph, pd;
+    fusedrope_tensor tx, ty;
+    rng_t r;
+
+    rng_init(&r, 77);
+    fill_random(x, FUSEDROPE_BFLOAT16, (size_t)n, &r);
+    for (int i = 0; i < 16; i++) {
+        ids[i] = i * 3;
+        ids_ok[i] = i * 3;
+    }
+    ids[3] = 64;              /* one past the table */
+    ids[9] = 1000000;
+    ids[12] = -5;             /* negative */
+    ids_ok[3] = ids_ok[9] = ids_ok[12] = 0;
+    memset(&ph, 0, sizeof ph);
+    ph.ids = ids_ok;
+    ph.cp_size = 1;
+    tx = fusedrope_tensor_sbhd(x, FUSEDROPE_BFLOAT16, S, B, H, D);
+    ty = fusedrope_tensor_sbhd(yc, FUSEDROPE_BFLOAT16, S, B, H, D);
+    FR_OK(fusedrope_forward(cpu, FUSEDROPE_NEOX, &ph, &tx, &ty, NULL));
+
+    /* the CPU refuses the bad ids at the call, writing nothing */
+    ph.ids = ids;
+    memset(yg, 0x5a, (size_t)n * 2);
+    ty.data = yg;
+    ck_assert_int_eq(fusedrope_forward(cpu, FUSEDROPE_NEOX, &ph, &tx, &ty, NULL),
+                     FUSEDROPE_ERR_RANGE);
+    for (int64_t i = 0; i < n; i++)
+        ck_assert_int_eq(bf16_bits(yg, i), 0x5a5a);
+
+    CUDA_OK(cudaMalloc(&dx, (size_t)n * 2));
+    CUDA_OK(cudaMalloc(&dy, (size_t)n * 2));
+    CUDA_OK(cudaMalloc(&dids, sizeof ids));
+    CUDA_OK(cudaMemcpy(dx, x, (size_t)n * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dy, 0xa5, (size_t)n * 2));
+    CUDA_OK(cudaMemcpy(dids, ids, sizeof ids, cudaMemcpyHostToDevice));
+    pd = ph;
+    pd.ids = dids;
+    tx.data = dx;
+    ty.data = dy;
+    FR_OK(fusedrope_cache_check(gpu, NULL)); /* nothing raised yet */
+    FR_OK(fusedrope_forward(gpu, FUSEDROPE_NEOX, &pd, &tx, &ty, NULL));
+    ck_assert_int_eq(fusedrope_cache_check(gpu, NULL), FUSEDROPE_ERR_RANGE);
+    ck_assert(strlen(fusedrope_last_error()) > 0);
+    FR_OK(fusedrope_cache_check(gpu, NULL)); /* cleared */
+    CUDA_OK(cudaMemcpy(yg, dy, (size_t)n * 2, cudaMemcpyDeviceToHost));
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t b = 0; b < B; b++) {
+            const int bad = ids[b * S + s] < 0 || ids[b * S + s] >= 64;
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t d = 0; d < D; d++) {
+                    const int64_t i = ((s * B + b) * H + h) * D + d;
+                    const uint16_t g = bf16_bits(yg, i);
+                    if (bad && d < R)
+                        ck_assert_msg((g & 0x7f80) == 0x7f80 && (g & 0x7f),
+                                      "token (%lld, %lld) channel %lld: 0x%04x is not NaN",
+                                      (long long)b, (long long)s, (long long)d, g);
+                    else if (bad)
+                        ck_assert_int_eq(g, bf16_bits(x, i)); /* pass-through copied */
+                    else
+                        ck_assert_int_eq(g, bf16_bits(yc, i));
+                }
+        }
+
+    /* THD with a cu_seqlens that leaves the last tokens outside every
+     * sequence (device arrays are not checked on the host) */
+    {
+        int32_t cu[3] = { 0, 4, 12 };
+        void *dcu;
+        fusedrope_tensor t = fusedrope_tensor_thd(dx, FUSEDROPE_BFLOAT16, S * B, H, D);
+        fusedrope_tensor o = fusedrope_tensor_thd(dy, FUSEDROPE_BFLOAT16, S * B, H, D);
+        CUDA_OK(cudaMalloc(&dcu, sizeof cu));
+        CUDA_OK(cudaMemcpy(dcu, cu, sizeof cu, cudaMemcpyHostToDevice));
+        memset(&pd, 0, sizeof pd);
+        pd.cu_seqlens = dcu;
+        pd.num_seqs = 2;
+        pd.cp_size = 1;
+        FR_OK(fusedrope_forward(gpu, FUSEDROPE_INTERLEAVED, &pd, &t, &o, NULL));
+        ck_assert_int_eq(fusedrope_cache_check(gpu, NULL), FUSEDROPE_ERR_RANGE);
+        FR_OK(fusedrope_cache_check(gpu, NULL));
+        CUDA_OK(cudaMemcpy(yg, dy, (size_t)n * 2, cudaMemcpyDeviceToHost));
+        for (int64_t tok = 12; tok < S * B; tok++)
+            for (int64_t d = 0; d < R; d++) {
+                const uint16_t g = bf16_bits(yg, (tok * H) * D + d);
+                ck_assert_msg((g & 0x7f80) == 0x7f80 && (g & 0x7f), "token %lld not NaN",
+                              (long long)tok);
+            }
+        for (int64_t tok = 0; tok < 12; tok++)
+            for (int64_t d = 0; d < D; d++) {
+                const uint16_t g = bf16_bits(yg, (tok * H) * D + d);
+                ck_assert_msg((g & 0x7f80) != 0x7f80, "token %lld channel %lld is NaN",
+                              (long long)tok, (long long)d);
+            }
+        cudaFree(dcu);
+    }
+
+    cudaFree(dx);
+    cudaFree(dy);
+    cudaFree(dids);
+    free(x);
+    free(yc);
+    free(yg);
+    fusedrope_cache_destroy(cpu);
+    fusedrope_cache_destroy(gpu);
+}
+END_TEST
+
+/* ------------------------------------------------------ wrong-device data */
+
+START_TEST(test_device_mismatch)
+{
+    const int64_t n = 4 * 2 * 64;
+    fusedrope_cache *cpu = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CPU);
+    fusedrope_cache *gpu = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CUDA);
+    float *h = calloc((size_t)n, 4), *h2 = calloc((size_t)n, 4);
+    int64_t ids[4] = { 0, 1, 2, 3 };
+    void *d, *d2;
+    fusedrope_tensor th, th2, td, td2;
+    fusedrope_positions pos;
+
+    CUDA_OK(cudaMalloc(&d, (size_t)n * 4));
+    CUDA_OK(cudaMalloc(&d2, (size_t)n * 4));
+    CUDA_OK(cudaMemset(d, 0, (size_t)n * 4)); /* compute-sanitizer initcheck */
+    th = fusedrope_tensor_sbhd(h, FUSEDROPE_FLOAT32, 4, 1, 2, 64);
+    th2 = fusedrope_tensor_sbhd(h2, FUSEDROPE_FLOAT32, 4, 1, 2, 64);
+    td = fusedrope_tensor_sbhd(d, FUSEDROPE_FLOAT32, 4, 1, 2, 64);
+    td2 = fusedrope_tensor_sbhd(d2, FUSEDROPE_FLOAT32, 4, 1, 2, 64);
+
+    ck_assert_int_eq(fusedrope_forward(cpu, FUSEDROPE_NEOX, NULL, &td, &td2, NULL),
+                     FUSEDROPE_ERR_INVALID);
+    ck_assert_int_eq(fusedrope_forward(cpu, FUSEDROPE_NEOX, NULL, &th, &td2, NULL),
+                     FUSEDROPE_ERR_INVALID);
+    ck_assert_int_eq(fusedrope_forward(gpu, FUSEDROPE_NEOX, NULL, &th, &th2, NULL),
+                     FUSEDROPE_ERR_INVALID);
+    ck_assert_int_eq(fusedrope_forward(gpu, FUSEDROPE_NEOX, NULL, &td, &th2, NULL),
+                     FUSEDROPE_ERR_INVALID);
+    ck_assert_int_eq(fusedrope_backward_qk(gpu, FUSEDROPE_NEOX, NULL, &td, &td, &th, &th, NULL),
+                     FUSEDROPE_ERR_INVALID);
+    /* position arrays too */
+    memset(&pos, 0, sizeof pos);
+    pos.ids = ids;
+    ck_assert_int_eq(fusedrope_forward(gpu, FUSEDROPE_NEOX, &pos, &td, &td2, NULL),
+                     FUSEDROPE_ERR_INVALID);
+    FR_OK(fusedrope_forward(cpu, FUSEDROPE_NEOX, &pos, &th, &th2, NULL));
+    FR_OK(fusedrope_forward(gpu, FUSEDROPE_NEOX, NULL, &td, &td2, NULL));
+    FR_OK(fusedrope_cache_check(gpu, NULL));
+
+    cudaFree(d);
+    cudaFree(d2);
+    free(h);
+    free(h2);
+    fusedrope_cache_destroy(cpu);
+    fusedrope_cache_destroy(gpu);
+}
+END_TEST
+
+/* ------------------------------------------- threads, streams, repeatability */
+
+#define NTHREADS 8
+
+typedef struct {
+    const fusedrope_cache *cache;
+    const unsigned char *q, *k;
+    const int64_t *d_ids;
+    int64_t s, b, hq, hk, d;
+    unsigned char *q_out, *k_out; /* host results */
+    int reps;
+    fusedrope_status st;
+    cudaError_t err;
+} worker_arg;
+
+static void *worker(void *p)
+{
+    worker_arg *a = p;
+    const size_t nq = (size_t)(a->s * a->b * a->hq * a->d) * 2;
+    const size_t nk = (size_t)(a->s * a->b * a->hk * a->d) * 2;
+    cudaStream_t st = NULL;
+    void *dq = NULL, *dk = NULL;
+    fusedrope_positions pos;
+    fusedrope_tensor tq, tk;
+
+    a->st = FUSEDROPE_OK;
+    if ((a->err = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking)) != cudaSuccess ||
+        (a->err = cudaMalloc(&dq, nq)) != cudaSuccess ||
+        (a->err = cudaMalloc(&dk, nk)) != cudaSuccess)
+        goto out;
+    memset(&pos, 0, sizeof pos);
+    pos.ids = a->d_ids;
+    tq = fusedrope_tensor_sbhd(dq, FUSEDROPE_BFLOAT16, a->s, a->b, a->hq, a->d);
+    tk = fusedrope_tensor_sbhd(dk, FUSEDROPE_BFLOAT16, a->s, a->b, a->hk, a->d);
+    for (int rep = 0; rep < a->reps; rep++) {
+        /* in place, so each repetition starts from the input again */
+        if ((a->err = cudaMemcpyAsync(dq, a->q, nq, cudaMemcpyHostToDevice, st)) != cudaSuccess ||
+            (a->err = cudaMemcpyAsync(dk, a->k, nk, cudaMemcpyHostToDevice, st)) != cudaSuccess)
+            goto out;
+        a->st = fusedrope_forward_qk(a->cache, FUSEDROPE_INTERLEAVED, &pos, &tq, &tq, &tk, &tk, st);
+        if (a->st != FUSEDROPE_OK)
+            goto out;
+        a->st = fusedrope_cache_check(a->cache, st);
+        if (a->st != FUSEDROPE_OK)
+            goto out;
+        if ((a->err = cudaMemcpyAsync(a->q_out, dq, nq, cudaMemcpyDeviceToHost, st)) !=
+                cudaSuccess ||
+            (a->err = cudaMemcpyAsync(a->k_out, dk, nk, cudaMemcpyDeviceToHost, st)) !=
+                cudaSuccess ||
+            (a->err = cudaStreamSynchronize(st)) != cudaSuccess)
+            goto out;
+    }
+out:
+    if (dq)
+        cudaFree(dq);
+    if (dk)
+        cudaFree(dk);
+    if (st)
+        cudaStreamDestroy(st);
+    return NULL;
+}
+
+START_TEST(test_threads)
+{
+    const int64_t S = 256, B = 2, HQ = 8, HK = 2, D = 128;
+    const size_t nq = (size_t)(S * B * HQ * D) * 2, nk = (size_t)(S * B * HK * D) * 2;
+    fusedrope_cache *cache = make_cache(FUSEDROPE_ROPE_LLAMA3, 128, 4096, FUSEDROPE_DEVICE_CUDA);
+    unsigned char *q = malloc(nq), *k = malloc(nk);
+    int64_t *ids = malloc((size_t)(S * B) * sizeof(int64_t));
+    void *d_ids;
+    worker_arg ref, args[NTHREADS];
+    pthread_t th[NTHREADS];
+    rng_t r;
+
+    rng_init(&r, 4242);
+    fill_random(q, FUSEDROPE_BFLOAT16, nq / 2, &r);
+    fill_random(k, FUSEDROPE_BFLOAT16, nk / 2, &r);
+    for (int64_t i = 0; i < S * B; i++)
+        ids[i] = rng_int(&r, 0, 4095);
+    d_ids = to_device(ids, (size_t)(S * B) * sizeof(int64_t));
+
+    /* one thread, twice: repeatable to the bit */
+    memset(&ref, 0, sizeof ref);
+    ref.cache = cache;
+    ref.q = q;
+    ref.k = k;
+    ref.d_ids = d_ids;
+    ref.s = S;
+    ref.b = B;
+    ref.hq = HQ;
+    ref.hk = HK;
+    ref.d = D;
+    ref.reps = 1;
+    ref.q_out = malloc(nq);
+    ref.k_out = malloc(nk);
+    worker(&ref);
+    ck_assert_msg(ref.err == cudaSuccess, "%s", cudaGetErrorString(ref.err));
+    FR_OK(ref.st);
+    {
+        worker_arg again = ref;
+        again.q_out = malloc(nq);
+        again.k_out = malloc(nk);
+        worker(&again);
+        FR_OK(again.st);
+        ck_assert(memcmp(again.q_out, ref.q_out, nq) == 0);
+        ck_assert(memcmp(again.k_out, ref.k_out, nk) == 0);
+        free(again.q_out);
+        free(again.k_out);
+    }
+
+    for (int t = 0; t < NTHREADS; t++) {
+        args[t] = ref;
+        args[t].reps = 4;
+        args[t].q_out = malloc(nq);
+        args[t].k_out = malloc(nk);
+        ck_assert_int_eq(pthread_create(&th[t], NULL, worker, &args[t]), 0);
+    }
+    for (int t = 0; t < NTHREADS; t++)
+        ck_assert_int_eq(pthread_join(th[t], NULL), 0);
+    for (int t = 0; t < NTHREADS; t++) {
+        ck_assert_msg(args[t].err == cudaSuccess, "thread %d: %s", t,
+                      cudaGetErrorString(args[t].err));
+        ck_assert_msg(args[t].st == FUSEDROPE_OK, "thread %d: %s", t,
+                      fusedrope_status_string(args[t].st));
+        ck_assert_msg(memcmp(args[t].q_out, ref.q_out, nq) == 0, "thread %d: q differs", t);
+        ck_assert_msg(memcmp(args[t].k_out, ref.k_out, nk) == 0, "thread %d: k differs", t);
+        free(args[t].q_out);
+        free(args[t].k_out);
+    }
+
+    /* and the CPU agrees */
+    {
+        fusedrope_cache *cpu = make_cache(FUSEDROPE_ROPE_LLAMA3, 128, 4096, FUSEDROPE_DEVICE_CPU);
+        unsigned char *qc = malloc(nq), *kc = malloc(nk);
+        fusedrope_positions pos;
+        fusedrope_tensor tq, tk;
+        memcpy(qc, q, nq);
+        memcpy(kc, k, nk);
+        memset(&pos, 0, sizeof pos);
+        pos.ids = ids;
+        tq = fusedrope_tensor_sbhd(qc, FUSEDROPE_BFLOAT16, S, B, HQ, D);
+        tk = fusedrope_tensor_sbhd(kc, FUSEDROPE_BFLOAT16, S, B, HK, D);
+        FR_OK(fusedrope_forward_qk(cpu, FUSEDROPE_INTERLEAVED, &pos, &tq, &tq, &tk, &tk, NULL));
+        ck_assert(memcmp(qc, ref.q_out, nq) == 0);
+        ck_assert(memcmp(kc, ref.k_out, nk) == 0);
+        free(qc);
+        free(kc);
+        fusedrope_cache_destroy(cpu);
+    }
+
+    free(ref.q_out);
+    free(ref.k_out);
+    cudaFree(d_ids);
+    free(ids);
+    free(q);
+    free(k);
+    fusedrope_cache_destroy(cache);
+}
+END_TEST
+
+/* ------------------------------------------------------------------- main */
+
+int main(void)
+{
+    const char *env = getenv("FUSEDROPE_TEST_SEED");
+    Suite *s;
+    TCase *tc;
+    SRunner *sr;
+    int failed;
+
+    if (!fusedrope_cuda_available()) {
+        printf("test_cuda: no CUDA device, skipping\n");
+        return 77;
+    }
+    if (env && *env)
+        seed = strtoull(env, NULL, 0);
+    printf("test_cuda: seed %llu (FUSEDROPE_TEST_SEED)\n", (unsigned long long)seed);
+
+    s = suite_create("cuda");
+    tc = tcase_create("backend");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_copy_table);
+    tcase_add_test(tc, test_device_mismatch);
+    tcase_add_test(tc, test_out_of_table);
+    tcase_add_loop_test(tc, test_grid, 0, 24);
+    tcase_add_test(tc, test_shapes);
+    tcase_add_test(tc, test_extreme_values);
+    tcase_add_test(tc, test_threads);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK); /* CUDA does not survive fork() */
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

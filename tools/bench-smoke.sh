@@ -1,0 +1,24 @@
+#!/bin/sh
+# Smoke test of fusedrope-bench on the CPU: it must run, verify and exit 0.
+# Runs from the build directory (make check's cwd), so VPATH builds work.
+bench=./tools/fusedrope-bench
+fail=0
+
+run() {
+    echo "+ $bench $*"
+    "$bench" "$@" || { echo "FAILED (exit $?): $bench $*"; fail=1; }
+}
+
+run --device cpu --shape 64,2,4,128 --iters 2
+
+# The other paths of the tool, small and quick.
+run --device cpu --shape 48,3,4,64 --iters 2 --warmup 1 --working-set 8 --dtype fp16 --layout bshd --style interleaved
+run --device cpu --shape 100,2,3,96 --iters 2 --warmup 1 --working-set 8 --dtype fp32 --layout thd --rot-dim 64
+run --device cpu --shape 64,2,4,128 --iters 2 --warmup 1 --working-set 8 --inplace --rot-dim 32 --qk 8,2
+
+# Bad options: exit status 2.
+"$bench" --dtype fp8 >/dev/null 2>&1
+rc=$?
+if [ $rc -ne 2 ]; then echo "FAILED: --dtype fp8 exited $rc, expected 2"; fail=1; fi
+
+exit $fail

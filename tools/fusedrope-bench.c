@@ -1,0 +1,1223 @@
+/*
+ * fusedrope-bench - time libfusedrope's forward and backward and verify every
+ * result against an independent float64 reference.
+ *
+ * For each shape: random input (never zeros), a poisoned output, one call
+ * checked against the reference computed here (default rope, theta 10000,
+ * cos/sin in double, the math of DESIGN.md), a scan of the whole output for
+ * elements the call did not write, then a warm-up and N timed calls (median),
+ * and a plain copy of the same number of bytes timed in the same run.
+ *
+ * Uses only the public API, plus, when built with CUDA, the CUDA runtime's C
+ * API for device buffers, events and the device-to-device copy.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "config.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#ifdef HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+#include "fusedrope.h"
+
+#define PROG "fusedrope-bench"
+#define MAX_SHAPES 64
+#define MAX_SAMPLED_TOKENS 2048
+#define MAX_SETS 65536
+#define ALIGN 256 /* every tensor of a buffer set starts on this boundary */
+#define MiB (1024.0 * 1024.0)
+
+enum layout { L_SBHD, L_BSHD, L_THD };
+enum op { OP_FWD, OP_BWD };
+
+typedef struct { int64_t s, b, h, d; } shape;
+
+static struct {
+    shape shapes[MAX_SHAPES];
+    int nshapes;
+    fusedrope_dtype dtype;
+    enum layout layout;
+    fusedrope_style style;
+    fusedrope_device device;
+    int iters, warmup;         /* -1: the device's default */
+    int64_t rot_dim;           /* 0: head_dim (rounded down to even) */
+    int inplace;
+    int qk;
+    int64_t hq, hk;
+    uint64_t seed;
+    double working_set_mb;     /* 0: chosen from the device's cache size */
+} opt = {
+    .nshapes = 0, .dtype = FUSEDROPE_BFLOAT16, .layout = L_SBHD, .style = FUSEDROPE_NEOX,
+    .device = FUSEDROPE_DEVICE_AUTO, .iters = -1, .warmup = -1, .seed = 1,
+};
+
+static int g_cuda;             /* this run uses the CUDA device */
+static size_t g_cache_bytes;   /* GPU L2, or CPU last-level cache */
+#ifdef HAVE_CUDA
+static cudaStream_t g_stream;
+static cudaEvent_t *g_ev0, *g_ev1;
+#endif
+
+/* ------------------------------------------------------------ small helpers */
+
+static const char *dtype_name(fusedrope_dtype t)
+{
+    return t == FUSEDROPE_FLOAT32 ? "fp32" : t == FUSEDROPE_FLOAT16 ? "fp16" : "bf16";
+}
+
+static const char *layout_name(enum layout l)
+{
+    return l == L_SBHD ? "sbhd" : l == L_BSHD ? "bshd" : "thd";
+}
+
+static size_t dtype_size(fusedrope_dtype t)
+{
+    return t == FUSEDROPE_FLOAT32 ? 4 : 2;
+}
+
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, PROG ": ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+static void lib_check(fusedrope_status st, const char *what)
+{
+    if (st != FUSEDROPE_OK) {
+        const char *detail = fusedrope_last_error();
+        die("%s failed: %s%s%s", what, fusedrope_status_string(st),
+            detail && *detail ? ": " : "", detail ? detail : "");
+    }
+}
+
+#ifdef HAVE_CUDA
+#define CK(call) cuda_check((call), #call, __LINE__)
+static void cuda_check(cudaError_t e, const char *what, int line)
+{
+    if (e != cudaSuccess) {
+        const char *detail = fusedrope_last_error();
+        die("%s (line %d) failed: %s: %s; last library error: %s", what, line,
+            cudaGetErrorName(e), cudaGetErrorString(e), detail && *detail ? detail : "(none)");
+    }
+}
+#endif
+
+static void *xmalloc(size_t n)
+{
+    void *p = NULL;
+    if (n == 0)
+        n = 1;
+    if (posix_memalign(&p, 4096, n) != 0 || !p)
+        die("out of host memory (%.1f MiB)", n / MiB);
+    return p;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static size_t align_up(size_t n)
+{
+    return (n + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+/* splitmix64: a small, good, seedable generator. */
+static uint64_t rng_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* ------------------------------------------- buffers on the run's device */
+
+static void *buf_alloc(size_t n)
+{
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        void *p = NULL;
+        CK(cudaMalloc(&p, n ? n : 1));
+        return p;
+    }
+#endif
+    return xmalloc(n);
+}
+
+static void buf_free(void *p)
+{
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        if (p)
+            CK(cudaFree(p));
+        return;
+    }
+#endif
+    free(p);
+}
+
+static void buf_upload(void *dst, const void *src, size_t n)
+{
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        CK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+static void buf_download(void *dst, const void *src, size_t n)
+{
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        CK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+static void buf_copy(void *dst, const void *src, size_t n)
+{
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        CK(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToDevice));
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
+static void buf_fill(void *dst, int byte, size_t n)
+{
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        CK(cudaMemset(dst, byte, n));
+        CK(cudaDeviceSynchronize());
+        return;
+    }
+#endif
+    memset(dst, byte, n);
+}
+
+static void dev_sync(void)
+{
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        CK(cudaStreamSynchronize(g_stream));
+        CK(cudaGetLastError());
+    }
+#endif
+}
+
+/* Waits for everything on the device (the setup's copies and memsets). */
+static void dev_barrier(void)
+{
+#ifdef HAVE_CUDA
+    if (g_cuda)
+        CK(cudaDeviceSynchronize());
+#endif
+}
+
+static void *stream_arg(void)
+{
+#ifdef HAVE_CUDA
+    if (g_cuda)
+        return (void *)g_stream;
+#endif
+    return NULL;
+}
+
+/* --------------------------------------------------- element encode/decode */
+
+static double half_to_double(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v;
+    if (e == 31)
+        v = m ? NAN : INFINITY;
+    else if (e == 0)
+        v = ldexp((double)m, -24);
+    else
+        v = ldexp((double)(m + 1024), e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+/* v must be exactly representable in binary16 (the generator makes sure). */
+static uint16_t half_from_exact(double v)
+{
+    uint16_t sign = signbit(v) ? 0x8000 : 0;
+    int e;
+    double m;
+    v = fabs(v);
+    if (v == 0)
+        return sign;
+    m = frexp(v, &e); /* v = m * 2^e, m in [0.5, 1) */
+    if (e - 1 >= -14)
+        return (uint16_t)(sign | (unsigned)(e - 1 + 15) << 10 | (unsigned)((2 * m - 1) * 1024));
+    return (uint16_t)(sign | (unsigned)(v * 16777216.0)); /* subnormal: v / 2^-24 */
+}
+
+static double load_elem(const void *buf, size_t i)
+{
+    const char *p = buf;
+    switch (opt.dtype) {
+    case FUSEDROPE_FLOAT32: {
+        float f;
+        memcpy(&f, p + 4 * i, 4);
+        return f;
+    }
+    case FUSEDROPE_BFLOAT16: {
+        uint16_t h;
+        uint32_t u;
+        float f;
+        memcpy(&h, p + 2 * i, 2);
+        u = (uint32_t)h << 16;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    default: {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        return half_to_double(h);
+    }
+    }
+}
+
+/* Uniform in [-1, 1), rounded to the dtype. */
+static void fill_random(void *buf, size_t n, uint64_t seed)
+{
+    uint64_t st = seed * 0x2545f4914f6cdd1dULL + 0x1234567ULL;
+    for (size_t i = 0; i < n; i++) {
+        double x = (double)(rng_next(&st) >> 11) * 0x1p-53 * 2.0 - 1.0;
+        if (opt.dtype == FUSEDROPE_FLOAT32) {
+            float f = (float)x;
+            memcpy((char *)buf + 4 * i, &f, 4);
+        } else if (opt.dtype == FUSEDROPE_BFLOAT16) {
+            float f = (float)x;
+            uint32_t u;
+            uint16_t h;
+            memcpy(&u, &f, 4);
+            h = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+            memcpy((char *)buf + 2 * i, &h, 2);
+        } else {
+            uint16_t h = half_from_exact(nearbyint(x * 2048.0) / 2048.0);
+            memcpy((char *)buf + 2 * i, &h, 2);
+        }
+    }
+}
+
+/* Spacing of the dtype's values at |v| (the subnormal spacing below the
+ * smallest normal). */
+static double ulp_of(double v)
+{
+    int p, emin, e;
+    switch (opt.dtype) {
+    case FUSEDROPE_FLOAT32: p = 24; emin = -126; break;
+    case FUSEDROPE_FLOAT16: p = 11; emin = -14; break;
+    default: p = 8; emin = -126; break;
+    }
+    v = fabs(v);
+    if (v == 0 || !isfinite(v)) {
+        e = emin;
+    } else {
+        frexp(v, &e);
+        e -= 1; /* v = m * 2^e, m in [1, 2) */
+        if (e < emin)
+            e = emin;
+    }
+    return ldexp(1.0, e - (p - 1));
+}
+
+/* ------------------------------------------------------------------ a case */
+
+typedef struct {
+    shape sh;
+    int64_t tokens;            /* S*B (THD: packed tokens) */
+    int64_t rot;               /* rot_dim */
+    int nparts;                /* 1, or 2 for q and k */
+    int64_t heads[2];
+    size_t elems[2], bytes[2]; /* one tensor of each part */
+    size_t in_off[2], out_off[2];
+    size_t set_bytes;
+    int nsets;
+    char *base;                /* nsets buffer sets, on the run's device */
+    fusedrope_tensor *tin, *tout; /* [nsets][2] */
+    fusedrope_cache *cache;
+    fusedrope_positions pos;
+    const fusedrope_positions *ppos;
+    int32_t *cu_host, *cu_dev;
+    int64_t nseqs, max_len;
+    double *inv_freq;          /* [rot/2] */
+    void *h_in[2], *h_out[2];  /* host copies for verification */
+    double bytes_moved;
+    size_t copy_bytes;
+    char shape_str[96];
+} bcase;
+
+static char *in_ptr(const bcase *c, int set, int p)
+{
+    return c->base + (size_t)set * c->set_bytes + c->in_off[p];
+}
+
+static char *out_ptr(const bcase *c, int set, int p)
+{
+    return opt.inplace ? in_ptr(c, set, p) : c->base + (size_t)set * c->set_bytes + c->out_off[p];
+}
+
+static fusedrope_tensor make_tensor(const bcase *c, void *data, int64_t heads)
+{
+    switch (opt.layout) {
+    case L_SBHD: return fusedrope_tensor_sbhd(data, opt.dtype, c->sh.s, c->sh.b, heads, c->sh.d);
+    case L_BSHD: return fusedrope_tensor_bshd(data, opt.dtype, c->sh.b, c->sh.s, heads, c->sh.d);
+    default: return fusedrope_tensor_thd(data, opt.dtype, c->tokens, heads, c->sh.d);
+    }
+}
+
+/* A few uneven sequences (weights from the digits of pi) summing to T, each
+ * at least one token long. */
+static void make_cu_seqlens(bcase *c)
+{
+    static const int w[8] = { 3, 1, 4, 1, 5, 9, 2, 6 };
+    int64_t n = c->tokens < 8 ? c->tokens : 8, W = 0, acc = 0;
+    for (int64_t k = 0; k < n; k++)
+        W += w[k];
+    c->nseqs = n;
+    c->cu_host = xmalloc((size_t)(n + 1) * sizeof(int32_t));
+    c->cu_host[0] = 0;
+    c->max_len = 0;
+    for (int64_t k = 0; k < n; k++) {
+        acc += w[k];
+        c->cu_host[k + 1] = (int32_t)(k + 1 + (c->tokens - n) * acc / W);
+        if (c->cu_host[k + 1] - c->cu_host[k] > c->max_len)
+            c->max_len = c->cu_host[k + 1] - c->cu_host[k];
+    }
+}
+
+/* Position of token t, t counted in memory order over the S*B tokens. */
+static int64_t token_position(const bcase *c, int64_t t)
+{
+    switch (opt.layout) {
+    case L_SBHD: return t / c->sh.b;       /* t = s*B + b */
+    case L_BSHD: return t % c->sh.s;       /* t = b*S + s */
+    default: {
+        int64_t k = 0;
+        while (k + 1 < c->nseqs && c->cu_host[k + 1] <= t)
+            k++;
+        return t - c->cu_host[k];
+    }
+    }
+}
+
+static size_t working_set_target(void)
+{
+    double t;
+    if (opt.working_set_mb > 0)
+        return (size_t)(opt.working_set_mb * 1e6);
+    if (g_cuda)
+        return 4 * g_cache_bytes;
+    t = 2.0 * (double)g_cache_bytes;
+    if (t < 64 * MiB)
+        t = 64 * MiB;
+    if (t > 256 * MiB)
+        t = 256 * MiB;
+    return (size_t)t;
+}
+
+static void case_setup(bcase *c, shape sh)
+{
+    size_t es = dtype_size(opt.dtype), off = 0, target;
+    fusedrope_cache_config cfg;
+    fusedrope_device dev = g_cuda ? FUSEDROPE_DEVICE_CUDA : FUSEDROPE_DEVICE_CPU;
+    double moved = 0;
+    int64_t half;
+
+    memset(c, 0, sizeof *c);
+    c->sh = sh;
+    c->tokens = sh.s * sh.b;
+    c->rot = opt.rot_dim ? opt.rot_dim : (sh.d & ~(int64_t)1);
+    half = c->rot / 2;
+    c->nparts = opt.qk ? 2 : 1;
+    c->heads[0] = opt.qk ? opt.hq : sh.h;
+    c->heads[1] = opt.qk ? opt.hk : 0;
+    if (opt.qk)
+        snprintf(c->shape_str, sizeof c->shape_str, "%lldx%lldx%lld+%lldx%lld", (long long)sh.s,
+                 (long long)sh.b, (long long)opt.hq, (long long)opt.hk, (long long)sh.d);
+    else
+        snprintf(c->shape_str, sizeof c->shape_str, "%lldx%lldx%lldx%lld", (long long)sh.s,
+                 (long long)sh.b, (long long)sh.h, (long long)sh.d);
+
+    for (int p = 0; p < c->nparts; p++) {
+        c->elems[p] = (size_t)(c->tokens * c->heads[p] * sh.d);
+        c->bytes[p] = c->elems[p] * es;
+        c->in_off[p] = off;
+        off += align_up(c->bytes[p]);
+        if (!opt.inplace) {
+            c->out_off[p] = off;
+            off += align_up(c->bytes[p]);
+        }
+        /* Bytes that must move: in place, only the rotated channels. */
+        if (opt.inplace)
+            moved += 2.0 * (double)c->tokens * (double)c->heads[p] * (double)c->rot * (double)es;
+        else
+            moved += 2.0 * (double)c->bytes[p];
+    }
+    c->bytes_moved = moved;
+    c->copy_bytes = (size_t)(moved / 2);
+    c->set_bytes = off;
+
+    target = working_set_target();
+    c->nsets = (int)((target + c->set_bytes - 1) / c->set_bytes);
+    if (c->nsets < 1)
+        c->nsets = 1;
+    if (c->nsets > MAX_SETS)
+        c->nsets = MAX_SETS;
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        size_t free_b = 0, total_b = 0;
+        CK(cudaMemGetInfo(&free_b, &total_b));
+        while (c->nsets > 1 && (double)c->nsets * (double)c->set_bytes > 0.4 * (double)free_b)
+            c->nsets--;
+    }
+#endif
+
+    /* Host data: the verified input and room for the downloaded output. */
+    for (int p = 0; p < c->nparts; p++) {
+        c->h_in[p] = xmalloc(c->bytes[p]);
+        c->h_out[p] = xmalloc(c->bytes[p]);
+        fill_random(c->h_in[p], c->elems[p], opt.seed * 1000003u + (uint64_t)p * 7919u +
+                                                  (uint64_t)(sh.s * 31 + sh.b * 17 + sh.h * 5 + sh.d));
+    }
+
+    /* Device buffer sets: everything written once (no page faults while
+     * timing), every input a copy of the random data. */
+    c->base = buf_alloc(c->set_bytes * (size_t)c->nsets);
+    buf_fill(c->base, 0xff, c->set_bytes * (size_t)c->nsets);
+    for (int p = 0; p < c->nparts; p++) {
+        buf_upload(in_ptr(c, 0, p), c->h_in[p], c->bytes[p]);
+        for (int s = 1; s < c->nsets; s++)
+            buf_copy(in_ptr(c, s, p), in_ptr(c, 0, p), c->bytes[p]);
+    }
+    c->tin = xmalloc((size_t)c->nsets * 2 * sizeof *c->tin);
+    c->tout = xmalloc((size_t)c->nsets * 2 * sizeof *c->tout);
+    for (int s = 0; s < c->nsets; s++)
+        for (int p = 0; p < c->nparts; p++) {
+            c->tin[2 * s + p] = make_tensor(c, in_ptr(c, s, p), c->heads[p]);
+            c->tout[2 * s + p] = make_tensor(c, out_ptr(c, s, p), c->heads[p]);
+        }
+    dev_barrier();
+
+    /* Positions and cache. */
+    c->ppos = NULL;
+    c->max_len = sh.s;
+    if (opt.layout == L_THD) {
+        make_cu_seqlens(c);
+        c->cu_dev = buf_alloc((size_t)(c->nseqs + 1) * sizeof(int32_t));
+        buf_upload(c->cu_dev, c->cu_host, (size_t)(c->nseqs + 1) * sizeof(int32_t));
+        memset(&c->pos, 0, sizeof c->pos);
+        c->pos.cu_seqlens = c->cu_dev;
+        c->pos.num_seqs = c->nseqs;
+        c->pos.cp_size = 1;
+        c->pos.cp_rank = 0;
+        c->ppos = &c->pos;
+    }
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)c->rot, c->max_len, 10000.0);
+    lib_check(fusedrope_cache_create(&cfg, dev, &c->cache), "fusedrope_cache_create");
+    if (fusedrope_cache_device(c->cache) != dev)
+        die("fusedrope_cache_device() is %d, asked for %d", (int)fusedrope_cache_device(c->cache),
+            (int)dev);
+
+    /* The reference's frequencies: inv_i = theta^(-2i/rot_dim), in double. */
+    c->inv_freq = xmalloc((size_t)half * sizeof(double));
+    for (int64_t i = 0; i < half; i++)
+        c->inv_freq[i] = pow(10000.0, -(double)(2 * i) / (double)c->rot);
+}
+
+static void case_free(bcase *c)
+{
+    fusedrope_cache_destroy(c->cache);
+    buf_free(c->base);
+    if (c->cu_dev)
+        buf_free(c->cu_dev);
+    free(c->cu_host);
+    free(c->tin);
+    free(c->tout);
+    free(c->inv_freq);
+    for (int p = 0; p < c->nparts; p++) {
+        free(c->h_in[p]);
+        free(c->h_out[p]);
+    }
+}
+
+static fusedrope_status run_op(const bcase *c, enum op op, int set)
+{
+    const fusedrope_tensor *ti = &c->tin[2 * set], *to = &c->tout[2 * set];
+    void *stream = stream_arg();
+    if (c->nparts == 1)
+        return op == OP_FWD
+                   ? fusedrope_forward(c->cache, opt.style, c->ppos, &ti[0], &to[0], stream)
+                   : fusedrope_backward(c->cache, opt.style, c->ppos, &ti[0], &to[0], stream);
+    return op == OP_FWD ? fusedrope_forward_qk(c->cache, opt.style, c->ppos, &ti[0], &to[0],
+                                               &ti[1], &to[1], stream)
+                        : fusedrope_backward_qk(c->cache, opt.style, c->ppos, &ti[0], &to[0],
+                                                &ti[1], &to[1], stream);
+}
+
+/* ----------------------------------------------------------- verification */
+
+typedef struct {
+    double max_ulp, max_ratio;
+    int64_t checked, bad, poison, nonfinite, passthrough_bad;
+    int reported;
+} vstats;
+
+static void check_value(vstats *v, double y, double ref, double a, double b, const bcase *c,
+                        int p, int64_t t, int64_t h, int64_t ch)
+{
+    double err = isnan(y) ? INFINITY : fabs(y - ref);
+    double ulp = ulp_of(ref);
+    double tol = ulp + ldexp(fabs(a) + fabs(b), -22);
+    double ulps = err / ulp, ratio = err / tol;
+    v->checked++;
+    if (ulps > v->max_ulp)
+        v->max_ulp = ulps;
+    if (ratio > v->max_ratio)
+        v->max_ratio = ratio;
+    if (!(err <= tol)) {
+        v->bad++;
+        if (v->reported++ < 5)
+            fprintf(stderr,
+                    "  mismatch: %s token %lld (position %lld) head %lld channel %lld: got %.9g, "
+                    "reference %.9g (%.3g ulp, bound %.3g)\n",
+                    c->nparts == 2 ? (p ? "k" : "q") : "x", (long long)t,
+                    (long long)token_position(c, t), (long long)h, (long long)ch, y, ref, ulps,
+                    tol / ulp);
+    }
+}
+
+static void verify_part(const bcase *c, enum op op, int p, vstats *v)
+{
+    const int64_t H = c->heads[p], D = c->sh.d, R = c->rot, half = R / 2, T = c->tokens;
+    const int64_t ns = T < MAX_SAMPLED_TOKENS ? T : MAX_SAMPLED_TOKENS;
+    const void *in = c->h_in[p], *out = c->h_out[p];
+    const int interleaved = opt.style == FUSEDROPE_INTERLEAVED;
+    double *cs = xmalloc((size_t)half * sizeof(double)), *sn = xmalloc((size_t)half * sizeof(double));
+    size_t es = dtype_size(opt.dtype);
+
+    /* Sampled tokens: all heads, all channels. */
+    for (int64_t k = 0; k < ns; k++) {
+        int64_t t = ns == 1 ? 0 : k * (T - 1) / (ns - 1);
+        double pos = (double)token_position(c, t);
+        for (int64_t i = 0; i < half; i++) {
+            double ang = pos * c->inv_freq[i];
+            cs[i] = cos(ang);
+            sn[i] = sin(ang);
+        }
+        for (int64_t h = 0; h < H; h++) {
+            size_t base = (size_t)((t * H + h) * D); /* every layout is token-major, dense */
+            for (int64_t i = 0; i < half; i++) {
+                int64_t ca = interleaved ? 2 * i : i, cb = interleaved ? 2 * i + 1 : i + half;
+                double a = load_elem(in, base + (size_t)ca), b = load_elem(in, base + (size_t)cb);
+                double ra, rb;
+                if (op == OP_FWD) {
+                    ra = a * cs[i] - b * sn[i];
+                    rb = b * cs[i] + a * sn[i];
+                } else {
+                    ra = a * cs[i] + b * sn[i];
+                    rb = b * cs[i] - a * sn[i];
+                }
+                check_value(v, load_elem(out, base + (size_t)ca), ra, a, b, c, p, t, h, ca);
+                check_value(v, load_elem(out, base + (size_t)cb), rb, a, b, c, p, t, h, cb);
+            }
+            /* Channels past rot_dim: copied (out of place) or untouched (in place). */
+            for (int64_t ch = R; ch < D; ch++) {
+                size_t i = base + (size_t)ch;
+                v->checked++;
+                if (memcmp((const char *)in + i * es, (const char *)out + i * es, es) != 0) {
+                    v->bad++;
+                    v->passthrough_bad++;
+                    if (v->reported++ < 5)
+                        fprintf(stderr,
+                                "  mismatch: token %lld head %lld channel %lld (past rot_dim): "
+                                "got %.9g, input %.9g\n",
+                                (long long)t, (long long)h, (long long)ch, load_elem(out, i),
+                                load_elem(in, i));
+                }
+            }
+        }
+    }
+    free(cs);
+    free(sn);
+
+    /* The whole output: poison left (unwritten) and non-finite values. */
+    if (es == 2) {
+        const uint16_t *o = out;
+        uint16_t mask = opt.dtype == FUSEDROPE_BFLOAT16 ? 0x7f80 : 0x7c00;
+        for (size_t i = 0; i < c->elems[p]; i++) {
+            if (o[i] == 0xffff)
+                v->poison++;
+            else if ((o[i] & mask) == mask)
+                v->nonfinite++;
+        }
+    } else {
+        const uint32_t *o = out;
+        for (size_t i = 0; i < c->elems[p]; i++) {
+            if (o[i] == 0xffffffffu)
+                v->poison++;
+            else if ((o[i] & 0x7f800000u) == 0x7f800000u)
+                v->nonfinite++;
+        }
+    }
+}
+
+/* One call on buffer set 0 with a poisoned output, checked. Returns 1 if ok. */
+static int verify(bcase *c, enum op op, vstats *v)
+{
+    memset(v, 0, sizeof *v);
+    for (int p = 0; p < c->nparts; p++) {
+        buf_upload(in_ptr(c, 0, p), c->h_in[p], c->bytes[p]);
+        if (!opt.inplace)
+            buf_fill(out_ptr(c, 0, p), 0xff, c->bytes[p]);
+    }
+    dev_barrier();
+    lib_check(run_op(c, op, 0), op == OP_FWD ? "forward" : "backward");
+    dev_sync();
+    lib_check(fusedrope_cache_check(c->cache, stream_arg()), "fusedrope_cache_check");
+    for (int p = 0; p < c->nparts; p++) {
+        buf_download(c->h_out[p], out_ptr(c, 0, p), c->bytes[p]);
+        verify_part(c, op, p, v);
+    }
+    if (v->poison)
+        fprintf(stderr, "  %lld output elements never written (poison left)\n",
+                (long long)v->poison);
+    if (v->nonfinite)
+        fprintf(stderr, "  %lld output elements are NaN or Inf\n", (long long)v->nonfinite);
+    return v->bad == 0 && v->poison == 0 && v->nonfinite == 0;
+}
+
+/* ----------------------------------------------------------------- timing */
+
+/* Median seconds of one call, rotating through the buffer sets. */
+static double time_op(const bcase *c, enum op op, int iters, int warm, double *times)
+{
+    const char *what = op == OP_FWD ? "forward" : "backward";
+    int set = 0;
+    for (int i = 0; i < warm; i++, set = (set + 1) % c->nsets)
+        lib_check(run_op(c, op, set), what);
+    dev_sync();
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        for (int i = 0; i < iters; i++, set = (set + 1) % c->nsets) {
+            CK(cudaEventRecord(g_ev0[i], g_stream));
+            lib_check(run_op(c, op, set), what);
+            CK(cudaEventRecord(g_ev1[i], g_stream));
+        }
+        dev_sync();
+        for (int i = 0; i < iters; i++) {
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, g_ev0[i], g_ev1[i]));
+            times[i] = 1e-3 * ms;
+        }
+        return median(times, iters);
+    }
+#endif
+    for (int i = 0; i < iters; i++, set = (set + 1) % c->nsets) {
+        double t0 = now_s();
+        lib_check(run_op(c, op, set), what);
+        times[i] = now_s() - t0;
+    }
+    return median(times, iters);
+}
+
+/* Median seconds of a plain copy of n bytes (device to device on the GPU,
+ * single-threaded memcpy on the CPU), rotating through enough buffers. */
+static double time_copy(size_t n, int iters, int warm, double *times)
+{
+    size_t slot = align_up(n ? n : 1), target = working_set_target();
+    int nsets = (int)((target + 2 * slot - 1) / (2 * slot)), set = 0;
+    char *buf;
+    if (nsets < 1)
+        nsets = 1;
+    if (nsets > MAX_SETS)
+        nsets = MAX_SETS;
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        size_t free_b = 0, total_b = 0;
+        CK(cudaMemGetInfo(&free_b, &total_b));
+        while (nsets > 1 && 2.0 * (double)nsets * (double)slot > 0.4 * (double)free_b)
+            nsets--;
+    }
+#endif
+    buf = buf_alloc(2 * slot * (size_t)nsets);
+    buf_fill(buf, 0x5a, 2 * slot * (size_t)nsets);
+#define SRC(s) (buf + 2 * slot * (size_t)(s))
+#define DST(s) (buf + 2 * slot * (size_t)(s) + slot)
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        for (int i = 0; i < warm; i++, set = (set + 1) % nsets)
+            CK(cudaMemcpyAsync(DST(set), SRC(set), n, cudaMemcpyDeviceToDevice, g_stream));
+        dev_sync();
+        for (int i = 0; i < iters; i++, set = (set + 1) % nsets) {
+            CK(cudaEventRecord(g_ev0[i], g_stream));
+            CK(cudaMemcpyAsync(DST(set), SRC(set), n, cudaMemcpyDeviceToDevice, g_stream));
+            CK(cudaEventRecord(g_ev1[i], g_stream));
+        }
+        dev_sync();
+        for (int i = 0; i < iters; i++) {
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, g_ev0[i], g_ev1[i]));
+            times[i] = 1e-3 * ms;
+        }
+        buf_free(buf);
+        return median(times, iters);
+    }
+#endif
+    for (int i = 0; i < warm; i++, set = (set + 1) % nsets)
+        memcpy(DST(set), SRC(set), n);
+    for (int i = 0; i < iters; i++, set = (set + 1) % nsets) {
+        double t0 = now_s();
+        memcpy(DST(set), SRC(set), n);
+        times[i] = now_s() - t0;
+    }
+#undef SRC
+#undef DST
+    buf_free(buf);
+    return median(times, iters);
+}
+
+/* ------------------------------------------------------------------ options */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"Usage: " PROG " [OPTION]...\n"
+"Time libfusedrope's forward and backward RoPE and verify each result against\n"
+"a float64 reference (default rope, theta 10000).\n"
+"\n"
+"  --shape S,B,H,D     seq_len, batch, heads, head_dim (repeatable; default the\n"
+"                      reference shapes 4096,1,128,128 and 512,32,24,128)\n"
+"  --dtype T           bf16 (default), fp16 or fp32\n"
+"  --layout L          sbhd (default), bshd, or thd (S*B tokens packed into a\n"
+"                      few uneven sequences given by cu_seqlens)\n"
+"  --style S           neox (default, rotate_half) or interleaved (GPT-J)\n"
+"  --device D          auto (default: CUDA when available, else CPU), cpu, cuda\n"
+"  --iters N           timed calls per case (default 100 on the GPU, 20 on the CPU)\n"
+"  --warmup N          untimed calls first (default 10 on the GPU, 3 on the CPU)\n"
+"  --rot-dim R         rotated channels per head, even (default head_dim)\n"
+"  --inplace           write the output over the input\n"
+"  --qk HQ,HK          time forward_qk/backward_qk with HQ query and HK key heads\n"
+"                      (the H of --shape is then ignored)\n"
+"  --seed N            seed of the random input (default 1)\n"
+"  --working-set MB    rotate through buffer sets until they hold at least this\n"
+"                      much (default: 4x the GPU's L2; on the CPU 2x the last-level\n"
+"                      cache, between 64 and 256 MiB)\n"
+"  -h, --help          show this and exit\n"
+"\n"
+"GB/s counts the bytes that must move: input + output (in place with rot_dim <\n"
+"head_dim: only the rotated channels, read and written). 'of copy' is that rate\n"
+"over a copy of the same bytes timed in the same run (GPU: device-to-device\n"
+"cudaMemcpyAsync; CPU: single-threaded memcpy). Times are medians. Each case is\n"
+"verified first on up to %d tokens spread over the tensor (all heads and channels\n"
+"of each): 'max ulp' is max |y - ref| / ulp(ref) in the output dtype; 'err/tol'\n"
+"is the same over DESIGN.md's bound ulp(ref) + 2^-22 (|a| + |b|), which must be\n"
+"<= 1; the whole output is scanned for non-finite values and, out of place, for\n"
+"elements left unwritten (the output is poisoned with NaN bytes before the call).\n"
+"Exit status: 0 all verified, 1 a verification or a call failed, 2 bad options.\n",
+            MAX_SAMPLED_TOKENS);
+}
+
+static void bad_option(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, PROG ": ");
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\nTry '" PROG " --help'.\n");
+    exit(2);
+}
+
+/* Comma-separated positive integers, exactly n of them. */
+static void parse_ints(const char *opt_name, const char *s, int64_t *out, int n, int64_t max)
+{
+    const char *p = s;
+    for (int i = 0; i < n; i++) {
+        char *end;
+        long long v;
+        if (*p < '0' || *p > '9')
+            bad_option("%s: expected %d comma-separated positive integers, got '%s'", opt_name, n, s);
+        v = strtoll(p, &end, 10);
+        if (v < 1 || v > max)
+            bad_option("%s: %lld is out of range 1..%lld in '%s'", opt_name, v, (long long)max, s);
+        out[i] = v;
+        p = end;
+        if (i + 1 < n) {
+            if (*p != ',')
+                bad_option("%s: expected %d comma-separated positive integers, got '%s'", opt_name, n, s);
+            p++;
+        }
+    }
+    if (*p)
+        bad_option("%s: expected %d comma-separated positive integers, got '%s'", opt_name, n, s);
+}
+
+static int64_t parse_int(const char *opt_name, const char *s, int64_t min, int64_t max)
+{
+    int64_t v;
+    if (*s == '0' && s[1] == '\0' && min <= 0)
+        return 0;
+    parse_ints(opt_name, s, &v, 1, max);
+    if (v < min)
+        bad_option("%s: %lld is below %lld", opt_name, (long long)v, (long long)min);
+    return v;
+}
+
+static void parse_args(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *val = NULL, *eq;
+        char name[32];
+        size_t len;
+        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+            usage(stdout);
+            exit(0);
+        }
+        if (strncmp(arg, "--", 2) != 0)
+            bad_option("unexpected argument '%s'", arg);
+        eq = strchr(arg, '=');
+        len = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (len >= sizeof name)
+            bad_option("unknown option '%s'", arg);
+        memcpy(name, arg, len);
+        name[len] = '\0';
+        if (!strcmp(name, "--inplace")) {
+            if (eq)
+                bad_option("--inplace takes no value");
+            opt.inplace = 1;
+            continue;
+        }
+        if (strcmp(name, "--shape") && strcmp(name, "--dtype") && strcmp(name, "--layout") &&
+            strcmp(name, "--style") && strcmp(name, "--device") && strcmp(name, "--iters") &&
+            strcmp(name, "--warmup") && strcmp(name, "--rot-dim") && strcmp(name, "--qk") &&
+            strcmp(name, "--seed") && strcmp(name, "--working-set"))
+            bad_option("unknown option '%s'", arg);
+        if (eq)
+            val = eq + 1;
+        else if (i + 1 < argc)
+            val = argv[++i];
+        else
+            bad_option("%s needs a value", name);
+
+        if (!strcmp(name, "--shape")) {
+            int64_t v[4];
+            if (opt.nshapes == MAX_SHAPES)
+                bad_option("at most %d --shape options", MAX_SHAPES);
+            parse_ints(name, val, v, 4, (int64_t)1 << 31);
+            if (v[3] < 2)
+                bad_option("--shape %s: head_dim must be at least 2", val);
+            opt.shapes[opt.nshapes++] = (shape){ v[0], v[1], v[2], v[3] };
+        } else if (!strcmp(name, "--dtype")) {
+            if (!strcmp(val, "bf16"))
+                opt.dtype = FUSEDROPE_BFLOAT16;
+            else if (!strcmp(val, "fp16"))
+                opt.dtype = FUSEDROPE_FLOAT16;
+            else if (!strcmp(val, "fp32"))
+                opt.dtype = FUSEDROPE_FLOAT32;
+            else
+                bad_option("--dtype: expected bf16, fp16 or fp32, got '%s'", val);
+        } else if (!strcmp(name, "--layout")) {
+            if (!strcmp(val, "sbhd"))
+                opt.layout = L_SBHD;
+            else if (!strcmp(val, "bshd"))
+                opt.layout = L_BSHD;
+            else if (!strcmp(val, "thd"))
+                opt.layout = L_THD;
+            else
+                bad_option("--layout: expected sbhd, bshd or thd, got '%s'", val);
+        } else if (!strcmp(name, "--style")) {
+            if (!strcmp(val, "neox"))
+                opt.style = FUSEDROPE_NEOX;
+            else if (!strcmp(val, "interleaved"))
+                opt.style = FUSEDROPE_INTERLEAVED;
+            else
+                bad_option("--style: expected neox or interleaved, got '%s'", val);
+        } else if (!strcmp(name, "--device")) {
+            if (!strcmp(val, "auto"))
+                opt.device = FUSEDROPE_DEVICE_AUTO;
+            else if (!strcmp(val, "cpu"))
+                opt.device = FUSEDROPE_DEVICE_CPU;
+            else if (!strcmp(val, "cuda"))
+                opt.device = FUSEDROPE_DEVICE_CUDA;
+            else
+                bad_option("--device: expected auto, cpu or cuda, got '%s'", val);
+        } else if (!strcmp(name, "--iters")) {
+            opt.iters = (int)parse_int(name, val, 1, 1000000);
+        } else if (!strcmp(name, "--warmup")) {
+            opt.warmup = (int)parse_int(name, val, 0, 1000000);
+        } else if (!strcmp(name, "--rot-dim")) {
+            opt.rot_dim = parse_int(name, val, 2, FUSEDROPE_MAX_ROT_DIM);
+            if (opt.rot_dim % 2)
+                bad_option("--rot-dim: %lld is odd", (long long)opt.rot_dim);
+        } else if (!strcmp(name, "--qk")) {
+            int64_t v[2];
+            parse_ints(name, val, v, 2, (int64_t)1 << 31);
+            opt.qk = 1;
+            opt.hq = v[0];
+            opt.hk = v[1];
+        } else if (!strcmp(name, "--seed")) {
+            opt.seed = (uint64_t)parse_int(name, val, 0, INT64_MAX);
+        } else if (!strcmp(name, "--working-set")) {
+            opt.working_set_mb = (double)parse_int(name, val, 1, 1 << 20);
+        }
+    }
+
+    if (opt.nshapes == 0) {
+        opt.shapes[0] = (shape){ 4096, 1, 128, 128 };
+        opt.shapes[1] = (shape){ 512, 32, 24, 128 };
+        opt.nshapes = 2;
+    }
+    for (int i = 0; i < opt.nshapes; i++) {
+        shape s = opt.shapes[i];
+        int64_t heads = opt.qk ? (opt.hq > opt.hk ? opt.hq : opt.hk) : s.h;
+        double elems = (double)s.s * (double)s.b * (double)heads * (double)s.d;
+        if (opt.rot_dim > s.d)
+            bad_option("--rot-dim %lld exceeds head_dim %lld of shape %lld,%lld,%lld,%lld",
+                       (long long)opt.rot_dim, (long long)s.d, (long long)s.s, (long long)s.b,
+                       (long long)s.h, (long long)s.d);
+        if (elems * 4 > 0x1p62 || (double)s.s * (double)s.b > 2147483647.0)
+            bad_option("shape %lld,%lld,%lld,%lld is too large", (long long)s.s, (long long)s.b,
+                       (long long)s.h, (long long)s.d);
+    }
+}
+
+/* ----------------------------------------------------------------- device */
+
+static void describe_device(char *buf, size_t n)
+{
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        int dev = 0;
+        struct cudaDeviceProp prop;
+        CK(cudaGetDevice(&dev));
+        CK(cudaGetDeviceProperties(&prop, dev));
+        g_cache_bytes = prop.l2CacheSize > 0 ? (size_t)prop.l2CacheSize : (size_t)(50 * 1000 * 1000);
+        snprintf(buf, n, "%s (CUDA device %d, compute capability %d.%d, %d SMs, %.0f MB L2, %.1f GiB)",
+                 prop.name, dev, prop.major, prop.minor, prop.multiProcessorCount,
+                 prop.l2CacheSize / 1e6, (double)prop.totalGlobalMem / (MiB * 1024));
+        return;
+    }
+#endif
+    {
+        char model[128] = "";
+        long llc = -1;
+        FILE *f = fopen("/proc/cpuinfo", "r");
+        if (f) {
+            char line[512];
+            while (fgets(line, sizeof line, f)) {
+                if (!strncmp(line, "model name", 10)) {
+                    char *p = strchr(line, ':');
+                    if (p) {
+                        p++;
+                        while (*p == ' ')
+                            p++;
+                        p[strcspn(p, "\n")] = '\0';
+                        snprintf(model, sizeof model, ", %s", p);
+                    }
+                    break;
+                }
+            }
+            fclose(f);
+        }
+#ifdef _SC_LEVEL3_CACHE_SIZE
+        llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+        g_cache_bytes = llc > 0 ? (size_t)llc : (size_t)(32 * MiB);
+#ifdef _OPENMP
+        snprintf(buf, n, "cpu, %d OpenMP threads%s", omp_get_max_threads(), model);
+#else
+        snprintf(buf, n, "cpu, 1 thread (built without OpenMP)%s", model);
+#endif
+    }
+}
+
+static void choose_device(void)
+{
+    int avail = fusedrope_cuda_available();
+    switch (opt.device) {
+    case FUSEDROPE_DEVICE_CPU:
+        g_cuda = 0;
+        break;
+    case FUSEDROPE_DEVICE_CUDA:
+        if (!avail)
+            die("--device cuda: no CUDA device available (fusedrope_cuda_available() is 0: the "
+                "library was built without CUDA or no GPU is present)");
+        g_cuda = 1;
+        break;
+    default:
+        g_cuda = avail;
+        break;
+    }
+#ifndef HAVE_CUDA
+    if (g_cuda)
+        die("the library reports CUDA, but this program was built without it");
+#endif
+}
+
+/* ------------------------------------------------------------------- main */
+
+typedef struct {
+    const char *op;
+    char shape[96];
+    double mb, ms, gbs, copy_gbs, max_ulp, ratio;
+    int ok;
+} row;
+
+int main(int argc, char **argv)
+{
+    char devdesc[512];
+    row *rows;
+    double *times;
+    int nrows = 0, nfail = 0, total;
+
+    parse_args(argc, argv);
+    choose_device();
+    if (opt.iters < 0)
+        opt.iters = g_cuda ? 100 : 20;
+    if (opt.warmup < 0)
+        opt.warmup = g_cuda ? 10 : 3;
+    describe_device(devdesc, sizeof devdesc);
+
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        /* A blocking stream: it orders itself after the synchronous copies and
+         * memsets this program issues on the legacy default stream. */
+        CK(cudaStreamCreate(&g_stream));
+        g_ev0 = xmalloc((size_t)opt.iters * sizeof *g_ev0);
+        g_ev1 = xmalloc((size_t)opt.iters * sizeof *g_ev1);
+        for (int i = 0; i < opt.iters; i++) {
+            CK(cudaEventCreate(&g_ev0[i]));
+            CK(cudaEventCreate(&g_ev1[i]));
+        }
+    }
+#endif
+
+    printf("libfusedrope %s, device: %s\n", fusedrope_version(), devdesc);
+    {
+        char rot[48];
+        if (opt.rot_dim)
+            snprintf(rot, sizeof rot, "rot_dim %lld", (long long)opt.rot_dim);
+        else
+            snprintf(rot, sizeof rot, "rot_dim = head_dim");
+        printf("style %s, %s, %s, %s, %d timed calls after %d warm-up (medians), seed %llu\n",
+               opt.style == FUSEDROPE_NEOX ? "neox" : "interleaved", rot,
+               opt.inplace ? "in place" : "out of place",
+               opt.qk ? "q and k in one call (*_qk)" : "one tensor per call", opt.iters,
+               opt.warmup, (unsigned long long)opt.seed);
+    }
+    fflush(stdout);
+
+    total = 2 * opt.nshapes;
+    rows = xmalloc((size_t)total * sizeof *rows);
+    times = xmalloc((size_t)opt.iters * sizeof *times);
+
+    for (int si = 0; si < opt.nshapes; si++) {
+        bcase c;
+        double copy_s = 0;
+        case_setup(&c, opt.shapes[si]);
+        for (int o = 0; o < 2; o++) {
+            enum op op = o ? OP_BWD : OP_FWD;
+            row *r = &rows[nrows++];
+            vstats v;
+            double t;
+            const char *opname = opt.qk ? (o ? "backward_qk" : "forward_qk")
+                                        : (o ? "backward" : "forward");
+
+            fprintf(stderr, "[%d/%d] %s %s %s %s ...\n", nrows, total, opname, dtype_name(opt.dtype),
+                    layout_name(opt.layout), c.shape_str);
+            r->op = opname;
+            snprintf(r->shape, sizeof r->shape, "%s", c.shape_str);
+            r->ok = verify(&c, op, &v);
+            if (!r->ok)
+                nfail++;
+            r->max_ulp = v.max_ulp;
+            r->ratio = v.max_ratio;
+
+            t = time_op(&c, op, opt.iters, opt.warmup, times);
+            copy_s = time_copy(c.copy_bytes, opt.iters, opt.warmup, times);
+            r->mb = c.bytes_moved / 1e6;
+            r->ms = 1e3 * t;
+            r->gbs = c.bytes_moved / t / 1e9;
+            r->copy_gbs = 2.0 * (double)c.copy_bytes / copy_s / 1e9;
+        }
+        case_free(&c);
+    }
+
+    printf("\n%-12s %-6s %-5s %-20s %9s %10s %9s %9s %7s %8s %7s  %s\n", "op", "layout", "dtype",
+           "shape", "MB", "median ms", "GB/s", "copy GB/s", "of copy", "max ulp", "err/tol",
+           "check");
+    for (int i = 0; i < nrows; i++) {
+        const row *r = &rows[i];
+        printf("%-12s %-6s %-5s %-20s %9.2f %10.4f %9.1f %9.1f %7.3f %8.3g %7.3f  %s\n", r->op,
+               layout_name(opt.layout), dtype_name(opt.dtype), r->shape, r->mb, r->ms, r->gbs,
+               r->copy_gbs, r->gbs / r->copy_gbs, r->max_ulp, r->ratio, r->ok ? "ok" : "FAIL");
+    }
+    printf("\nGB/s = bytes that must move (MB) / median time; 'of copy' = that over a %s\n"
+           "of the same bytes in this run. max ulp = max |y - ref| / ulp(ref) and err/tol = max\n"
+           "|y - ref| / (ulp(ref) + 2^-22 (|a| + |b|)), DESIGN.md's bound, which must be <= 1\n"
+           "(max ulp may be large where a*cos - b*sin cancels), over all heads and channels of\n"
+           "up to %d sampled tokens; every output element is checked for poison and NaN.\n",
+           g_cuda ? "device-to-device cudaMemcpyAsync" : "single-threaded memcpy",
+           MAX_SAMPLED_TOKENS);
+    if (nfail)
+        printf("FAIL: %d of %d cases did not verify\n", nfail, nrows);
+    else
+        printf("all %d cases verified\n", nrows);
+
+#ifdef HAVE_CUDA
+    if (g_cuda) {
+        for (int i = 0; i < opt.iters; i++) {
+            CK(cudaEventDestroy(g_ev0[i]));
+            CK(cudaEventDestroy(g_ev1[i]));
+        }
+        CK(cudaStreamDestroy(g_stream));
+        free(g_ev0);
+        free(g_ev1);
+    }
+#endif
+    free(rows);
+    free(times);
+    return nfail ? 1 : 0;
+}
