@@ -34,24 +34,32 @@ extern "C" int fr_cuda_device_present(void)
     return state == 2;
 }
 
-extern "C" int fr_cuda_is_device_pointer(const void *p)
+/* Set once this process has a CUDA cache.  Until then no pointer is asked
+ * about: a program that uses only CPU caches never initialises CUDA (no
+ * context, no cost, no trouble after fork). */
+static int cuda_in_use;
+
+extern "C" int fr_cuda_pointer_kind(const void *p)
 {
     cudaPointerAttributes attr;
     cudaError_t err;
 
-    if (p == NULL || !fr_cuda_device_present())
-        return 0;
+    if (p == NULL || !__atomic_load_n(&cuda_in_use, __ATOMIC_ACQUIRE))
+        return FR_PTR_HOST;
     err = cudaPointerGetAttributes(&attr, p);
     if (err == cudaErrorInvalidValue) {
         /* Older runtimes report plain host memory this way. */
         (void)cudaGetLastError();
-        return 0;
+        return FR_PTR_HOST;
     }
     if (err != cudaSuccess) {
         (void)cudaGetLastError();
-        return -1;
+        fr_fail(FUSEDROPE_ERR_CUDA, "cudaPointerGetAttributes: %s", cudaGetErrorString(err));
+        return FR_PTR_ERROR;
     }
-    return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged;
+    if (attr.type == cudaMemoryTypeManaged)
+        return FR_PTR_MANAGED;
+    return attr.type == cudaMemoryTypeDevice ? FR_PTR_DEVICE : FR_PTR_HOST;
 }
 
 extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
@@ -109,6 +117,7 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
     cache->range_flag = flag;
     cache->range_flag_dev = flag_dev;
     cache->device = FUSEDROPE_DEVICE_CUDA;
+    __atomic_store_n(&cuda_in_use, 1, __ATOMIC_RELEASE);
     return FUSEDROPE_OK;
 
 fail:

@@ -78,6 +78,9 @@ static fusedrope_status check_tensor(const fusedrope_tensor *t, const char *name
     if (!t->data)
         return fr_fail(FUSEDROPE_ERR_INVALID, "%s->data is NULL for a non-empty tensor", name);
     es = (int64_t)fr_dtype_size(t->dtype);
+    if ((uintptr_t)t->data % (uintptr_t)es)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "%s->data (%p) is not aligned to its %d-byte elements",
+                       name, t->data, (int)es);
     for (int i = 0; i < 3; i++) {
         int64_t step;
         if (__builtin_mul_overflow(size[i] - 1, stride[i], &step) ||
@@ -154,18 +157,20 @@ static int views_disjoint(const fusedrope_tensor *a, int64_t abytes, const fused
     return lattice_disjoint(d, 2, hi - lo);
 }
 
+/* Device memory on a CPU cache, host memory on a CUDA cache; managed
+ * memory serves both. */
 static fusedrope_status check_pointer_device(const void *p, const char *name, fusedrope_device dev)
 {
-    int on_device;
+    int kind;
     if (!p)
         return FUSEDROPE_OK;
-    on_device = fr_cuda_is_device_pointer(p);
-    if (on_device < 0)
-        return FUSEDROPE_ERR_CUDA; /* detail recorded by the backend */
-    if (dev == FUSEDROPE_DEVICE_CUDA && !on_device)
+    kind = fr_cuda_pointer_kind(p);
+    if (kind == FR_PTR_ERROR)
+        return FUSEDROPE_ERR_CUDA;
+    if (dev == FUSEDROPE_DEVICE_CUDA && kind == FR_PTR_HOST)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "%s is host memory but the cache is on the CUDA device", name);
-    if (dev == FUSEDROPE_DEVICE_CPU && on_device)
+    if (dev == FUSEDROPE_DEVICE_CPU && kind == FR_PTR_DEVICE)
         return fr_fail(FUSEDROPE_ERR_INVALID, "%s is CUDA device memory but the cache is on the CPU",
                        name);
     return FUSEDROPE_OK;
@@ -208,6 +213,35 @@ static fusedrope_status check_positions(const fusedrope_positions *pos, const fu
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "seq_len is %lld; context parallelism needs an even local length",
                        (ll)t->seq_len);
+    } else if (t->seq_len > INT64_MAX / pa->cp_size) {
+        return fr_fail(FUSEDROPE_ERR_RANGE,
+                       "seq_len %lld x cp_size %d: the global sequence length overflows",
+                       (ll)t->seq_len, pa->cp_size);
+    }
+    return FUSEDROPE_OK;
+}
+
+/* A position array: aligned to its elements, and outside every output (a
+ * backend reads positions while it writes). */
+static fusedrope_status check_position_array(const void *p, const char *name, size_t es,
+                                             int64_t count, const fusedrope_tensor *const out[2],
+                                             const int64_t bytes_out[2], int nout)
+{
+    int64_t bytes;
+    if (!p)
+        return FUSEDROPE_OK;
+    if ((uintptr_t)p % es)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "%s (%p) is not aligned to its %d-byte elements",
+                       name, p, (int)es);
+    if (__builtin_mul_overflow(count, (int64_t)es, &bytes) ||
+        (uintptr_t)p + (uint64_t)bytes < (uintptr_t)p)
+        return fr_fail(FUSEDROPE_ERR_RANGE, "%s: %lld entries span more memory than can be addressed",
+                       name, (ll)count);
+    for (int k = 0; k < nout; k++) {
+        uintptr_t o = (uintptr_t)out[k]->data, a = (uintptr_t)p;
+        if (!tokens_empty(out[k]) && a < o + (uint64_t)bytes_out[k] && o < a + (uint64_t)bytes)
+            return fr_fail(FUSEDROPE_ERR_INVALID, "%s overlaps the output %s", name,
+                           k ? "k/dk tensor" : "tensor");
     }
     return FUSEDROPE_OK;
 }
@@ -346,6 +380,14 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
             !views_disjoint(out[0], bytes_out[0], out[1], bytes_out[1]))
             return fr_fail(FUSEDROPE_ERR_INVALID, "%s and %s overlap", names[1], names[3]);
     }
+
+    TRY(check_position_array(args.pos.ids, "pos->ids", sizeof(int64_t),
+                             in[0]->batch * in[0]->seq_len, out, bytes_out, count));
+    TRY(check_position_array(args.pos.offsets, "pos->offsets", sizeof(int64_t),
+                             args.pos.cu_seqlens ? args.pos.num_seqs : in[0]->batch, out,
+                             bytes_out, count));
+    TRY(check_position_array(args.pos.cu_seqlens, "pos->cu_seqlens", sizeof(int32_t),
+                             args.pos.num_seqs + 1, out, bytes_out, count));
 
     /* Every pointer must live where the cache does. */
     for (int k = 0; k < count; k++) {

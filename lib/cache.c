@@ -3,6 +3,7 @@
  * factor (in double), the cos/sin table rounded once to float32, and its
  * placement on the CPU or the GPU.
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -317,8 +318,30 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *config,
     TRY(alloc_cache(config->rot_dim, config->max_positions, 1, &c));
 
     compute_frequencies(config, c->inv_freq, &c->attention_factor);
+    /* Parameters that each pass their own range can still combine into
+     * nonsense (a longrope scale with original_max_positions 1 divides by
+     * ln 1; a dynamic base that goes negative; an attention factor whose
+     * products overflow float): refuse what is not finite. */
+    if (!(c->attention_factor > 0 && c->attention_factor <= FLT_MAX)) {
+        fusedrope_cache_destroy(c);
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "the config gives attention factor %g for rope type %s (factor %g, "
+                       "original_max_positions %lld)",
+                       c->attention_factor, type_name(config->type), config->factor,
+                       (long long)config->original_max_positions);
+    }
+    for (int i = 0; i < config->rot_dim / 2; i++)
+        if (!(isfinite(c->inv_freq[i]) && c->inv_freq[i] >= 0)) {
+            double f = c->inv_freq[i];
+            fusedrope_cache_destroy(c);
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "the config gives inverse frequency %g for pair %d, rope type %s "
+                           "(theta %g, factor %g, original_max_positions %lld)",
+                           f, i, type_name(config->type), config->theta, config->factor,
+                           (long long)config->original_max_positions);
+        }
     half = (size_t)config->rot_dim / 2;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((uint64_t)c->max_positions * half > 65536)
     for (int64_t p = 0; p < c->max_positions; p++)
         for (size_t i = 0; i < half; i++)
             fr_angle(p, c->inv_freq[i], c->attention_factor, &c->cos[(size_t)p * half + i],

@@ -9,10 +9,10 @@ int fr_cuda_device_present(void)
     return 0;
 }
 
-int fr_cuda_is_device_pointer(const void *p)
+int fr_cuda_pointer_kind(const void *p)
 {
     (void)p;
-    return 0;
+    return FR_PTR_HOST;
 }
 
 fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)

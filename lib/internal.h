@@ -84,8 +84,10 @@ fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache);  /* host cos/sin/
 fusedrope_status fr_cuda_cache_download(const fusedrope_cache *cache, float *cos, float *sin);
 void fr_cuda_cache_release(fusedrope_cache *cache);
 fusedrope_status fr_cuda_cache_check(const fusedrope_cache *cache, void *stream);
-/* 1 if p is device-accessible memory, 0 if host memory, -1 on a runtime error. */
-int fr_cuda_is_device_pointer(const void *p);
+/* Where p points, once the process has a CUDA cache (before that, and
+ * without CUDA, always FR_PTR_HOST); FR_PTR_ERROR records its detail. */
+enum { FR_PTR_ERROR = -1, FR_PTR_HOST, FR_PTR_DEVICE, FR_PTR_MANAGED };
+int fr_cuda_pointer_kind(const void *p);
 fusedrope_status fr_cuda_apply(const fr_apply_args *args);
 
 #ifdef __cplusplus

@@ -103,7 +103,7 @@ FR_HD int64_t fr_cp_position(int64_t j, int64_t len, int cp_size, int cp_rank)
     chunk = len / 2;
     if (j < chunk)
         return (int64_t)cp_rank * chunk + j;
-    return (int64_t)(2 * cp_size - 1 - cp_rank) * chunk + (j - chunk);
+    return (2 * (int64_t)cp_size - 1 - cp_rank) * chunk + (j - chunk);
 }
 
 /* The sequence that packed token t belongs to: the last s with

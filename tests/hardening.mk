@@ -3,6 +3,40 @@
 # valgrind run's settings.  Included from the top Makefile.am; paths are
 # relative to the top directory.
 
+# ------------------------------------------------------ threads, determinism
+if HAVE_CHECK
+check_PROGRAMS += tests/test_threads tests/test_determinism tests/fuzz/test_regress
+TESTS += tests/test_threads tests/test_determinism tests/fuzz/test_regress
+
+tests_test_threads_SOURCES = tests/test_threads.c
+tests_test_threads_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) -pthread
+tests_test_threads_LDFLAGS = -pthread
+tests_test_threads_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_threads_DEPENDENCIES = libfusedrope.a
+
+tests_test_determinism_SOURCES = tests/test_determinism.c
+tests_test_determinism_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_determinism_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_determinism_DEPENDENCIES = libfusedrope.a
+
+# Regression tests for library defects the hardening work found.
+tests_fuzz_test_regress_SOURCES = tests/fuzz/test_regress.c
+tests_fuzz_test_regress_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_fuzz_test_regress_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_fuzz_test_regress_DEPENDENCIES = libfusedrope.a
+endif
+
+# ------------------------------------------------------- allocation failure
+# The wraps route the static library's malloc/calloc/realloc/free through
+# the test's counting wrappers; libc, libgomp and sanitizer runtimes keep
+# their own (so the test runs the same under ASan, TSan and valgrind).
+check_PROGRAMS += tests/test_nomem
+TESTS += tests/test_nomem
+tests_test_nomem_SOURCES = tests/test_nomem.c
+tests_test_nomem_LDFLAGS = -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc -Wl,--wrap=free
+tests_test_nomem_LDADD = $(FUSEDROPE_LIBS)
+tests_test_nomem_DEPENDENCIES = libfusedrope.a
+
 # ---------------------------------------------------------------- fuzzing
 # tests/fuzz/fuzz_apply.c is a libFuzzer target.  Every build runs it over
 # the seed corpus, the regression inputs and a few hundred pseudo-random
@@ -50,3 +84,18 @@ fuzz:
 	exit 1
 endif
 .PHONY: fuzz
+
+# ---------------------------------------------------------------- valgrind
+# make check-valgrind (= check-valgrind-memcheck): every test program under
+# memcheck; an error or a definitely lost block fails the test.  Blocks that
+# are only "possibly lost" (libgomp's thread pool, alive at exit) are
+# reported but are not errors.
+#
+# Test scripts (*.sh) run through SH_LOG_COMPILER, which check-valgrind
+# leaves alone, so valgrind checks the programs and never the shell.
+TEST_EXTENSIONS = .sh
+SH_LOG_COMPILER = $(SHELL)
+VALGRIND_memcheck_FLAGS = --leak-check=full --show-leak-kinds=definite \
+	--errors-for-leak-kinds=definite --track-origins=yes
+VALGRIND_SUPPRESSIONS_FILES = $(srcdir)/tests/valgrind.supp
+EXTRA_DIST += tests/valgrind.supp

@@ -24,25 +24,15 @@ typedef struct {
     double maxv;
 } fmt_info;
 
-static fmt_info fmt(fusedrope_dtype dt)
+static const fmt_info fmt_f32 = {24, -149, -125, 127, 0x1.fffffep127};
+static const fmt_info fmt_f16 = {11, -24, -13, 15, 65504.0};
+static const fmt_info fmt_bf16 = {8, -133, -125, 127, 0x1.fep127};
+
+static const fmt_info *fmtp(fusedrope_dtype dt)
 {
-    fmt_info f;
-    switch (dt) {
-    case FUSEDROPE_FLOAT16:
-        f.prec = 11; f.qmin = -24; f.emin = -13; f.bias = 15;
-        f.maxv = 65504.0;
-        break;
-    case FUSEDROPE_BFLOAT16:
-        f.prec = 8; f.qmin = -133; f.emin = -125; f.bias = 127;
-        f.maxv = ldexp(255.0, 120);
-        break;
-    default:
-        f.prec = 24; f.qmin = -149; f.emin = -125; f.bias = 127;
-        f.maxv = ldexp(16777215.0, 104);
-        break;
-    }
-    return f;
+    return dt == FUSEDROPE_FLOAT16 ? &fmt_f16 : dt == FUSEDROPE_BFLOAT16 ? &fmt_bf16 : &fmt_f32;
 }
+#define fmt(dt) (*fmtp(dt))
 
 size_t ref_dtype_size(fusedrope_dtype dt)
 {
@@ -152,6 +142,14 @@ double ref_half_to_double(uint16_t h) { return decode16(h, 10, 5, FUSEDROPE_FLOA
 double ref_bf16_to_double(uint16_t h) { return decode16(h, 7, 8, FUSEDROPE_BFLOAT16); }
 
 /* The two decodings above, tabulated once (loads are the tests' hot path). */
+static double *decode_table(fusedrope_dtype dt);
+
+void ref_init(void)
+{
+    decode_table(FUSEDROPE_FLOAT16);
+    decode_table(FUSEDROPE_BFLOAT16);
+}
+
 static double *decode_table(fusedrope_dtype dt)
 {
     static double *tab[2];

@@ -15,6 +15,9 @@
 
 /* ------------------------------------------------------------ dtype helpers */
 
+/* Builds the reference's lookup tables (optional; call before forking to share them). */
+void ref_init(void);
+
 size_t ref_dtype_size(fusedrope_dtype dt);
 const char *ref_dtype_name(fusedrope_dtype dt);
 

@@ -85,6 +85,7 @@ int tu_main(Suite *s, const char *name)
      * sensible threading threshold anyway; this spares each forked test the
      * start of a thread team).  Tests of the threaded paths call tu_threads(0). */
     tu_threads(1);
+    ref_init();
     fflush(stdout);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
@@ -107,8 +108,12 @@ static int ncaches;
 void *tu_alloc(size_t n)
 {
     void *p = calloc(1, n ? n : 1);
-    ck_assert_msg(p != NULL, "out of memory allocating %zu bytes", n);
-    ck_assert_msg(ntracked < TU_MAX_TRACK, "too many tracked allocations");
+    /* ck_abort_msg, not ck_assert_msg, in helpers that run often: an assertion
+     * that holds still costs libcheck a message to the parent process */
+    if (!p)
+        ck_abort_msg("out of memory allocating %zu bytes", n);
+    if (ntracked >= TU_MAX_TRACK)
+        ck_abort_msg("too many tracked allocations");
     tracked[ntracked++] = p;
     return p;
 }
@@ -123,7 +128,8 @@ void *tu_dup(const void *p, size_t n)
 
 fusedrope_cache *tu_track(fusedrope_cache *c)
 {
-    ck_assert_msg(ncaches < 256, "too many tracked caches");
+    if (ncaches >= 256)
+        ck_abort_msg("too many tracked caches");
     if (c)
         tracked_caches[ncaches++] = c;
     return c;
@@ -269,8 +275,8 @@ void tu_mask_view(const tu_buf *buf, const fusedrope_tensor *t, unsigned char *m
             for (h = 0; h < t->heads; h++) {
                 size_t off = (size_t)((const unsigned char *)t->data - buf->p) +
                              (size_t)ref_offset(t, s, b, h, 0) * es;
-                ck_assert_msg(off + (size_t)t->head_dim * es <= buf->nbytes,
-                              "test bug: view outside its buffer");
+                if (off + (size_t)t->head_dim * es > buf->nbytes)
+                    ck_abort_msg("test bug: view outside its buffer");
                 memset(mask + off, 1, (size_t)t->head_dim * es);
             }
 }

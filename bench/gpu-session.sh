@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# One device call that builds, tests, sanitizes and measures (GPU.md):
+#   ../shared/gpu/prepare-device-carry          # here: tarball + debs in .devcarry/
+#   device run, carry [".devcarry"]: bash bench/gpu-session.sh [sections]
+# Sections (default all): check sanitize downstream bench peers.
+# Logs go to /tmp/logs; $OUT gets summary.txt, bench.txt and logs.tgz (the
+# device tool brings back at most 8 files).
+set -uo pipefail
+out=/tmp/logs; rm -rf "$out"; mkdir -p "$out"
+finish() {
+  dest=${OUT:-/tmp/out}; mkdir -p "$dest"
+  cp "$out/summary.txt" "$dest/" 2>/dev/null; cp "$out/bench.txt" "$dest/" 2>/dev/null
+  tar -czf "$dest/logs.tgz" -C /tmp logs
+}
+trap finish EXIT
+here=$(pwd)
+sections=${*:-check sanitize downstream bench peers}
+has() { case " $sections " in *" $1 "*) return 0;; esac; return 1; }
+sys=/tmp/sysroot; mkdir -p "$sys"
+for deb in "$here"/.devcarry/debs/*.deb; do dpkg -x "$deb" "$sys"; done
+lib="$sys/usr/lib/x86_64-linux-gnu"
+export PATH="$PATH:$sys/usr/bin:/usr/local/cuda/bin"
+export PKG_CONFIG_PATH="$lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$sys"
+export CHECK_CFLAGS="-I$sys/usr/include" CHECK_LIBS="-L$lib -lcheck -lsubunit -lm -lrt -pthread"
+summary="$out/summary.txt"; : > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$out/device.txt"
+nvcc --version | tail -1 >> "$out/device.txt"
+note "device: $(head -1 "$out/device.txt")"
+
+rm -rf /tmp/build && mkdir -p /tmp/build && tar -xzf "$here"/.devcarry/fusedrope-*.tar.gz -C /tmp/build
+cd /tmp/build/fusedrope-*/ || exit 1
+src=$(pwd)
+./configure --with-cuda-arch=90 --prefix=/tmp/inst > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+make -j16 > "$out/make.log" 2>&1 && make install >> "$out/make.log" 2>&1 || { tail -40 "$out/make.log"; exit 1; }
+
+if has check; then
+  make -j16 check > "$out/check.log" 2>&1; rc=$?
+  cat tests/*.log > "$out/tests.log" 2>/dev/null
+  note "make check: rc $rc; $(grep -E '^(PASS|FAIL|SKIP|ERROR):' "$out/check.log" | tr '\n' ' ')"
+  grep -E '^[0-9]+%: Checks' tests/*.log | sed 's/^/  /' | tee -a "$summary"
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck initcheck synccheck; do
+    extra=; [ $tool = memcheck ] && extra="--leak-check full"
+    timeout 240 compute-sanitizer --tool $tool $extra --error-exitcode 9 ./tests/test_cuda \
+      > "$out/sanitize-$tool.log" 2>&1
+    note "compute-sanitizer $tool: rc $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -1))"
+  done
+fi
+
+if has downstream; then
+  export PKG_CONFIG_PATH="/tmp/inst/lib/pkgconfig:$PKG_CONFIG_PATH"
+  unset PKG_CONFIG_SYSROOT_DIR
+  cc -o /tmp/downstream_gpu "$src/tests/downstream_gpu.c" -I/usr/local/cuda/include \
+     $(pkg-config --cflags --libs fusedrope) > "$out/downstream.log" 2>&1 &&
+    /tmp/downstream_gpu >> "$out/downstream.log" 2>&1
+  note "downstream (pkg-config, GPU): rc $? $(tail -1 "$out/downstream.log")"
+fi
+
+if has bench; then
+  b=/tmp/inst/bin/fusedrope-bench
+  { $b
+    $b --dtype fp16; $b --dtype fp32
+    $b --style interleaved
+    $b --layout bshd; $b --layout thd
+    $b --shape 4096,1,128,128 --rot-dim 64 --inplace
+    $b --shape 1,64,32,128 --qk 32,8 --iters 1000
+    $b --shape 65536,2,32,128 --qk 32,8 --inplace --iters 50
+  } > "$out/bench.txt" 2> "$out/bench-progress.txt"
+  note "bench: rc $?"
+  grep -E '^(forward|backward)' "$out/bench.txt" | awk '{print "  " $0}' | tee -a "$summary"
+fi
+
+if has peers; then
+  for shape in 4096,1,128,128 512,32,24,128; do
+    PYTHONUNBUFFERED=1 timeout 300 python3 "$src/bench/peers.py" --bench /tmp/inst/bin/fusedrope-bench \
+      --shape $shape > "$out/peers-$shape.txt" 2>&1
+    note "peers $shape: rc $?"
+    tail -8 "$out/peers-$shape.txt" | tee -a "$summary"
+  done
+fi

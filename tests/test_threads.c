@@ -1,0 +1,355 @@
+/*
+ * test_threads.c - one cache used at once from 8 threads.
+ *
+ * Every thread runs the same forward, backward, forward_qk and backward_qk
+ * calls (every dtype, sbhd/bshd/thd, implicit/offsets/ids/cu_seqlens/CP
+ * positions, in place and out of place, a table cache and a table-less one)
+ * into its own outputs, several times over, and compares the bytes with a
+ * single-threaded run made first; once with OpenMP as configured in every
+ * thread, once with omp_set_num_threads(1) in every thread.  A third test
+ * checks that fusedrope_last_error() is per thread: each thread fails with
+ * its own bad value, and no thread ever sees another thread's detail.
+ *
+ * The ThreadSanitizer build runs this test too (README, "Reliability").
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+
+#include <check.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "fusedrope.h"
+
+#define NTHREADS 8
+
+enum { J_FWD, J_BWD, J_FWD_QK, J_BWD_QK };
+
+typedef struct {
+    int kind;
+    const fusedrope_cache *cache;
+    fusedrope_style style;
+    fusedrope_dtype dt;
+    int layout;            /* 0 sbhd, 1 bshd, 2 thd */
+    int64_t s, b, hq, hk, d;
+    int in_place;
+    fusedrope_positions pos;
+    int has_pos;
+    unsigned char *in[2];  /* shared, read-only (out of place) */
+    size_t bytes[2];
+    unsigned char *want[2];/* the single-threaded result */
+} job;
+
+static fusedrope_cache *cache_table, *cache_free;
+static job jobs[8];
+static int njobs;
+static int iters;
+static int64_t ids_buf[256], offs_buf[4];
+static int32_t cu_buf[4] = { 0, 40, 40, 128 };
+
+static int under_valgrind(void)
+{
+    const char *v = getenv("VALGRIND");
+    return v && *v;
+}
+
+static size_t esize(fusedrope_dtype dt)
+{
+    return dt == FUSEDROPE_FLOAT32 ? 4 : 2;
+}
+
+static fusedrope_tensor view(const job *j, int k, void *data)
+{
+    int64_t h = k ? j->hk : j->hq;
+    if (j->layout == 0)
+        return fusedrope_tensor_sbhd(data, j->dt, j->s, j->b, h, j->d);
+    if (j->layout == 1)
+        return fusedrope_tensor_bshd(data, j->dt, j->b, j->s, h, j->d);
+    return fusedrope_tensor_thd(data, j->dt, j->s, h, j->d);
+}
+
+/* Runs job j into out[0..1] (which hold a copy of the input when in place). */
+static fusedrope_status run(const job *j, unsigned char *out[2])
+{
+    fusedrope_tensor x0 = view(j, 0, j->in_place ? out[0] : j->in[0]);
+    fusedrope_tensor y0 = view(j, 0, out[0]);
+    fusedrope_tensor x1 = view(j, 1, j->in_place ? out[1] : j->in[1]);
+    fusedrope_tensor y1 = view(j, 1, out[1]);
+    const fusedrope_positions *p = j->has_pos ? &j->pos : NULL;
+    switch (j->kind) {
+    case J_FWD: return fusedrope_forward(j->cache, j->style, p, &x0, &y0, NULL);
+    case J_BWD: return fusedrope_backward(j->cache, j->style, p, &x0, &y0, NULL);
+    case J_FWD_QK: return fusedrope_forward_qk(j->cache, j->style, p, &x0, &y0, &x1, &y1, NULL);
+    default: return fusedrope_backward_qk(j->cache, j->style, p, &x0, &y0, &x1, &y1, NULL);
+    }
+}
+
+static void prepare(job *j)
+{
+    uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(j - jobs + 1);
+    int n = j->kind >= J_FWD_QK ? 2 : 1;
+    for (int k = 0; k < n; k++) {
+        int64_t h = k ? j->hk : j->hq;
+        j->bytes[k] = (size_t)(j->s * j->b * h * j->d) * esize(j->dt);
+        j->in[k] = malloc(j->bytes[k]);
+        j->want[k] = malloc(j->bytes[k]);
+        ck_assert(j->in[k] && j->want[k]);
+        for (size_t i = 0; i < j->bytes[k]; i += esize(j->dt)) {
+            /* finite values in [-2, 2) in every dtype */
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            if (j->dt == FUSEDROPE_FLOAT32) {
+                float f = (float)((double)(x >> 40) / (1 << 24) * 4.0 - 2.0);
+                memcpy(j->in[k] + i, &f, 4);
+            } else {
+                uint16_t v = j->dt == FUSEDROPE_FLOAT16 ? (uint16_t)(0x3800 | (x & 0x83ff))
+                                                        : (uint16_t)(0x3f00 | (x & 0x807f));
+                memcpy(j->in[k] + i, &v, 2);
+            }
+        }
+    }
+}
+
+static void setup(void)
+{
+    fusedrope_cache_config cfg;
+    int big = !under_valgrind();
+    /* token counts: 64 x 2 (sbhd/bshd), 128 (thd); 8 q heads x 128 channels
+     * = 131072 elements per tensor, past the OpenMP backend's threshold */
+    int64_t s = big ? 64 : 16, hq = big ? 8 : 2;
+    iters = big ? 3 : 1;
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_YARN, 96, 512, 10000.0);
+    cfg.factor = 8;
+    cfg.original_max_positions = 128;
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache_table), FUSEDROPE_OK);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_LLAMA3, 128, 0, 500000.0);
+    cfg.factor = 8;
+    cfg.original_max_positions = 64;
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache_free), FUSEDROPE_OK);
+    for (int i = 0; i < 256; i++)
+        ids_buf[i] = (i * 37) % 500;
+    offs_buf[0] = 7;
+    offs_buf[1] = 300;
+    offs_buf[2] = 11;
+    cu_buf[3] = (int32_t)(2 * s);
+    cu_buf[1] = cu_buf[2] = (int32_t)(s / 2 + 8);
+
+    njobs = 0;
+    /* forward, f32, sbhd, implicit, table */
+    jobs[njobs++] = (job){ J_FWD, cache_table, FUSEDROPE_NEOX, FUSEDROPE_FLOAT32, 0, s, 2, hq, 0, 128,
+                           0, { 0 }, 0, { 0 }, { 0 }, { 0 } };
+    /* backward, bf16, bshd, offsets, in place */
+    jobs[njobs] = (job){ J_BWD, cache_table, FUSEDROPE_INTERLEAVED, FUSEDROPE_BFLOAT16, 1, s, 2, hq,
+                         0, 128, 1, { 0 }, 1, { 0 }, { 0 }, { 0 } };
+    jobs[njobs].pos = (fusedrope_positions){ NULL, offs_buf, NULL, 0, 1, 0 };
+    njobs++;
+    /* forward_qk, f16, thd with cu_seqlens (an empty sequence too), GQA */
+    jobs[njobs] = (job){ J_FWD_QK, cache_table, FUSEDROPE_NEOX, FUSEDROPE_FLOAT16, 2, 2 * s, 1, hq,
+                         2, 128, 0, { 0 }, 1, { 0 }, { 0 }, { 0 } };
+    jobs[njobs].pos = (fusedrope_positions){ NULL, NULL, cu_buf, 3, 1, 0 };
+    njobs++;
+    /* backward_qk, f32, sbhd, ids */
+    jobs[njobs] = (job){ J_BWD_QK, cache_table, FUSEDROPE_NEOX, FUSEDROPE_FLOAT32, 0, s, 2, hq, 4,
+                         128, 0, { 0 }, 1, { 0 }, { 0 }, { 0 } };
+    jobs[njobs].pos = (fusedrope_positions){ ids_buf, NULL, NULL, 0, 1, 0 };
+    njobs++;
+    /* forward, bf16, bshd, context parallelism 4 rank 1, table-less cache, in place */
+    jobs[njobs] = (job){ J_FWD, cache_free, FUSEDROPE_INTERLEAVED, FUSEDROPE_BFLOAT16, 1, s, 2, hq,
+                         0, 128, 1, { 0 }, 1, { 0 }, { 0 }, { 0 } };
+    jobs[njobs].pos = (fusedrope_positions){ NULL, NULL, NULL, 0, 4, 1 };
+    njobs++;
+    /* backward_qk, f16, thd, table-less, implicit */
+    jobs[njobs++] = (job){ J_BWD_QK, cache_free, FUSEDROPE_NEOX, FUSEDROPE_FLOAT16, 2, 2 * s, 1, hq,
+                           1, 128, 0, { 0 }, 0, { 0 }, { 0 }, { 0 } };
+
+    /* the single-threaded reference */
+#ifdef _OPENMP
+    omp_set_num_threads(1);
+#endif
+    for (int i = 0; i < njobs; i++) {
+        job *j = &jobs[i];
+        fusedrope_status st;
+        prepare(j);
+        if (j->in_place)
+            for (int k = 0; k < 2; k++)
+                if (j->in[k])
+                    memcpy(j->want[k], j->in[k], j->bytes[k]);
+        st = run(j, j->want);
+        ck_assert_msg(st == FUSEDROPE_OK, "job %d: %s", i, fusedrope_last_error());
+    }
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < njobs; i++)
+        for (int k = 0; k < 2; k++) {
+            free(jobs[i].in[k]);
+            free(jobs[i].want[k]);
+        }
+    memset(jobs, 0, sizeof jobs);
+    fusedrope_cache_destroy(cache_table);
+    fusedrope_cache_destroy(cache_free);
+    cache_table = cache_free = NULL;
+}
+
+typedef struct {
+    int id, omp_one;
+    pthread_barrier_t *bar;
+    char failure[1024];
+} targ;
+
+static void *worker(void *p)
+{
+    targ *a = p;
+    unsigned char *out[8][2];
+#ifdef _OPENMP
+    if (a->omp_one)
+        omp_set_num_threads(1);
+#endif
+    for (int i = 0; i < njobs; i++)
+        for (int k = 0; k < 2; k++)
+            out[i][k] = jobs[i].bytes[k] ? malloc(jobs[i].bytes[k]) : NULL;
+    pthread_barrier_wait(a->bar); /* all threads call at once */
+    for (int it = 0; it < iters && !a->failure[0]; it++)
+        for (int n = 0; n < njobs && !a->failure[0]; n++) {
+            int i = (n + a->id) % njobs; /* threads run different jobs at a time */
+            const job *j = &jobs[i];
+            fusedrope_status st;
+            for (int k = 0; k < 2; k++) {
+                if (!j->bytes[k])
+                    continue;
+                if (j->in_place)
+                    memcpy(out[i][k], j->in[k], j->bytes[k]);
+                else
+                    memset(out[i][k], 0xA5, j->bytes[k]);
+            }
+            st = run(j, out[i]);
+            if (st != FUSEDROPE_OK)
+                snprintf(a->failure, sizeof a->failure, "thread %d job %d: status %d (%s)", a->id,
+                         i, st, fusedrope_last_error());
+            for (int k = 0; k < 2 && !a->failure[0]; k++)
+                if (j->bytes[k] && memcmp(out[i][k], j->want[k], j->bytes[k]) != 0)
+                    snprintf(a->failure, sizeof a->failure,
+                             "thread %d iteration %d job %d tensor %d: bytes differ from the "
+                             "single-threaded run",
+                             a->id, it, i, k);
+        }
+    for (int i = 0; i < njobs; i++)
+        for (int k = 0; k < 2; k++)
+            free(out[i][k]);
+    return NULL;
+}
+
+static void shared_cache(int omp_one)
+{
+    pthread_t th[NTHREADS];
+    targ a[NTHREADS];
+    pthread_barrier_t bar;
+    ck_assert_int_eq(pthread_barrier_init(&bar, NULL, NTHREADS), 0);
+    for (int t = 0; t < NTHREADS; t++) {
+        a[t] = (targ){ t, omp_one, &bar, "" };
+        ck_assert_int_eq(pthread_create(&th[t], NULL, worker, &a[t]), 0);
+    }
+    for (int t = 0; t < NTHREADS; t++)
+        pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&bar);
+    for (int t = 0; t < NTHREADS; t++)
+        ck_assert_msg(a[t].failure[0] == 0, "%s", a[t].failure);
+}
+
+START_TEST(shared_cache_openmp)
+{
+    shared_cache(0);
+}
+END_TEST
+
+START_TEST(shared_cache_one_omp_thread)
+{
+    shared_cache(1);
+}
+END_TEST
+
+/* ------------------------------------------------- per-thread error detail */
+
+static void *err_worker(void *p)
+{
+    targ *a = p;
+    char mine[64], got[600];
+    float buf[4 * 128];
+    fusedrope_tensor t = fusedrope_tensor_sbhd(buf, FUSEDROPE_FLOAT32, 4, 1, 1, 128);
+    fusedrope_status st;
+    memset(buf, 0, sizeof buf);
+    snprintf(mine, sizeof mine, "%d", 1000 + a->id);
+    /* a fresh thread has no detail */
+    if (fusedrope_last_error()[0])
+        snprintf(a->failure, sizeof a->failure, "thread %d starts with detail \"%s\"", a->id,
+                 fusedrope_last_error());
+    pthread_barrier_wait(a->bar);
+    for (int round = 0; round < 50 && !a->failure[0]; round++) {
+        if (a->id != 0) {
+            /* a failure naming this thread's own value */
+            st = fusedrope_forward(cache_table, (fusedrope_style)(1000 + a->id), NULL, &t, &t, NULL);
+            if (st != FUSEDROPE_ERR_INVALID || !strstr(fusedrope_last_error(), mine))
+                snprintf(a->failure, sizeof a->failure,
+                         "thread %d: style %s gave status %d, detail \"%s\"", a->id, mine, st,
+                         fusedrope_last_error());
+        }
+        if (round == 0)
+            pthread_barrier_wait(a->bar); /* every thread has failed once */
+        /* successful calls leave the detail as it was */
+        st = fusedrope_forward(cache_table, FUSEDROPE_NEOX, NULL, &t, &t, NULL);
+        snprintf(got, sizeof got, "%s", fusedrope_last_error());
+        if (st != FUSEDROPE_OK)
+            snprintf(a->failure, sizeof a->failure, "thread %d: a good call failed: %.600s", a->id, got);
+        else if (a->id == 0 && got[0])
+            snprintf(a->failure, sizeof a->failure,
+                     "thread 0 never failed but sees the detail \"%.600s\"", got);
+        else if (a->id != 0 && !strstr(got, mine))
+            snprintf(a->failure, sizeof a->failure,
+                     "thread %d failed with style %s but sees the detail \"%.600s\"", a->id, mine, got);
+    }
+    return NULL;
+}
+
+START_TEST(last_error_is_per_thread)
+{
+    pthread_t th[NTHREADS];
+    targ a[NTHREADS];
+    pthread_barrier_t bar;
+    ck_assert_int_eq(pthread_barrier_init(&bar, NULL, NTHREADS), 0);
+    for (int t = 0; t < NTHREADS; t++) {
+        a[t] = (targ){ t, 0, &bar, "" };
+        ck_assert_int_eq(pthread_create(&th[t], NULL, err_worker, &a[t]), 0);
+    }
+    for (int t = 0; t < NTHREADS; t++)
+        pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&bar);
+    for (int t = 0; t < NTHREADS; t++)
+        ck_assert_msg(a[t].failure[0] == 0, "%s", a[t].failure);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("threads");
+    TCase *tc = tcase_create("shared cache");
+    SRunner *sr;
+    int failed;
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, under_valgrind() ? 600 : 60);
+    tcase_add_test(tc, shared_cache_openmp);
+    tcase_add_test(tc, shared_cache_one_omp_thread);
+    tcase_add_test(tc, last_error_is_per_thread);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
