@@ -21,6 +21,7 @@ for deb in "$here"/.devcarry/debs/*.deb; do dpkg -x "$deb" "$sys"; done
 lib="$sys/usr/lib/x86_64-linux-gnu"
 export PATH="$PATH:$sys/usr/bin:/usr/local/cuda/bin"
 export PKG_CONFIG_PATH="$lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$sys"
+export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # libcheck's libsubunit
 export CHECK_CFLAGS="-I$sys/usr/include" CHECK_LIBS="-L$lib -lcheck -lsubunit -lm -lrt -pthread"
 summary="$out/summary.txt"; : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
