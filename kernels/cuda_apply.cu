@@ -552,6 +552,13 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) rope_kernel(const __grid_constan
     constexpr bool VEC = MODE != MODE_SCALAR;
     typedef typename Elem<DT>::T T;
     const int64_t g = (int64_t)blockIdx.y * blockDim.y + threadIdx.y;
+    /* cu_seqlens lives on the device, so its ends are checked here, once:
+     * tokens outside every sequence are caught per token, a last entry past
+     * the token count or a first entry other than 0 only here. */
+    if (P.pos.cu_seqlens != nullptr && P.flag != nullptr && blockIdx.x == 0 && blockIdx.y == 0 &&
+        threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0 &&
+        (P.pos.cu_seqlens[0] != 0 || (int64_t)P.pos.cu_seqlens[P.pos.num_seqs] != P.tokens))
+        *P.flag = 1;
     if (g >= P.gtotal)
         return;
     const int64_t tstride = (int64_t)gridDim.x * blockDim.z;

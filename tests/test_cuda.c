@@ -957,6 +957,13 @@ START_TEST(test_out_of_table)
                 ck_assert_msg((g & 0x7f80) != 0x7f80, "token %lld channel %lld is NaN",
                               (long long)tok, (long long)d);
             }
+        /* a last entry past the token count: every token has a position,
+         * the array is still wrong, and the flag says so */
+        cu[2] = 40;
+        CUDA_OK(cudaMemcpy(dcu, cu, sizeof cu, cudaMemcpyHostToDevice));
+        FR_OK(fusedrope_forward(gpu, FUSEDROPE_NEOX, &pd, &t, &o, NULL));
+        ck_assert_int_eq(fusedrope_cache_check(gpu, NULL), FUSEDROPE_ERR_RANGE);
+        FR_OK(fusedrope_cache_check(gpu, NULL));
         cudaFree(dcu);
     }
 
