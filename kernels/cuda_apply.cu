@@ -122,7 +122,10 @@ template <> struct Elem<DT_F16> {
 #if FR_CUDA_SOFT_CVT
         return fr_float_to_half(f);
 #else
-        return f != f ? fr_float_to_half(f) : __half_as_ushort(__float2half_rn(f));
+        /* a NaN here is the GPU's canonical positive one: fr_float_to_half
+         * makes it 0x7e00; a select, not a branch, keeps the loop straight */
+        const uint16_t h = __half_as_ushort(__float2half_rn(f));
+        return f != f ? (uint16_t)0x7e00u : h;
 #endif
     }
     /* (lo, hi) packed into one word */
@@ -131,10 +134,11 @@ template <> struct Elem<DT_F16> {
 #if FR_CUDA_SOFT_CVT
         return (uint32_t)from_f(lo) | ((uint32_t)from_f(hi) << 16);
 #else
-        if (lo != lo || hi != hi)
-            return (uint32_t)fr_float_to_half(lo) | ((uint32_t)fr_float_to_half(hi) << 16);
         __half2 h = __floats2half2_rn(lo, hi);
-        return *reinterpret_cast<uint32_t *>(&h);
+        uint32_t w = *reinterpret_cast<uint32_t *>(&h);
+        w = lo != lo ? (w & 0xffff0000u) | 0x7e00u : w;
+        w = hi != hi ? (w & 0x0000ffffu) | 0x7e000000u : w;
+        return w;
 #endif
     }
 };
