@@ -340,7 +340,8 @@ static int known_issue(int which)
  * FLT_MAX) and finite inverse frequencies for a config that passes every
  * field check.  Fields can each be in range and the model still not be
  * computable (longrope with original_max_positions 1: ln 1 = 0; a denormal
- * factor: base^-e / factor = Inf); the library must refuse those. */
+ * factor: base^-e / factor = Inf, or p * inv = Inf at a position the cache
+ * serves); the library must refuse those. */
 static int derived_finite(const fusedrope_cache_config *c)
 {
     const int d = c->rot_dim, n = d / 2, t = (int)c->type;
@@ -399,7 +400,9 @@ static int derived_finite(const fusedrope_cache_config *c)
                 inv = (1 - s) * inv / c->factor + s * inv;
             }
         }
-        if (!isfinite(inv))
+        /* every angle p * inv the cache serves: p up to its last row, or any int64 */
+        if (!isfinite(inv) ||
+            !isfinite(inv * (c->max_positions > 0 ? (double)(c->max_positions - 1) : 0x1p63)))
             return 0;
     }
     return 1;

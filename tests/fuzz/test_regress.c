@@ -90,6 +90,7 @@ START_TEST(accepted_config_gives_finite_table)
         { "longrope, original_max_positions 1, factor 2", FUSEDROPE_ROPE_LONGROPE, 2, 0, 1 },
         { "longrope, original_max_positions 1, factor 0 (s = 64)", FUSEDROPE_ROPE_LONGROPE, 0, 0, 1 },
         { "linear, factor 5e-324", FUSEDROPE_ROPE_LINEAR, 5e-324, 0, 0 },
+        { "linear, factor 1.76e-307 (p * inv_freq = Inf)", FUSEDROPE_ROPE_LINEAR, 1.76e-307, 0, 0 },
         { "yarn, factor 6.5e-315", FUSEDROPE_ROPE_YARN, 6.5e-315, 0, 64 },
         { "llama3, factor 5e-324", FUSEDROPE_ROPE_LLAMA3, 5e-324, 0, 64 },
         { "yarn, attention_factor 1e300", FUSEDROPE_ROPE_YARN, 4, 1e300, 64 },
@@ -152,6 +153,7 @@ START_TEST(position_arrays_inside_output)
         const char *what = which == 0 ? "ids" : which == 1 ? "offsets" : "cu_seqlens";
         fusedrope_status st;
         ck_assert_ptr_nonnull(y);
+        memset(y, 0, S * D * sizeof(float) + 64);
         fill_floats(x, S * D);
         if (which == 0) { /* ids[t] at y[6 + 2t]: token 0's row overwrites ids[1] */
             int64_t *ids = (int64_t *)(void *)(y + 6);
