@@ -76,7 +76,7 @@ enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
 #define FR_CUDA_MAX_HPT 8
 #endif
 #ifndef FR_CUDA_WAVES
-#define FR_CUDA_WAVES 2
+#define FR_CUDA_WAVES 1 /* H100 sweep (bench/RESULTS.md): 1 beat 2 and 4 on both shapes */
 #endif
 constexpr int U = FR_CUDA_U;
 /* Largest block the launcher builds (and the kernels are compiled for). */

@@ -321,7 +321,8 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *config,
     /* Parameters that each pass their own range can still combine into
      * nonsense (a longrope scale with original_max_positions 1 divides by
      * ln 1; a dynamic base that goes negative; an attention factor whose
-     * products overflow float): refuse what is not finite. */
+     * products overflow float; a frequency whose angles overflow double):
+     * refuse what would not give finite cos/sin. */
     if (!(c->attention_factor > 0 && c->attention_factor <= FLT_MAX)) {
         fusedrope_cache_destroy(c);
         return fr_fail(FUSEDROPE_ERR_INVALID,
@@ -330,8 +331,9 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *config,
                        c->attention_factor, type_name(config->type), config->factor,
                        (long long)config->original_max_positions);
     }
+    /* DBL_MAX / 2^63: the angle p * inv_freq stays finite for every int64 p. */
     for (int i = 0; i < config->rot_dim / 2; i++)
-        if (!(isfinite(c->inv_freq[i]) && c->inv_freq[i] >= 0)) {
+        if (!(c->inv_freq[i] >= 0 && c->inv_freq[i] <= DBL_MAX / 0x1p63)) {
             double f = c->inv_freq[i];
             fusedrope_cache_destroy(c);
             return fr_fail(FUSEDROPE_ERR_INVALID,

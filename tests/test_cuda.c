@@ -386,6 +386,7 @@ static void *to_device(const void *h, size_t bytes)
         return NULL;
     CUDA_OK(cudaMalloc(&d, bytes ? bytes : 1));
     CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize()); /* used from non-blocking streams */
     return d;
 }
 
@@ -522,6 +523,10 @@ static fusedrope_status run_gpu(const tcase *c, tsetup *u, const fusedrope_cache
             CUDA_OK(cudaMalloc(&b->dev, (size_t)b->nel * es));
         CUDA_OK(cudaMemcpy(b->dev, b->init, (size_t)b->nel * es, cudaMemcpyHostToDevice));
     }
+    /* A copy from pageable memory may return before its DMA lands, and the
+     * grid's stream does not wait for the legacy default stream: without
+     * this the kernel could read last case's bytes (seen under load). */
+    CUDA_OK(cudaDeviceSynchronize());
     st = call_op(c, u, gpu, 1, stream);
     if (st != FUSEDROPE_OK)
         return st;

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Device-side sweep of the CUDA launch knobs (kernels/cuda_apply.cu: FR_CUDA_*)
+# over the issue-4 shapes, plus the kernel-only time of a decode step under
+# Nsight Compute.  Run after bench/gpu-session.sh has built /tmp/build:
+#   device run, carry [".devcarry"]: bash bench/gpu-session.sh check && bash bench/sweep-knobs.sh
+set -uo pipefail
+dest=${OUT:-/tmp/out}; mkdir -p "$dest"
+cd /tmp/build/fusedrope-*/ || exit 1
+log="$dest/sweep.txt"; : > "$log"
+variants=${VARIANTS:-"default -DFR_CUDA_MAX_HPT=4 -DFR_CUDA_MAX_HPT=2 -DFR_CUDA_WAVES=1 -DFR_CUDA_WAVES=4 -DFR_CUDA_U_NEOX=1"}
+for v in $variants; do
+  flags=$v; [ "$v" = default ] && flags=
+  rm -f kernels/cuda_apply.o libfusedrope.a tools/fusedrope-bench
+  make -j16 NVCCFLAGS="$flags" libfusedrope.a tools/fusedrope-bench >/dev/null 2>&1 || { echo "$v: build failed" | tee -a "$log"; continue; }
+  b=./tools/fusedrope-bench
+  {
+    echo "== $v"
+    $b --iters 200 | grep -E '^(forward|backward)'
+    $b --iters 200 --dtype fp16 --shape 512,32,24,128 | grep -E '^(forward|backward)'
+    $b --iters 200 --shape 4096,1,128,128 --rot-dim 64 --inplace | grep -E '^(forward|backward)'
+  } >> "$log" 2>&1
+done
+rm -f kernels/cuda_apply.o libfusedrope.a tools/fusedrope-bench
+make -j16 libfusedrope.a tools/fusedrope-bench >/dev/null 2>&1
+echo "== decode under ncu (gpu__time_duration of each kernel)" >> "$log"
+timeout 180 ncu --metrics gpu__time_duration.sum --csv ./tools/fusedrope-bench \
+  --shape 1,64,32,128 --qk 32,8 --iters 5 --warmup 1 > "$dest/ncu-decode.csv" 2>&1
+grep -E 'rope_kernel' "$dest/ncu-decode.csv" | awk -F'","' '{print $5, $(NF)}' | sort | uniq -c | head -20 >> "$log"
+cat "$log"
