@@ -82,6 +82,11 @@ END_TEST
  * ZeroDivisionError there).  The others: a denormal factor (linear, yarn,
  * llama3: base^-e / factor = Inf), an attention factor past FLT_MAX.
  * Expected: create refuses (a non-OK status) or the table is finite.
+ *
+ * The refusal must also not touch the freed cache: the first fix read
+ * c->attention_factor for its message after fusedrope_cache_destroy(c)
+ * (lib/cache.c fusedrope_cache_create, heap-use-after-free; this test shows
+ * it under ASan and valgrind, tests/fuzz/fuzz_replay too).
  */
 START_TEST(accepted_config_gives_finite_table)
 {
@@ -108,6 +113,7 @@ START_TEST(accepted_config_gives_finite_table)
             st = fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &c);
             if (st != FUSEDROPE_OK) {
                 ck_assert_ptr_null(c);
+                ck_assert_msg(fusedrope_last_error()[0], "%s: refused with no detail", k[i].name);
                 continue;
             }
             {
