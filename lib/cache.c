@@ -324,11 +324,12 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *config,
      * products overflow float; a frequency whose angles overflow double):
      * refuse what would not give finite cos/sin. */
     if (!(c->attention_factor > 0 && c->attention_factor <= FLT_MAX)) {
+        double a = c->attention_factor;
         fusedrope_cache_destroy(c);
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "the config gives attention factor %g for rope type %s (factor %g, "
                        "original_max_positions %lld)",
-                       c->attention_factor, type_name(config->type), config->factor,
+                       a, type_name(config->type), config->factor,
                        (long long)config->original_max_positions);
     }
     /* DBL_MAX / 2^63: the angle p * inv_freq stays finite for every int64 p. */
