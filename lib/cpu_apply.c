@@ -32,8 +32,11 @@
 #define FR_IVDEP
 #endif
 
-/* x86-64: also build an AVX2 clone of the pair loops, picked at load time. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+/* x86-64: also build an AVX2 clone of the pair loops, picked at load time.
+ * Not under ThreadSanitizer: its instrumented ifunc resolver would run
+ * before the TSan runtime is up, and crash the program at load. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__) && \
+    !defined(__SANITIZE_THREAD__)
 #define FR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define FR_CLONES
