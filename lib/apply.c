@@ -8,13 +8,6 @@
 
 #include "internal.h"
 
-#define TRY(expr)                                   \
-    do {                                            \
-        fusedrope_status st_ = (expr);              \
-        if (st_ != FUSEDROPE_OK)                    \
-            return st_;                             \
-    } while (0)
-
 typedef long long ll;
 
 /* One strided dimension of a view: `n` steps of `stride` elements. */

@@ -62,13 +62,6 @@ static fusedrope_status check_real(const char *name, double value, double lo, in
     return FUSEDROPE_OK;
 }
 
-#define TRY(expr)                                   \
-    do {                                            \
-        fusedrope_status st_ = (expr);              \
-        if (st_ != FUSEDROPE_OK)                    \
-            return st_;                             \
-    } while (0)
-
 static fusedrope_status check_config(const fusedrope_cache_config *c)
 {
     const char *tn = type_name(c->type);

@@ -55,6 +55,14 @@ typedef struct fr_apply_args {
     void *stream;
 } fr_apply_args;
 
+/* Returns from the calling function with a check's status unless it is OK. */
+#define TRY(expr)                                   \
+    do {                                            \
+        fusedrope_status st_ = (expr);              \
+        if (st_ != FUSEDROPE_OK)                    \
+            return st_;                             \
+    } while (0)
+
 /* Records the detail of a failure for fusedrope_last_error() and returns status. */
 fusedrope_status fr_fail(fusedrope_status status, const char *fmt, ...)
 #if defined(__GNUC__)
