@@ -62,6 +62,18 @@ extern "C" int fr_cuda_pointer_kind(const void *p)
     return attr.type == cudaMemoryTypeDevice ? FR_PTR_DEVICE : FR_PTR_HOST;
 }
 
+/* Table row p, pair i: the same fr_angle as the CPU's build, so the same bits. */
+__global__ void build_table(const double *inv, double attn, int64_t positions, int64_t half,
+                            float *cos, float *sin)
+{
+    const int64_t n = positions * half;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t p = e / half, i = e - p * half;
+        fr_angle(p, inv[i], attn, &cos[e], &sin[e]);
+    }
+}
+
 extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
 {
     size_t half = (size_t)(cache->rot_dim / 2);
@@ -94,6 +106,23 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
         if ((err = cudaMemcpy(dinv, cache->inv_freq, half * sizeof(double),
                               cudaMemcpyHostToDevice)) != cudaSuccess) {
             st = fr_cuda_fail(err, "cudaMemcpy of the inverse frequencies to the device");
+            goto fail;
+        }
+    }
+    if (cache->max_positions > 0 && cache->cos == NULL && dinv != NULL) {
+        /* A rope type's table: built here, in double, like the CPU's. */
+        const int64_t n = cache->max_positions * (int64_t)half;
+        const int64_t blocks = (n + 255) / 256 < 65536 ? (n + 255) / 256 : 65536;
+        if ((err = cudaMalloc((void **)&dcos, table_bytes)) != cudaSuccess ||
+            (err = cudaMalloc((void **)&dsin, table_bytes)) != cudaSuccess) {
+            st = fr_cuda_fail(err, "cudaMalloc of the cos/sin table");
+            goto fail;
+        }
+        build_table<<<(unsigned)blocks, 256>>>(dinv, cache->attention_factor, cache->max_positions,
+                                               (int64_t)half, dcos, dsin);
+        if ((err = cudaGetLastError()) != cudaSuccess ||
+            (err = cudaStreamSynchronize(0)) != cudaSuccess) {
+            st = fr_cuda_fail(err, "building the cos/sin table on the device");
             goto fail;
         }
     }

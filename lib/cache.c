@@ -225,8 +225,10 @@ static void compute_frequencies(const fusedrope_cache_config *c, double *inv, do
     }
 }
 
-/* Allocates an empty cache whose table, if any, has `positions` rows in host memory. */
-static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv,
+/* Allocates an empty cache of `positions` rows, with host memory for the
+ * table when `host_table` (a CUDA cache of a rope type builds its table on
+ * the device from inv_freq instead). */
+static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv, int host_table,
                                     fusedrope_cache **out)
 {
     const size_t half = (size_t)rot_dim / 2;
@@ -243,13 +245,13 @@ static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv
     c->rot_dim = rot_dim;
     c->max_positions = positions;
     c->attention_factor = 1.0;
-    if (positions > 0) {
+    if (positions > 0 && host_table) {
         c->cos = malloc((size_t)positions * half * sizeof(float));
         c->sin = malloc((size_t)positions * half * sizeof(float));
     }
     if (with_inv)
         c->inv_freq = malloc(half * sizeof(double));
-    if ((positions > 0 && (!c->cos || !c->sin)) || (with_inv && !c->inv_freq)) {
+    if ((positions > 0 && host_table && (!c->cos || !c->sin)) || (with_inv && !c->inv_freq)) {
         fusedrope_cache_destroy(c);
         return fr_fail(FUSEDROPE_ERR_NOMEM, "cannot allocate a table of %lld x %d floats",
                        (long long)positions, rot_dim);
@@ -308,7 +310,7 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *config,
         return fr_fail(FUSEDROPE_ERR_INVALID, "config is NULL");
     TRY(check_config(config));
     TRY(resolve_device(&device));
-    TRY(alloc_cache(config->rot_dim, config->max_positions, 1, &c));
+    TRY(alloc_cache(config->rot_dim, config->max_positions, 1, device == FUSEDROPE_DEVICE_CPU, &c));
 
     compute_frequencies(config, c->inv_freq, &c->attention_factor);
     /* Parameters that each pass their own range can still combine into
@@ -337,11 +339,15 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *config,
                            (long long)config->original_max_positions);
         }
     half = (size_t)config->rot_dim / 2;
+    /* fr_angle is the same arithmetic on both devices, so a CUDA cache builds
+     * its table on the GPU (fr_cuda_cache_upload) and still equals this one. */
+    if (c->cos) {
 #pragma omp parallel for schedule(static) if ((uint64_t)c->max_positions * half > 65536)
     for (int64_t p = 0; p < c->max_positions; p++)
         for (size_t i = 0; i < half; i++)
             fr_angle(p, c->inv_freq[i], c->attention_factor, &c->cos[(size_t)p * half + i],
                      &c->sin[(size_t)p * half + i]);
+    }
     return place(c, device, out);
 }
 
@@ -362,7 +368,7 @@ fusedrope_status fusedrope_cache_create_from_table(const float *cos, const float
                        (long long)positions);
     TRY(check_rot_dim(rot_dim));
     TRY(resolve_device(&device));
-    TRY(alloc_cache(rot_dim, positions, 0, &c));
+    TRY(alloc_cache(rot_dim, positions, 0, 1, &c));
     bytes = (size_t)positions * (size_t)(rot_dim / 2) * sizeof(float);
     memcpy(c->cos, cos, bytes);
     memcpy(c->sin, sin, bytes);

@@ -163,17 +163,53 @@ FR_HD int64_t fr_token_position(const fr_pos_args *pa, int64_t b, int64_t s, int
     return p;
 }
 
+/*
+ * sin and cos of x in double, by the same operations on the CPU and the GPU,
+ * so that a table built on either is bit-identical (the libraries' own sin
+ * and cos agree only to an ulp).  Cody-Waite reduction by pi/2 in four parts
+ * of 24 bits, exact for |x| < 2^28, then Taylor polynomials on |r| <= pi/4,
+ * whose first omitted terms are below 1e-20 relative.  Larger or non-finite
+ * angles (positions past 2^28 at the fastest frequency) fall back to the
+ * platform's sin and cos.
+ */
+FR_HD void fr_sincos(double x, double *sn, double *cs)
+{
+    const double p1 = 0x1.921fb4p+0, p2 = 0x1.4442dp-24, p3 = 0x1.846988p-48,
+                 p4 = 0x1.8cc51701b839ap-72;
+    double k, r, r2, sr, cr;
+    int64_t q;
+    if (!(x > -0x1p28 && x < 0x1p28)) {
+#ifdef __CUDA_ARCH__
+        sincos(x, sn, cs);
+#else
+        *sn = sin(x);
+        *cs = cos(x);
+#endif
+        return;
+    }
+    k = rint(x * 0x1.45f306dc9c883p-1); /* x * 2/pi */
+    r = x - k * p1;
+    r = r - k * p2;
+    r = r - k * p3;
+    r = r - k * p4;
+    r2 = r * r;
+    sr = r + r * r2 * (-1.0 / 6 + r2 * (1.0 / 120 + r2 * (-1.0 / 5040 + r2 * (1.0 / 362880 +
+         r2 * (-1.0 / 39916800 + r2 * (1.0 / 6227020800.0 + r2 * (-1.0 / 1307674368000.0 +
+         r2 * (1.0 / 355687428096000.0 + r2 * (-1.0 / 121645100408832000.0)))))))));
+    cr = 1.0 + r2 * (-1.0 / 2 + r2 * (1.0 / 24 + r2 * (-1.0 / 720 + r2 * (1.0 / 40320 +
+         r2 * (-1.0 / 3628800 + r2 * (1.0 / 479001600 + r2 * (-1.0 / 87178291200.0 +
+         r2 * (1.0 / 20922789888000.0 + r2 * (-1.0 / 6402373705728000.0)))))))));
+    q = (int64_t)k & 3; /* two's complement: also right for negative k */
+    *sn = q == 0 ? sr : q == 1 ? cr : q == 2 ? -sr : -cr;
+    *cs = q == 0 ? cr : q == 1 ? -sr : q == 2 ? -cr : sr;
+}
+
 /* cos/sin of p * inv_freq, in double, times the attention factor, rounded
- * once to float: the table-less mode's equivalent of a table row entry. */
+ * once to float: a table entry, or the table-less mode's equivalent. */
 FR_HD void fr_angle(int64_t p, double inv_freq, double attn, float *c, float *s)
 {
-    double ang = (double)p * inv_freq;
-#ifdef __CUDA_ARCH__
     double sv, cv;
-    sincos(ang, &sv, &cv);
-#else
-    double sv = sin(ang), cv = cos(ang);
-#endif
+    fr_sincos((double)p * inv_freq, &sv, &cv);
     *c = (float)(cv * attn);
     *s = (float)(sv * attn);
 }
