@@ -305,6 +305,26 @@ template <typename T> struct TokenPtrs {
 
 /* --------------------------------------------------------------- rotary lanes */
 
+/* A token without a position: NaN over its rotated chunks at offsets o0 and,
+ * when `two`, o1, in every head this thread owns; the flag says why. */
+template <int DT>
+__device__ __forceinline__ void nan_chunks(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
+                                           int64_t lane, int64_t g, int64_t o0, int64_t o1, int two)
+{
+    typedef typename Elem<DT>::T T;
+    const uint32_t nw = nan_word<DT>();
+    const uint4 nv = make_uint4(nw, nw, nw, nw);
+    raise_flag(P, lane, g);
+    for (int64_t h = g; h < P.heads; h += P.gtotal) {
+        const T *src;
+        T *dst;
+        t.head(P, h, &src, &dst);
+        st16(dst + o0, nv);
+        if (two)
+            st16(dst + o1, nv);
+    }
+}
+
 /* Vector NeoX: chunk `lane` of the first half pairs with the same chunk of the
  * second half; E pairs. */
 template <int DT>
@@ -321,16 +341,7 @@ __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtr
     const int64_t p = token_position(P, b, s, &bad);
 
     if (bad) {
-        const uint32_t nw = nan_word<DT>();
-        const uint4 nv = make_uint4(nw, nw, nw, nw);
-        raise_flag(P, lane, g);
-        for (int64_t h = g; h < P.heads; h += P.gtotal) {
-            const T *src;
-            T *dst;
-            t.head(P, h, &src, &dst);
-            st16(dst + ca, nv);
-            st16(dst + cb, nv);
-        }
+        nan_chunks<DT>(P, t, lane, g, ca, cb, 1);
         return;
     }
 
@@ -389,17 +400,7 @@ __device__ __forceinline__ void rotary_inter_vec(const KParams &P, const TokenPt
     const int64_t p = token_position(P, b, s, &bad);
 
     if (bad) {
-        const uint32_t nw = nan_word<DT>();
-        const uint4 nv = make_uint4(nw, nw, nw, nw);
-        raise_flag(P, lane, g);
-        for (int64_t h = g; h < P.heads; h += P.gtotal) {
-            const T *src;
-            T *dst;
-            t.head(P, h, &src, &dst);
-            st16(dst + ca[0], nv);
-            if (second)
-                st16(dst + ca[1], nv);
-        }
+        nan_chunks<DT>(P, t, lane, g, ca[0], ca[1], second);
         return;
     }
 

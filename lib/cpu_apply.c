@@ -162,7 +162,7 @@ void fr_cpu_apply(const fr_apply_args *args)
             const int64_t h = hh - (k ? heads0 : 0);
             const int64_t b = t / args->seq_len, s = t % args->seq_len;
             const char *x;
-            char *y;
+            char *y, *dst;
 
             if (t != token) {
                 int bad = 0;
@@ -181,19 +181,16 @@ void fr_cpu_apply(const fr_apply_args *args)
             }
             x = (const char *)io->in + (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es;
             y = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es;
-            if (stream[k]) {
-                rotate_head(args->dtype, x, row, cs, sn, half, args->interleaved, args->sgn);
-                memcpy(row + (size_t)cache->rot_dim * es, x + (size_t)cache->rot_dim * es,
+            /* A streamed head is assembled in `row`, then written past the cache. */
+            dst = stream[k] ? row : y;
+            rotate_head(args->dtype, x, dst, cs, sn, half, args->interleaved, args->sgn);
+            if (!io->in_place && io->head_dim > cache->rot_dim)
+                memcpy(dst + (size_t)cache->rot_dim * es, x + (size_t)cache->rot_dim * es,
                        (size_t)(io->head_dim - cache->rot_dim) * es);
 #ifdef __SSE2__
+            if (stream[k])
                 stream_row(y, row, (size_t)io->head_dim * es);
 #endif
-                continue;
-            }
-            rotate_head(args->dtype, x, y, cs, sn, half, args->interleaved, args->sgn);
-            if (!io->in_place && io->head_dim > cache->rot_dim)
-                memcpy(y + (size_t)cache->rot_dim * es, x + (size_t)cache->rot_dim * es,
-                       (size_t)(io->head_dim - cache->rot_dim) * es);
         }
         FR_STREAM_FENCE();
     }
