@@ -1584,6 +1584,8 @@ static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
             reason(&v, FUSEDROPE_ERR_INVALID, hard, "num_seqs < 1"), pos_struct_ok = 0;
         if (!p->cu_seqlens && cp > 1 && S0 % 2)
             reason(&v, FUSEDROPE_ERR_INVALID, hard, "cp with odd seq_len"), pos_struct_ok = 0;
+        else if (!p->cu_seqlens && cp > 1 && S0 > INT64_MAX / cp)
+            reason(&v, FUSEDROPE_ERR_RANGE, hard, "seq_len x cp_size overflows"), pos_struct_ok = 0;
     }
 
     /* overlap, exactly, on byte maps: bit 2k = in k, bit 2k+1 = out k */
