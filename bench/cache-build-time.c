@@ -1,6 +1,8 @@
 /* Times fusedrope_cache_create for a 128k-position x 64-pair table (Llama-3
  * parameters) on the CPU and, when present, on the GPU: median of 11.
- * cc bench/cache-build-time.c $(pkg-config --cflags --libs fusedrope) */
+ * cc bench/cache-build-time.c $(pkg-config --cflags --libs fusedrope)
+ * With -DRUNTIME_PARTS -I<cuda>/include it also times the CUDA runtime calls
+ * a build is made of (allocation, pinning), to say where the time goes. */
 #include <fusedrope.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +20,35 @@ static int cmp(const void *a, const void *b)
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
+
+#ifdef RUNTIME_PARTS
+#include <cuda_runtime.h>
+
+/* Median of 11 of one runtime call pair, in ms. */
+#define TIME_PART(label, body)                                              \
+    do {                                                                    \
+        double t_[11];                                                      \
+        for (int i_ = 0; i_ < 11; i_++) {                                   \
+            double t0_ = now();                                             \
+            body;                                                           \
+            t_[i_] = now() - t0_;                                           \
+        }                                                                   \
+        qsort(t_, 11, sizeof t_[0], cmp);                                   \
+        printf("  %-44s median %.3f ms\n", label, t_[5] * 1e3);            \
+    } while (0)
+
+static void runtime_parts(void)
+{
+    void *a, *b;
+    const size_t half_table = (size_t)131072 * 64 * sizeof(float);
+    TIME_PART("cudaMalloc + cudaFree, two 32 MiB", cudaMalloc(&a, half_table);
+              cudaMalloc(&b, half_table); cudaFree(a); cudaFree(b));
+    TIME_PART("cudaMalloc + cudaFree, one 64 MiB", cudaMalloc(&a, 2 * half_table); cudaFree(a));
+    TIME_PART("cudaHostAlloc(mapped) + cudaFreeHost, 4 KiB",
+              cudaHostAlloc(&a, 4096, cudaHostAllocMapped); cudaFreeHost(a));
+    TIME_PART("cudaStreamSynchronize(0), idle", cudaStreamSynchronize(0));
+}
+#endif
 
 int main(void)
 {
@@ -43,6 +74,10 @@ int main(void)
         qsort(t, 11, sizeof t[0], cmp);
         printf("cache build 131072 x 64 pairs, %s: median %.3f ms (min %.3f)\n",
                d ? "CUDA" : "CPU", t[5] * 1e3, t[0] * 1e3);
+#ifdef RUNTIME_PARTS
+        if (d)
+            runtime_parts();
+#endif
     }
     return 0;
 }

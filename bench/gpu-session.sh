@@ -58,7 +58,8 @@ if has downstream; then
      $(pkg-config --cflags --libs fusedrope) > "$out/downstream.log" 2>&1 &&
     /tmp/downstream_gpu >> "$out/downstream.log" 2>&1
   note "downstream (pkg-config, GPU): rc $? $(tail -1 "$out/downstream.log")"
-  cc -O2 -o /tmp/cache_time "$src/bench/cache-build-time.c" $(pkg-config --cflags --libs fusedrope) &&
+  cc -O2 -DRUNTIME_PARTS -I/usr/local/cuda/include -o /tmp/cache_time "$src/bench/cache-build-time.c" \
+     $(pkg-config --cflags --libs fusedrope) &&
     /tmp/cache_time > "$out/cache-time.log" 2>&1
   note "$(cat "$out/cache-time.log")"
 fi

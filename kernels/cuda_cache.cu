@@ -3,9 +3,12 @@
  * classification, and the device half of a cache (table upload, download,
  * release, and the out-of-table flag the kernels raise).
  *
- * The table itself is built on the host in double by lib/cache.c, so a CUDA
- * cache holds exactly the float32 values a CPU cache holds.
+ * A rope type's table is built here on the device by the same double
+ * fr_angle lib/cache.c uses on the host, so a CUDA cache holds exactly the
+ * float32 values a CPU cache holds.
  */
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include <cuda_runtime.h>
@@ -74,50 +77,130 @@ __global__ void build_table(const double *inv, double attn, int64_t positions, i
     }
 }
 
-extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
+/*
+ * Range flags: words of mapped, portable pinned host memory, which a kernel
+ * on any device raises and the host reads without a copy.  Pinning is slow
+ * (one cudaHostAlloc costs more than building a 128k-position table), so
+ * the words come from pages allocated once per process and reused: a cache
+ * takes a word when it is created and gives it back when it is destroyed.
+ * The pages live until the process exits.
+ */
+enum { FLAG_WORDS = 1024 };
+struct flag_page {
+    int *host, *dev;
+    unsigned char used[FLAG_WORDS];
+    struct flag_page *next;
+};
+static pthread_mutex_t flag_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct flag_page *flag_pages;
+
+static fusedrope_status flag_take(int **host, int **dev)
 {
-    size_t half = (size_t)(cache->rot_dim / 2);
-    size_t table_bytes = (size_t)cache->max_positions * half * sizeof(float);
-    float *dcos = NULL, *dsin = NULL;
-    double *dinv = NULL;
-    int *flag = NULL, *flag_dev = NULL;
+    struct flag_page *pg;
     fusedrope_status st = FUSEDROPE_OK;
     cudaError_t err;
 
-    if (cache->max_positions > 0 && cache->cos != NULL && cache->sin != NULL) {
-        if ((err = cudaMalloc((void **)&dcos, table_bytes)) != cudaSuccess ||
-            (err = cudaMalloc((void **)&dsin, table_bytes)) != cudaSuccess) {
-            st = fr_cuda_fail(err, "cudaMalloc of the cos/sin table");
+    pthread_mutex_lock(&flag_lock);
+    for (pg = flag_pages; pg != NULL; pg = pg->next)
+        for (int i = 0; i < FLAG_WORDS; i++)
+            if (!pg->used[i]) {
+                pg->used[i] = 1;
+                *host = pg->host + i;
+                *dev = pg->dev + i;
+                goto found;
+            }
+    pg = (struct flag_page *)calloc(1, sizeof *pg);
+    if (pg == NULL) {
+        st = fr_fail(FUSEDROPE_ERR_NOMEM, "out of host memory for the range flags");
+        goto out;
+    }
+    if ((err = cudaHostAlloc((void **)&pg->host, FLAG_WORDS * sizeof(int),
+                             cudaHostAllocMapped | cudaHostAllocPortable)) != cudaSuccess) {
+        free(pg);
+        st = fr_cuda_fail(err, "cudaHostAlloc of the range flags");
+        goto out;
+    }
+    if ((err = cudaHostGetDevicePointer((void **)&pg->dev, pg->host, 0)) != cudaSuccess) {
+        cudaFreeHost(pg->host);
+        free(pg);
+        st = fr_cuda_fail(err, "cudaHostGetDevicePointer of the range flags");
+        goto out;
+    }
+    pg->used[0] = 1;
+    pg->next = flag_pages;
+    flag_pages = pg;
+    *host = pg->host;
+    *dev = pg->dev;
+found:
+    __atomic_store_n(*host, 0, __ATOMIC_SEQ_CST);
+out:
+    pthread_mutex_unlock(&flag_lock);
+    return st;
+}
+
+static void flag_give(int *host)
+{
+    pthread_mutex_lock(&flag_lock);
+    for (struct flag_page *pg = flag_pages; pg != NULL; pg = pg->next)
+        if (host >= pg->host && host < pg->host + FLAG_WORDS)
+            pg->used[host - pg->host] = 0;
+    pthread_mutex_unlock(&flag_lock);
+}
+
+static size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/*
+ * The device half of a cache is one allocation (a cudaMalloc costs about as
+ * much as filling a large table): the inverse frequencies, then cos, then
+ * sin, each 256-byte aligned.  A user table is copied in; a rope type's
+ * table is built in place by build_table, in double, like the CPU's.
+ */
+extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
+{
+    const size_t half = (size_t)(cache->rot_dim / 2);
+    const size_t table_bytes = (size_t)cache->max_positions * half * sizeof(float);
+    const int user_table = cache->max_positions > 0 && cache->cos != NULL && cache->sin != NULL;
+    const int built_table = cache->max_positions > 0 && cache->cos == NULL && cache->inv_freq != NULL;
+    const size_t inv_bytes = cache->inv_freq != NULL ? round256(half * sizeof(double)) : 0;
+    const size_t tab = user_table || built_table ? round256(table_bytes) : 0;
+    char *block = NULL;
+    float *dcos = NULL, *dsin = NULL;
+    double *dinv = NULL;
+    int *flag = NULL, *flag_dev = NULL;
+    fusedrope_status st;
+    cudaError_t err;
+
+    if (tab > (SIZE_MAX - inv_bytes) / 2)
+        return fr_fail(FUSEDROPE_ERR_RANGE, "a cos/sin table of %zu bytes does not fit in memory",
+                       table_bytes);
+    if (inv_bytes + 2 * tab > 0) {
+        if ((err = cudaMalloc((void **)&block, inv_bytes + 2 * tab)) != cudaSuccess) {
+            block = NULL;
+            st = fr_cuda_fail(err, "cudaMalloc of the cache's device memory");
             goto fail;
         }
-        if ((err = cudaMemcpy(dcos, cache->cos, table_bytes, cudaMemcpyHostToDevice)) !=
-                cudaSuccess ||
-            (err = cudaMemcpy(dsin, cache->sin, table_bytes, cudaMemcpyHostToDevice)) !=
-                cudaSuccess) {
-            st = fr_cuda_fail(err, "cudaMemcpy of the cos/sin table to the device");
-            goto fail;
+        if (inv_bytes)
+            dinv = (double *)block;
+        if (tab) {
+            dcos = (float *)(block + inv_bytes);
+            dsin = (float *)(block + inv_bytes + tab);
         }
     }
-    if (cache->inv_freq != NULL) {
-        if ((err = cudaMalloc((void **)&dinv, half * sizeof(double))) != cudaSuccess) {
-            st = fr_cuda_fail(err, "cudaMalloc of the inverse frequencies");
-            goto fail;
-        }
-        if ((err = cudaMemcpy(dinv, cache->inv_freq, half * sizeof(double),
-                              cudaMemcpyHostToDevice)) != cudaSuccess) {
-            st = fr_cuda_fail(err, "cudaMemcpy of the inverse frequencies to the device");
-            goto fail;
-        }
+    if (dinv != NULL &&
+        (err = cudaMemcpy(dinv, cache->inv_freq, half * sizeof(double), cudaMemcpyHostToDevice)) !=
+            cudaSuccess) {
+        st = fr_cuda_fail(err, "cudaMemcpy of the inverse frequencies to the device");
+        goto fail;
     }
-    if (cache->max_positions > 0 && cache->cos == NULL && dinv != NULL) {
-        /* A rope type's table: built here, in double, like the CPU's. */
+    if (user_table &&
+        ((err = cudaMemcpy(dcos, cache->cos, table_bytes, cudaMemcpyHostToDevice)) != cudaSuccess ||
+         (err = cudaMemcpy(dsin, cache->sin, table_bytes, cudaMemcpyHostToDevice)) != cudaSuccess)) {
+        st = fr_cuda_fail(err, "cudaMemcpy of the cos/sin table to the device");
+        goto fail;
+    }
+    if (built_table) {
         const int64_t n = cache->max_positions * (int64_t)half;
         const int64_t blocks = (n + 255) / 256 < 65536 ? (n + 255) / 256 : 65536;
-        if ((err = cudaMalloc((void **)&dcos, table_bytes)) != cudaSuccess ||
-            (err = cudaMalloc((void **)&dsin, table_bytes)) != cudaSuccess) {
-            st = fr_cuda_fail(err, "cudaMalloc of the cos/sin table");
-            goto fail;
-        }
         build_table<<<(unsigned)blocks, 256>>>(dinv, cache->attention_factor, cache->max_positions,
                                                (int64_t)half, dcos, dsin);
         if ((err = cudaGetLastError()) != cudaSuccess ||
@@ -126,20 +209,12 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
             goto fail;
         }
     }
-    if ((err = cudaHostAlloc((void **)&flag, sizeof(int), cudaHostAllocMapped)) !=
-        cudaSuccess) {
-        flag = NULL;
-        st = fr_cuda_fail(err, "cudaHostAlloc of the range flag");
+    if ((st = flag_take(&flag, &flag_dev)) != FUSEDROPE_OK)
         goto fail;
-    }
-    *flag = 0;
-    if ((err = cudaHostGetDevicePointer((void **)&flag_dev, flag, 0)) != cudaSuccess) {
-        st = fr_cuda_fail(err, "cudaHostGetDevicePointer of the range flag");
-        goto fail;
-    }
 
     free(cache->cos);
     free(cache->sin);
+    cache->dev_block = block;
     cache->cos = dcos;
     cache->sin = dsin;
     cache->inv_freq_dev = dinv;
@@ -150,14 +225,8 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
     return FUSEDROPE_OK;
 
 fail:
-    if (dcos)
-        cudaFree(dcos);
-    if (dsin)
-        cudaFree(dsin);
-    if (dinv)
-        cudaFree(dinv);
-    if (flag)
-        cudaFreeHost(flag);
+    if (block)
+        cudaFree(block);
     (void)cudaGetLastError();
     return st;
 }
@@ -178,15 +247,12 @@ extern "C" fusedrope_status fr_cuda_cache_download(const fusedrope_cache *cache,
 
 extern "C" void fr_cuda_cache_release(fusedrope_cache *cache)
 {
-    if (cache->cos)
-        cudaFree(cache->cos);
-    if (cache->sin)
-        cudaFree(cache->sin);
-    if (cache->inv_freq_dev)
-        cudaFree(cache->inv_freq_dev);
+    if (cache->dev_block)
+        cudaFree(cache->dev_block);
     if (cache->range_flag)
-        cudaFreeHost(cache->range_flag);
+        flag_give(cache->range_flag);
     (void)cudaGetLastError();
+    cache->dev_block = NULL;
     cache->cos = cache->sin = NULL;
     cache->inv_freq_dev = NULL;
     cache->range_flag = cache->range_flag_dev = NULL;

@@ -27,6 +27,7 @@ struct fusedrope_cache {
     float *cos, *sin;         /* [max_positions][rot_dim/2] on `device`, or NULL */
     double *inv_freq;         /* [rot_dim/2] on the host, NULL for a user table */
     double *inv_freq_dev;     /* the same on the GPU (CUDA table-less caches) */
+    void *dev_block;          /* CUDA: the one allocation that holds the three above */
     double attention_factor;
     int *range_flag;          /* CUDA: mapped host word the kernels raise */
     int *range_flag_dev;      /* its device address */

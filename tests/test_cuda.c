@@ -983,6 +983,60 @@ START_TEST(test_out_of_table)
 }
 END_TEST
 
+/* ------------------------------------------- range flags of many caches */
+
+/* One forward on cache c whose only token sits past the table: raises c's flag. */
+static void raise_range_flag(fusedrope_cache *c, void *dx, void *dids)
+{
+    fusedrope_positions p;
+    fusedrope_tensor t = fusedrope_tensor_sbhd(dx, FUSEDROPE_BFLOAT16, 1, 1, 1, 64);
+    memset(&p, 0, sizeof p);
+    p.ids = dids;
+    p.cp_size = 1;
+    FR_OK(fusedrope_forward(c, FUSEDROPE_NEOX, &p, &t, &t, NULL));
+}
+
+/* The flags come from shared pages of pinned words (1024 to a page): each
+ * cache must still report only its own kernels' out-of-table positions, on
+ * the first page and past it, and a word given back by a destroyed cache
+ * must come to its next owner cleared. */
+START_TEST(test_flag_pool)
+{
+    enum { N = 1100 };
+    fusedrope_cache **c = calloc(N, sizeof *c);
+    const int64_t bad_id = 1000;
+    void *dx, *dids;
+    ck_assert(c != NULL);
+    CUDA_OK(cudaMalloc(&dx, 64 * 2));
+    CUDA_OK(cudaMemset(dx, 0, 64 * 2));
+    CUDA_OK(cudaMalloc(&dids, sizeof bad_id));
+    CUDA_OK(cudaMemcpy(dids, &bad_id, sizeof bad_id, cudaMemcpyHostToDevice));
+    for (int i = 0; i < N; i++)
+        c[i] = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CUDA);
+
+    const int probe[4] = { 0, 1, 1023, N - 1 };
+    for (int k = 0; k < 4; k++) {
+        raise_range_flag(c[probe[k]], dx, dids);
+        for (int i = 0; i < N; i++)
+            ck_assert_int_eq(fusedrope_cache_check(c[i], NULL),
+                             i == probe[k] ? FUSEDROPE_ERR_RANGE : FUSEDROPE_OK);
+    }
+
+    /* raised and never checked, then destroyed: the next cache's word is clear */
+    raise_range_flag(c[500], dx, dids);
+    CUDA_OK(cudaDeviceSynchronize());
+    fusedrope_cache_destroy(c[500]);
+    c[500] = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CUDA);
+    FR_OK(fusedrope_cache_check(c[500], NULL));
+
+    for (int i = 0; i < N; i++)
+        fusedrope_cache_destroy(c[i]);
+    free(c);
+    cudaFree(dx);
+    cudaFree(dids);
+}
+END_TEST
+
 /* ------------------------------------------------------ wrong-device data */
 
 START_TEST(test_device_mismatch)
@@ -1216,6 +1270,7 @@ int main(void)
     tcase_add_test(tc, test_copy_table);
     tcase_add_test(tc, test_device_mismatch);
     tcase_add_test(tc, test_out_of_table);
+    tcase_add_test(tc, test_flag_pool);
     tcase_add_loop_test(tc, test_grid, 0, 24);
     tcase_add_test(tc, test_shapes);
     tcase_add_test(tc, test_extreme_values);

@@ -37,6 +37,8 @@
 #define MAX_SAMPLED_TOKENS 2048
 #define MAX_SETS 65536
 #define ALIGN 256 /* every tensor of a buffer set starts on this boundary */
+#define OFFSET_POSITIONS 8192 /* table rows at least, with --offsets: a decode step's cache */
+#define OFFSET_STRIDE 7919    /* prime: b * stride mod span is distinct while span is coprime */
 #define MiB (1024.0 * 1024.0)
 
 enum layout { L_SBHD, L_BSHD, L_THD };
@@ -54,6 +56,7 @@ static struct {
     int iters, warmup;         /* -1: the device's default */
     int64_t rot_dim;           /* 0: head_dim (rounded down to even) */
     int inplace;
+    int offsets;               /* pos.offsets[b]: each batch entry at its own start */
     int qk;
     int64_t hq, hk;
     uint64_t seed;
@@ -380,7 +383,9 @@ typedef struct {
     fusedrope_positions pos;
     const fusedrope_positions *ppos;
     int32_t *cu_host, *cu_dev;
+    int64_t *off_host, *off_dev; /* [batch], with --offsets */
     int64_t nseqs, max_len;
+    int64_t table_rows;        /* the cache's max_positions */
     double *inv_freq;          /* [rot/2] */
     void *h_in[2], *h_out[2];  /* host copies for verification */
     double bytes_moved;
@@ -427,12 +432,33 @@ static void make_cu_seqlens(bcase *c)
     }
 }
 
+/* Deterministic, distinct starts for the B batch entries, spread over a table
+ * of at least OFFSET_POSITIONS rows, as in a decode step where every sequence
+ * has a different length so far. Offsets stay in [0, span) with span =
+ * rows - S + 1, so every position of every entry is inside the table. */
+static void make_offsets(bcase *c)
+{
+    int64_t S = c->sh.s, B = c->sh.b, rows, span;
+    rows = S + B - 1 > OFFSET_POSITIONS ? S + B - 1 : OFFSET_POSITIONS; /* span >= B */
+    span = rows - S + 1;
+    if (span % OFFSET_STRIDE == 0) { /* a multiple of the stride: every offset the same */
+        span++;
+        rows++;
+    }
+    c->table_rows = rows;
+    c->off_host = xmalloc((size_t)B * sizeof(int64_t));
+    for (int64_t b = 0; b < B; b++)
+        c->off_host[b] = (b * OFFSET_STRIDE + 17) % span;
+}
+
 /* Position of token t, t counted in memory order over the S*B tokens. */
 static int64_t token_position(const bcase *c, int64_t t)
 {
     switch (opt.layout) {
-    case L_SBHD: return t / c->sh.b;       /* t = s*B + b */
-    case L_BSHD: return t % c->sh.s;       /* t = b*S + s */
+    case L_SBHD: /* t = s*B + b */
+        return t / c->sh.b + (c->off_host ? c->off_host[t % c->sh.b] : 0);
+    case L_BSHD: /* t = b*S + s */
+        return t % c->sh.s + (c->off_host ? c->off_host[t / c->sh.s] : 0);
     default: {
         int64_t k = 0;
         while (k + 1 < c->nseqs && c->cu_host[k + 1] <= t)
@@ -554,7 +580,20 @@ static void case_setup(bcase *c, shape sh)
         c->pos.cp_rank = 0;
         c->ppos = &c->pos;
     }
-    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)c->rot, c->max_len, 10000.0);
+    c->table_rows = c->max_len;
+    if (opt.offsets) {
+        /* Its own allocation, not part of a buffer set: the library rejects
+         * position arrays that overlap an output. */
+        make_offsets(c);
+        c->off_dev = buf_alloc((size_t)sh.b * sizeof(int64_t));
+        buf_upload(c->off_dev, c->off_host, (size_t)sh.b * sizeof(int64_t));
+        memset(&c->pos, 0, sizeof c->pos);
+        c->pos.offsets = c->off_dev;
+        c->pos.cp_size = 1;
+        c->pos.cp_rank = 0;
+        c->ppos = &c->pos;
+    }
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)c->rot, c->table_rows, 10000.0);
     lib_check(fusedrope_cache_create(&cfg, dev, &c->cache), "fusedrope_cache_create");
     if (fusedrope_cache_device(c->cache) != dev)
         die("fusedrope_cache_device() is %d, asked for %d", (int)fusedrope_cache_device(c->cache),
@@ -573,6 +612,9 @@ static void case_free(bcase *c)
     if (c->cu_dev)
         buf_free(c->cu_dev);
     free(c->cu_host);
+    if (c->off_dev)
+        buf_free(c->off_dev);
+    free(c->off_host);
     free(c->tin);
     free(c->tout);
     free(c->inv_freq);
@@ -838,6 +880,9 @@ static void usage(FILE *f)
 "  --warmup N          untimed calls first (default 10 on the GPU, 3 on the CPU)\n"
 "  --rot-dim R         rotated channels per head, even (default head_dim)\n"
 "  --inplace           write the output over the input\n"
+"  --offsets           start each batch entry at its own position, as a decode\n"
+"                      step does: pos.offsets[b], distinct, with a table of at\n"
+"                      least %d positions (not with --layout thd)\n"
 "  --qk HQ,HK          time forward_qk/backward_qk with HQ query and HK key heads\n"
 "                      (the H of --shape is then ignored)\n"
 "  --seed N            seed of the random input (default 1)\n"
@@ -856,7 +901,7 @@ static void usage(FILE *f)
 "<= 1; the whole output is scanned for non-finite values and, out of place, for\n"
 "elements left unwritten (the output is poisoned with NaN bytes before the call).\n"
 "Exit status: 0 all verified, 1 a verification or a call failed, 2 bad options.\n",
-            MAX_SAMPLED_TOKENS);
+            OFFSET_POSITIONS, MAX_SAMPLED_TOKENS);
 }
 
 static void bad_option(const char *fmt, ...)
@@ -927,6 +972,12 @@ static void parse_args(int argc, char **argv)
             if (eq)
                 bad_option("--inplace takes no value");
             opt.inplace = 1;
+            continue;
+        }
+        if (!strcmp(name, "--offsets")) {
+            if (eq)
+                bad_option("--offsets takes no value");
+            opt.offsets = 1;
             continue;
         }
         if (strcmp(name, "--shape") && strcmp(name, "--dtype") && strcmp(name, "--layout") &&
@@ -1004,6 +1055,10 @@ static void parse_args(int argc, char **argv)
         }
     }
 
+    /* THD positions restart at every cu_seqlens boundary; the library would
+     * add offsets per packed sequence, which the reference does not model. */
+    if (opt.offsets && opt.layout == L_THD)
+        bad_option("--offsets is per batch entry (sbhd, bshd); it cannot be used with --layout thd");
     if (opt.nshapes == 0) {
         opt.shapes[0] = (shape){ 4096, 1, 128, 128 };
         opt.shapes[1] = (shape){ 512, 32, 24, 128 };
@@ -1141,10 +1196,11 @@ int main(int argc, char **argv)
             snprintf(rot, sizeof rot, "rot_dim %lld", (long long)opt.rot_dim);
         else
             snprintf(rot, sizeof rot, "rot_dim = head_dim");
-        printf("style %s, %s, %s, %s, %d timed calls after %d warm-up (medians), seed %llu\n",
+        printf("style %s, %s, %s, %s%s, %d timed calls after %d warm-up (medians), seed %llu\n",
                opt.style == FUSEDROPE_NEOX ? "neox" : "interleaved", rot,
                opt.inplace ? "in place" : "out of place",
-               opt.qk ? "q and k in one call (*_qk)" : "one tensor per call", opt.iters,
+               opt.qk ? "q and k in one call (*_qk)" : "one tensor per call",
+               opt.offsets ? ", positions offset per batch entry (--offsets)" : "", opt.iters,
                opt.warmup, (unsigned long long)opt.seed);
     }
     fflush(stdout);
@@ -1165,8 +1221,9 @@ int main(int argc, char **argv)
             const char *opname = opt.qk ? (o ? "backward_qk" : "forward_qk")
                                         : (o ? "backward" : "forward");
 
-            fprintf(stderr, "[%d/%d] %s %s %s %s ...\n", nrows, total, opname, dtype_name(opt.dtype),
-                    layout_name(opt.layout), c.shape_str);
+            fprintf(stderr, "[%d/%d] %s %s %s %s%s ...\n", nrows, total, opname,
+                    dtype_name(opt.dtype), layout_name(opt.layout), c.shape_str,
+                    opt.offsets ? " offsets" : "");
             r->op = opname;
             snprintf(r->shape, sizeof r->shape, "%s", c.shape_str);
             r->ok = verify(&c, op, &v);
