@@ -2,7 +2,9 @@
 # One device call that builds, tests, sanitizes and measures (GPU.md):
 #   ../shared/gpu/prepare-device-carry          # here: tarball + debs in .devcarry/
 #   device run, carry [".devcarry"]: bash bench/gpu-session.sh [sections]
-# Sections (default all): check sanitize downstream bench peers.
+# Sections (default all but core): check sanitize downstream bench peers; core is
+# the short lineup (bf16 both shapes, decode with and without offsets, decode
+# kernel time under Nsight Compute at the GPU's own clocks).
 # Logs go to /tmp/logs; $OUT gets summary.txt, bench.txt and logs.tgz (the
 # device tool brings back at most 8 files).
 set -uo pipefail
@@ -24,7 +26,9 @@ export PKG_CONFIG_PATH="$lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$sys"
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # libcheck's libsubunit
 export CHECK_CFLAGS="-I$sys/usr/include" CHECK_LIBS="-L$lib -lcheck -lsubunit -lm -lrt -pthread"
 summary="$out/summary.txt"; : > "$summary"
-note() { echo "$*" | tee -a "$summary"; }
+# The summary also goes straight to $OUT, so a run cut off at its limit still reports.
+mkdir -p "${OUT:-/tmp/out}"
+note() { echo "$*" | tee -a "$summary" "${OUT:-/tmp/out}/summary-live.txt"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$out/device.txt"
 nvcc --version | tail -1 >> "$out/device.txt"
 note "device: $(head -1 "$out/device.txt")"
@@ -62,6 +66,23 @@ if has downstream; then
      $(pkg-config --cflags --libs fusedrope) &&
     /tmp/cache_time > "$out/cache-time.log" 2>&1
   note "$(cat "$out/cache-time.log")"
+fi
+
+if has core; then
+  b=/tmp/inst/bin/fusedrope-bench
+  { $b --iters 200
+    $b --shape 1,64,32,128 --qk 32,8 --iters 1000
+    $b --shape 1,64,32,128 --qk 32,8 --iters 1000 --offsets
+  } > "$out/bench.txt" 2> "$out/bench-progress.txt"
+  note "bench (core): rc $?"
+  grep -E '^(forward|backward)' "$out/bench.txt" | awk '{print "  " $0}' | tee -a "$summary"
+  for clocks in none base; do
+    timeout 120 ncu --clock-control $clocks --metrics gpu__time_duration.sum --csv $b \
+      --shape 1,64,32,128 --qk 32,8 --offsets --iters 20 --warmup 2 > "$out/ncu-decode-$clocks.csv" 2>&1
+    note "decode q+k kernel time, ncu --clock-control $clocks: $(grep rope_kernel "$out/ncu-decode-$clocks.csv" |
+      awk -F'","' '{gsub(/[",]/, "", $NF); print $NF, $(NF-1)}' | sort -n |
+      awk '{v[NR]=$1; u=$2} END {print "min", v[1], "median", v[int((NR+1)/2)], "max", v[NR], u, "over", NR, "kernels"}')"
+  done
 fi
 
 if has bench; then
