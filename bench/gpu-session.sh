@@ -76,10 +76,17 @@ if has core; then
   } > "$out/bench.txt" 2> "$out/bench-progress.txt"
   note "bench (core): rc $?"
   grep -E '^(forward|backward)' "$out/bench.txt" | awk '{print "  " $0}' | tee -a "$summary"
-  for clocks in none base; do
-    timeout 120 ncu --clock-control $clocks --metrics gpu__time_duration.sum --csv $b \
-      --shape 1,64,32,128 --qk 32,8 --offsets --iters 20 --warmup 2 > "$out/ncu-decode-$clocks.csv" 2>&1
-    note "decode q+k kernel time, ncu --clock-control $clocks: $(grep rope_kernel "$out/ncu-decode-$clocks.csv" |
+  # Kernel time alone (gpu__time_duration) at the GPU's own clocks: the decode
+  # step with cold caches (ncu's default flush) and warm ones (its inputs just
+  # written, as after the QKV projection), and the smallest call there is,
+  # one token of one 16-channel head, for the fixed cost of any launch.
+  for c in "all decode --shape 1,64,32,128 --qk 32,8 --offsets" \
+           "none decode --shape 1,64,32,128 --qk 32,8 --offsets" \
+           "none minimal --shape 1,1,1,16"; do
+    set -- $c; cc=$1 name=$2; shift 2
+    timeout 120 ncu --clock-control none --cache-control $cc --metrics gpu__time_duration.sum --csv \
+      $b "$@" --iters 20 --warmup 2 > "$out/ncu-$name-$cc.csv" 2>&1
+    note "kernel time, $name ($*), ncu --cache-control $cc: $(grep rope_kernel "$out/ncu-$name-$cc.csv" |
       awk -F'","' '{gsub(/[",]/, "", $NF); print $NF, $(NF-1)}' | sort -n |
       awk '{v[NR]=$1; u=$2} END {print "min", v[1], "median", v[int((NR+1)/2)], "max", v[NR], u, "over", NR, "kernels"}')"
   done

@@ -305,190 +305,197 @@ template <typename T> struct TokenPtrs {
 
 /* --------------------------------------------------------------- rotary lanes */
 
-/*
- * A rotary lane's walk over its heads g, g + G, g + 2G, ...: the loads of UU
- * heads go out before any of their stores.  The first group's loads are
- * issued before the token's position is known, since they do not depend on
- * it: a decode-sized call has one group per thread, and its data then comes
- * back in the same memory round trip as the position and the table row
- * behind it, not in a third one.
- *
- * L is the path's lane: load(u, src) and store(P, u, dst) for the u-th head
- * of a group, prepare(P, p) for the cos/sin of position p, and nan(dst) for
- * a token without a position (NaN over the lane's rotated channels).
- */
-template <int UU, class L>
-__device__ __forceinline__ void load_group(const KParams &P, const TokenPtrs<typename L::T> &t,
-                                           int64_t h0, L &lane, typename L::T **dst)
+/* A token without a position: NaN over its rotated chunks at offsets o0 and,
+ * when `two`, o1, in every head this thread owns; the flag says why. */
+template <int DT>
+__device__ __forceinline__ void nan_chunks(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
+                                           int64_t lane, int64_t g, int64_t o0, int64_t o1, int two)
 {
-#pragma unroll
-    for (int u = 0; u < UU; u++) {
-        const int64_t h = h0 + u * P.gtotal;
-        if (h < P.heads) {
-            const typename L::T *src;
-            t.head(P, h, &src, &dst[u]);
-            lane.load(u, src);
-        }
-    }
-}
-
-template <int UU, class L>
-__device__ __forceinline__ void walk_heads(const KParams &P, const TokenPtrs<typename L::T> &t,
-                                           int64_t b, int64_t s, int64_t lane_id, int64_t g, L &lane)
-{
-    typedef typename L::T T;
-    T *dst[UU];
-    int bad;
-    load_group<UU>(P, t, g, lane, dst);
-    const int64_t p = token_position(P, b, s, &bad);
-    if (bad) {
-        raise_flag(P, lane_id, g);
-        for (int64_t h = g; h < P.heads; h += P.gtotal) {
-            const T *src;
-            T *d;
-            t.head(P, h, &src, &d);
-            lane.nan(d);
-        }
-        return;
-    }
-    lane.prepare(P, p);
-    for (int64_t h0 = g;;) {
-#pragma unroll
-        for (int u = 0; u < UU; u++)
-            if (h0 + u * P.gtotal < P.heads)
-                lane.store(P, u, dst[u]);
-        h0 += UU * P.gtotal;
-        if (h0 >= P.heads)
-            break;
-        load_group<UU>(P, t, h0, lane, dst);
+    typedef typename Elem<DT>::T T;
+    const uint32_t nw = nan_word<DT>();
+    const uint4 nv = make_uint4(nw, nw, nw, nw);
+    raise_flag(P, lane, g);
+    for (int64_t h = g; h < P.heads; h += P.gtotal) {
+        const T *src;
+        T *dst;
+        t.head(P, h, &src, &dst);
+        st16(dst + o0, nv);
+        if (two)
+            st16(dst + o1, nv);
     }
 }
 
 /* Vector NeoX: chunk `lane` of the first half pairs with the same chunk of the
  * second half; E pairs. */
-template <int DT, int UU> struct NeoxLane {
+template <int DT>
+__device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
+                                                int64_t b, int64_t s, int64_t lane, int64_t g)
+{
     typedef typename Elem<DT>::T T;
     typedef Chunk<DT> C;
-    static constexpr int E = C::E;
-    int64_t i0, ca, cb;
-    uint4 va[UU], vb[UU];
-    float c[E], sn[E];
+    constexpr int E = C::E;
+    const int64_t i0 = lane * E;
+    int64_t ca, cb;
+    int bad;
+    fr_pair_channels(0, i0, P.half, &ca, &cb);
+    const int64_t p = token_position(P, b, s, &bad);
 
-    __device__ __forceinline__ NeoxLane(const KParams &P, int64_t lane) : i0(lane * E)
-    {
-        fr_pair_channels(0, i0, P.half, &ca, &cb);
+    if (bad) {
+        nan_chunks<DT>(P, t, lane, g, ca, cb, 1);
+        return;
     }
-    __device__ __forceinline__ void load(int u, const T *src)
-    {
-        va[u] = ld16(src + ca);
-        vb[u] = ld16(src + cb);
-    }
-    __device__ __forceinline__ void prepare(const KParams &P, int64_t p) { cos_sin<E>(P, p, i0, c, sn); }
-    __device__ __forceinline__ void store(const KParams &P, int u, T *dst) const
-    {
-        float fa[E], fb[E], ya[E], yb[E];
-        C::unpack(va[u], fa);
-        C::unpack(vb[u], fb);
+
+    float c[E], sn[E];
+    cos_sin<E>(P, p, i0, c, sn);
+
+    constexpr int U = FR_CUDA_U_NEOX;
+    for (int64_t h0 = g; h0 < P.heads; h0 += U * P.gtotal) {
+        uint4 va[U], vb[U];
+        T *dst[U];
 #pragma unroll
-        for (int k = 0; k < E; k++)
-            fr_rotate(fa[k], fb[k], c[k], sn[k], P.sgn, &ya[k], &yb[k]);
-        st16(dst + ca, C::pack(ya));
-        st16(dst + cb, C::pack(yb));
+        for (int u = 0; u < U; u++) {
+            const int64_t h = h0 + u * P.gtotal;
+            if (h < P.heads) {
+                const T *src;
+                t.head(P, h, &src, &dst[u]);
+                va[u] = ld16(src + ca);
+                vb[u] = ld16(src + cb);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t h = h0 + u * P.gtotal;
+            if (h < P.heads) {
+                float fa[E], fb[E], ya[E], yb[E];
+                C::unpack(va[u], fa);
+                C::unpack(vb[u], fb);
+#pragma unroll
+                for (int k = 0; k < E; k++)
+                    fr_rotate(fa[k], fb[k], c[k], sn[k], P.sgn, &ya[k], &yb[k]);
+                st16(dst[u] + ca, C::pack(ya));
+                st16(dst[u] + cb, C::pack(yb));
+            }
+        }
     }
-    __device__ __forceinline__ void nan(T *dst) const
-    {
-        const uint32_t nw = nan_word<DT>();
-        st16(dst + ca, make_uint4(nw, nw, nw, nw));
-        st16(dst + cb, make_uint4(nw, nw, nw, nw));
-    }
-};
+}
 
 /* Vector interleaved: a chunk holds E/2 whole pairs.  Lane c owns chunk c
  * and, when there is one, chunk c + nc (nc = half the head's chunks, rounded
  * up), so it has two independent loads per head like a NeoX lane. */
-template <int DT, int UU> struct InterLane {
+template <int DT>
+__device__ __forceinline__ void rotary_inter_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
+                                                 int64_t b, int64_t s, int64_t lane, int64_t g)
+{
     typedef typename Elem<DT>::T T;
     typedef Chunk<DT> C;
-    static constexpr int E = C::E, NP = E / 2, K = 2;
-    int64_t lane;
-    int64_t ca[K];
-    int second; /* this lane has a second chunk */
-    uint4 v[UU][K];
-    float c[K][NP], sn[K][NP];
+    constexpr int E = C::E;
+    constexpr int NP = E / 2;
+    constexpr int K = 2;
+    const int second = (lane + P.nc) * E < P.rot_dim; /* this lane has a second chunk */
+    int64_t ca[K], cb;
+    int bad;
+#pragma unroll
+    for (int k = 0; k < K; k++) /* ca = 2*i0: the chunk's first channel */
+        fr_pair_channels(1, (lane + k * P.nc) * NP, P.half, &ca[k], &cb);
+    const int64_t p = token_position(P, b, s, &bad);
 
-    __device__ __forceinline__ InterLane(const KParams &P, int64_t lane_) : lane(lane_)
-    {
-        int64_t cb;
-        second = (lane + P.nc) * E < P.rot_dim;
-#pragma unroll
-        for (int k = 0; k < K; k++) /* ca = 2*i0: the chunk's first channel */
-            fr_pair_channels(1, (lane + k * P.nc) * NP, P.half, &ca[k], &cb);
+    if (bad) {
+        nan_chunks<DT>(P, t, lane, g, ca[0], ca[1], second);
+        return;
     }
-    __device__ __forceinline__ void load(int u, const T *src)
-    {
-        v[u][0] = ld16(src + ca[0]);
-        if (second)
-            v[u][1] = ld16(src + ca[1]);
-    }
-    __device__ __forceinline__ void prepare(const KParams &P, int64_t p)
-    {
-        cos_sin<NP>(P, p, lane * NP, c[0], sn[0]);
-        if (second)
-            cos_sin<NP>(P, p, (lane + P.nc) * NP, c[1], sn[1]);
-    }
-    __device__ __forceinline__ void store(const KParams &P, int u, T *dst) const
-    {
+
+    float c[K][NP], sn[K][NP];
+    cos_sin<NP>(P, p, lane * NP, c[0], sn[0]);
+    if (second)
+        cos_sin<NP>(P, p, (lane + P.nc) * NP, c[1], sn[1]);
+
+    for (int64_t h0 = g; h0 < P.heads; h0 += U * P.gtotal) {
+        uint4 v[U][K];
+        T *dst[U];
 #pragma unroll
-        for (int k = 0; k < K; k++) {
-            float f[E], y[E];
-            if (k == 1 && !second)
-                break;
-            C::unpack(v[u][k], f);
+        for (int u = 0; u < U; u++) {
+            const int64_t h = h0 + u * P.gtotal;
+            if (h < P.heads) {
+                const T *src;
+                t.head(P, h, &src, &dst[u]);
+                v[u][0] = ld16(src + ca[0]);
+                if (second)
+                    v[u][1] = ld16(src + ca[1]);
+            }
+        }
 #pragma unroll
-            for (int j = 0; j < NP; j++)
-                fr_rotate(f[2 * j], f[2 * j + 1], c[k][j], sn[k][j], P.sgn, &y[2 * j], &y[2 * j + 1]);
-            st16(dst + ca[k], C::pack(y));
+        for (int u = 0; u < U; u++) {
+            const int64_t h = h0 + u * P.gtotal;
+            if (h < P.heads) {
+#pragma unroll
+                for (int k = 0; k < K; k++) {
+                    float f[E], y[E];
+                    if (k == 1 && !second)
+                        break;
+                    C::unpack(v[u][k], f);
+#pragma unroll
+                    for (int j = 0; j < NP; j++)
+                        fr_rotate(f[2 * j], f[2 * j + 1], c[k][j], sn[k][j], P.sgn, &y[2 * j],
+                                  &y[2 * j + 1]);
+                    st16(dst[u] + ca[k], C::pack(y));
+                }
+            }
         }
     }
-    __device__ __forceinline__ void nan(T *dst) const
-    {
-        const uint32_t nw = nan_word<DT>();
-        st16(dst + ca[0], make_uint4(nw, nw, nw, nw));
-        if (second)
-            st16(dst + ca[1], make_uint4(nw, nw, nw, nw));
-    }
-};
+}
 
 /* Scalar: lane = pair index, either style. */
-template <int DT, int UU> struct ScalarLane {
+template <int DT>
+__device__ __forceinline__ void rotary_scalar(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
+                                              int64_t b, int64_t s, int64_t lane, int64_t g)
+{
     typedef typename Elem<DT>::T T;
-    int64_t lane, ca, cb;
-    T va[UU], vb[UU];
-    float c, sn;
+    int64_t ca, cb;
+    int bad;
+    fr_pair_channels(P.interleaved, lane, P.half, &ca, &cb);
+    const int64_t p = token_position(P, b, s, &bad);
 
-    __device__ __forceinline__ ScalarLane(const KParams &P, int64_t lane_) : lane(lane_)
-    {
-        fr_pair_channels(P.interleaved, lane, P.half, &ca, &cb);
+    if (bad) {
+        const T nv = (T)nan_word<DT>();
+        raise_flag(P, lane, g);
+        for (int64_t h = g; h < P.heads; h += P.gtotal) {
+            const T *src;
+            T *dst;
+            t.head(P, h, &src, &dst);
+            dst[ca] = nv;
+            dst[cb] = nv;
+        }
+        return;
     }
-    __device__ __forceinline__ void load(int u, const T *src)
-    {
-        va[u] = src[ca];
-        vb[u] = src[cb];
+
+    float c, sn;
+    cos_sin<1>(P, p, lane, &c, &sn);
+
+    for (int64_t h0 = g; h0 < P.heads; h0 += U * P.gtotal) {
+        T va[U], vb[U];
+        T *dst[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t h = h0 + u * P.gtotal;
+            if (h < P.heads) {
+                const T *src;
+                t.head(P, h, &src, &dst[u]);
+                va[u] = src[ca];
+                vb[u] = src[cb];
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int64_t h = h0 + u * P.gtotal;
+            if (h < P.heads) {
+                float ya, yb;
+                fr_rotate(Elem<DT>::to_f(va[u]), Elem<DT>::to_f(vb[u]), c, sn, P.sgn, &ya, &yb);
+                dst[u][ca] = Elem<DT>::from_f(ya);
+                dst[u][cb] = Elem<DT>::from_f(yb);
+            }
+        }
     }
-    __device__ __forceinline__ void prepare(const KParams &P, int64_t p) { cos_sin<1>(P, p, lane, &c, &sn); }
-    __device__ __forceinline__ void store(const KParams &P, int u, T *dst) const
-    {
-        float ya, yb;
-        fr_rotate(Elem<DT>::to_f(va[u]), Elem<DT>::to_f(vb[u]), c, sn, P.sgn, &ya, &yb);
-        dst[ca] = Elem<DT>::from_f(ya);
-        dst[cb] = Elem<DT>::from_f(yb);
-    }
-    __device__ __forceinline__ void nan(T *dst) const
-    {
-        dst[ca] = (T)nan_word<DT>();
-        dst[cb] = (T)nan_word<DT>();
-    }
-};
+}
 
 /* --------------------------------------------------------- pass-through lanes */
 
@@ -540,8 +547,7 @@ __device__ __forceinline__ void pass_lane(const KParams &P, const TokenPtrs<type
 /* ---------------------------------------------------------------- the kernel */
 
 /* q = a / d and r = a % d for a >= 0, d >= 1: in 32 bits when both fit, a
- * few instructions instead of the 64-bit division's call, which a
- * decode-sized call would pay on its one token's critical path. */
+ * few instructions instead of the 64-bit division's call. */
 __device__ __forceinline__ void divmod(int64_t a, int64_t d, int64_t *q, int64_t *r)
 {
     if (((uint64_t)a | (uint64_t)d) <= UINT32_MAX) {
@@ -557,7 +563,14 @@ __device__ __forceinline__ void divmod(int64_t a, int64_t d, int64_t *q, int64_t
 /* MODE: the path, one kernel each so each gets its own register budget. */
 enum { MODE_SCALAR, MODE_NEOX_VEC, MODE_INTER_VEC };
 
-/* The explicit minimum of 1 block per SM matters: with __launch_bounds__(512)
+/* Registers decide how many blocks of nine or ten warps an SM holds (warps
+ * are placed four at a time: at 104 registers or more, only 16 warps fit,
+ * and a 288-thread block runs alone).  Keep the rotary lanes' code at about
+ * 95: a version that issued each lane's first loads before its position,
+ * at 112 registers, took [512,32,24,128] from 0.918 to 0.80 of copy on the
+ * H100 (bench/RESULTS.md).
+ *
+ * The explicit minimum of 1 block per SM matters: with __launch_bounds__(512)
  * alone ptxas (CUDA 13) squeezes some kernels into 64 registers with spills. */
 template <int DT, int MODE>
 __global__ void __launch_bounds__(MAX_BLOCK, 1) rope_kernel(const __grid_constant__ KParams P)
@@ -593,16 +606,12 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) rope_kernel(const __grid_constan
 
         for (int64_t lane = threadIdx.x; lane < P.lanes; lane += blockDim.x) {
             if (lane < P.nc) {
-                if constexpr (MODE == MODE_SCALAR) {
-                    ScalarLane<DT, U> L(P, lane);
-                    walk_heads<U>(P, t, b, s, lane, g, L);
-                } else if constexpr (MODE == MODE_INTER_VEC) {
-                    InterLane<DT, U> L(P, lane);
-                    walk_heads<U>(P, t, b, s, lane, g, L);
-                } else {
-                    NeoxLane<DT, FR_CUDA_U_NEOX> L(P, lane);
-                    walk_heads<FR_CUDA_U_NEOX>(P, t, b, s, lane, g, L);
-                }
+                if (MODE == MODE_SCALAR)
+                    rotary_scalar<DT>(P, t, b, s, lane, g);
+                else if (MODE == MODE_INTER_VEC)
+                    rotary_inter_vec<DT>(P, t, b, s, lane, g);
+                else
+                    rotary_neox_vec<DT>(P, t, b, s, lane, g);
             } else {
                 pass_lane<DT, VEC>(P, t, lane - P.nc, g);
             }
