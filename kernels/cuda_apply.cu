@@ -325,19 +325,75 @@ __device__ __forceinline__ void nan_chunks(const KParams &P, const TokenPtrs<typ
     }
 }
 
-/* Vector NeoX: chunk `lane` of the first half pairs with the same chunk of the
- * second half; E pairs. */
+/* Vector NeoX, one group of UN heads h0, h0 + G, ...: the loads (two 16-byte
+ * chunks per head, at channels ca and cb), then the rotations and stores. */
+constexpr int UN = FR_CUDA_U_NEOX;
+
 template <int DT>
+__device__ __forceinline__ void neox_load(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
+                                          int64_t h0, int64_t ca, int64_t cb, uint4 *va, uint4 *vb,
+                                          typename Elem<DT>::T **dst)
+{
+    typedef typename Elem<DT>::T T;
+#pragma unroll
+    for (int u = 0; u < UN; u++) {
+        const int64_t h = h0 + u * P.gtotal;
+        if (h < P.heads) {
+            const T *src;
+            t.head(P, h, &src, &dst[u]);
+            va[u] = ld16(src + ca);
+            vb[u] = ld16(src + cb);
+        }
+    }
+}
+
+template <int DT>
+__device__ __forceinline__ void neox_store(const KParams &P, int64_t h0, int64_t ca, int64_t cb,
+                                           const uint4 *va, const uint4 *vb,
+                                           typename Elem<DT>::T *const *dst, const float *c,
+                                           const float *sn)
+{
+    typedef Chunk<DT> C;
+    constexpr int E = C::E;
+#pragma unroll
+    for (int u = 0; u < UN; u++) {
+        if (h0 + u * P.gtotal < P.heads) {
+            float fa[E], fb[E], ya[E], yb[E];
+            C::unpack(va[u], fa);
+            C::unpack(vb[u], fb);
+#pragma unroll
+            for (int k = 0; k < E; k++)
+                fr_rotate(fa[k], fb[k], c[k], sn[k], P.sgn, &ya[k], &yb[k]);
+            st16(dst[u] + ca, C::pack(ya));
+            st16(dst[u] + cb, C::pack(yb));
+        }
+    }
+}
+
+/* Vector NeoX: chunk `lane` of the first half pairs with the same chunk of the
+ * second half; E pairs.
+ *
+ * ONE_GROUP: the launcher's promise that every thread owns at most UN heads
+ * (decode-sized calls).  The heads' loads then go out before the token's
+ * position is known, since they do not depend on it: the data comes back in
+ * the same memory round trip as the position and the table row behind it,
+ * not after them.  It costs registers (about 112 instead of 95, which would
+ * halve the resident 9-warp blocks of a prefill-sized call), so it is a
+ * kernel of its own. */
+template <int DT, bool ONE_GROUP>
 __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                                 int64_t b, int64_t s, int64_t lane, int64_t g)
 {
     typedef typename Elem<DT>::T T;
-    typedef Chunk<DT> C;
-    constexpr int E = C::E;
+    constexpr int E = Chunk<DT>::E;
     const int64_t i0 = lane * E;
     int64_t ca, cb;
     int bad;
+    uint4 va[UN], vb[UN];
+    T *dst[UN];
     fr_pair_channels(0, i0, P.half, &ca, &cb);
+    if constexpr (ONE_GROUP)
+        neox_load<DT>(P, t, g, ca, cb, va, vb, dst);
     const int64_t p = token_position(P, b, s, &bad);
 
     if (bad) {
@@ -348,33 +404,12 @@ __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtr
     float c[E], sn[E];
     cos_sin<E>(P, p, i0, c, sn);
 
-    constexpr int U = FR_CUDA_U_NEOX;
-    for (int64_t h0 = g; h0 < P.heads; h0 += U * P.gtotal) {
-        uint4 va[U], vb[U];
-        T *dst[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t h = h0 + u * P.gtotal;
-            if (h < P.heads) {
-                const T *src;
-                t.head(P, h, &src, &dst[u]);
-                va[u] = ld16(src + ca);
-                vb[u] = ld16(src + cb);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t h = h0 + u * P.gtotal;
-            if (h < P.heads) {
-                float fa[E], fb[E], ya[E], yb[E];
-                C::unpack(va[u], fa);
-                C::unpack(vb[u], fb);
-#pragma unroll
-                for (int k = 0; k < E; k++)
-                    fr_rotate(fa[k], fb[k], c[k], sn[k], P.sgn, &ya[k], &yb[k]);
-                st16(dst[u] + ca, C::pack(ya));
-                st16(dst[u] + cb, C::pack(yb));
-            }
+    if constexpr (ONE_GROUP) {
+        neox_store<DT>(P, g, ca, cb, va, vb, dst, c, sn);
+    } else {
+        for (int64_t h0 = g; h0 < P.heads; h0 += UN * P.gtotal) {
+            neox_load<DT>(P, t, h0, ca, cb, va, vb, dst);
+            neox_store<DT>(P, h0, ca, cb, va, vb, dst, c, sn);
         }
     }
 }
@@ -561,7 +596,7 @@ __device__ __forceinline__ void divmod(int64_t a, int64_t d, int64_t *q, int64_t
 }
 
 /* MODE: the path, one kernel each so each gets its own register budget. */
-enum { MODE_SCALAR, MODE_NEOX_VEC, MODE_INTER_VEC };
+enum { MODE_SCALAR, MODE_NEOX_VEC, MODE_INTER_VEC, MODE_NEOX_ONE };
 
 /* Registers decide how many blocks of nine or ten warps an SM holds (warps
  * are placed four at a time: at 104 registers or more, only 16 warps fit,
@@ -611,7 +646,7 @@ __global__ void __launch_bounds__(MAX_BLOCK, 1) rope_kernel(const __grid_constan
                 else if (MODE == MODE_INTER_VEC)
                     rotary_inter_vec<DT>(P, t, b, s, lane, g);
                 else
-                    rotary_neox_vec<DT>(P, t, b, s, lane, g);
+                    rotary_neox_vec<DT, MODE == MODE_NEOX_ONE>(P, t, b, s, lane, g);
             } else {
                 pass_lane<DT, VEC>(P, t, lane - P.nc, g);
             }
@@ -750,6 +785,8 @@ cudaError_t launch(bool vec, const Shape &sh, const KParams &P, cudaStream_t str
         rope_kernel<DT, MODE_SCALAR><<<sh.grid, sh.block, 0, stream>>>(P);
     else if (P.interleaved)
         rope_kernel<DT, MODE_INTER_VEC><<<sh.grid, sh.block, 0, stream>>>(P);
+    else if (ceil_div(P.heads, P.gtotal) <= UN) /* every thread has one group of heads */
+        rope_kernel<DT, MODE_NEOX_ONE><<<sh.grid, sh.block, 0, stream>>>(P);
     else
         rope_kernel<DT, MODE_NEOX_VEC><<<sh.grid, sh.block, 0, stream>>>(P);
     return cudaGetLastError();

@@ -858,14 +858,15 @@ static uint16_t bf16_bits(const unsigned char *p, int64_t i)
     return h;
 }
 
-START_TEST(test_out_of_table)
+/* sbhd [S, B, H, 80], rot_dim 64, bf16, out of place, device ids with some
+ * positions off a 64-row table: NaN over exactly those tokens' rotated
+ * channels, their pass-through copied, every other token as on the CPU, and
+ * the flag raised once.  Leaves the device buffers to the caller. */
+static void out_of_table_case(int64_t S, int64_t B, int64_t H, fusedrope_cache *cpu,
+                              fusedrope_cache *gpu, void **dx_out, void **dy_out)
 {
-    /* sbhd s=8 b=2, 2 heads, head_dim 80, rot_dim 64, bf16, out of place,
-     * device ids with some positions off a 64-row table */
-    const int64_t S = 8, B = 2, H = 2, D = 80, R = 64, n = S * B * H * D;
-    fusedrope_cache *cpu = make_cache(FUSEDROPE_ROPE_DEFAULT, (int)R, 64, FUSEDROPE_DEVICE_CPU);
-    fusedrope_cache *gpu = make_cache(FUSEDROPE_ROPE_DEFAULT, (int)R, 64, FUSEDROPE_DEVICE_CUDA);
-    int64_t ids[16], ids_ok[16];
+    const int64_t D = 80, R = 64, n = S * B * H * D, T = S * B;
+    int64_t *ids = malloc((size_t)T * sizeof *ids), *ids_ok = malloc((size_t)T * sizeof *ids_ok);
     unsigned char *x = malloc((size_t)n * 2), *yc = malloc((size_t)n * 2),
                   *yg = malloc((size_t)n * 2);
     void *dx, *dy, *dids;
@@ -873,16 +874,17 @@ START_TEST(test_out_of_table)
     fusedrope_tensor tx, ty;
     rng_t r;
 
-    rng_init(&r, 77);
+    ck_assert(ids && ids_ok && x && yc && yg);
+    rng_init(&r, 77 + (uint64_t)T);
     fill_random(x, FUSEDROPE_BFLOAT16, (size_t)n, &r);
-    for (int i = 0; i < 16; i++) {
-        ids[i] = i * 3;
-        ids_ok[i] = i * 3;
+    for (int64_t i = 0; i < T; i++) {
+        ids[i] = (i * 3) % 64;
+        ids_ok[i] = ids[i];
     }
-    ids[3] = 64;              /* one past the table */
-    ids[9] = 1000000;
-    ids[12] = -5;             /* negative */
-    ids_ok[3] = ids_ok[9] = ids_ok[12] = 0;
+    for (int64_t i = 3; i < T; i += 11) { /* one past the table, far past, negative */
+        ids[i] = i % 3 == 0 ? 64 : i % 3 == 1 ? 1000000 : -5;
+        ids_ok[i] = 0;
+    }
     memset(&ph, 0, sizeof ph);
     ph.ids = ids_ok;
     ph.cp_size = 1;
@@ -901,10 +903,10 @@ START_TEST(test_out_of_table)
 
     CUDA_OK(cudaMalloc(&dx, (size_t)n * 2));
     CUDA_OK(cudaMalloc(&dy, (size_t)n * 2));
-    CUDA_OK(cudaMalloc(&dids, sizeof ids));
+    CUDA_OK(cudaMalloc(&dids, (size_t)T * sizeof *ids));
     CUDA_OK(cudaMemcpy(dx, x, (size_t)n * 2, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemset(dy, 0xa5, (size_t)n * 2));
-    CUDA_OK(cudaMemcpy(dids, ids, sizeof ids, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dids, ids, (size_t)T * sizeof *ids, cudaMemcpyHostToDevice));
     pd = ph;
     pd.ids = dids;
     tx.data = dx;
@@ -932,6 +934,32 @@ START_TEST(test_out_of_table)
                         ck_assert_int_eq(g, bf16_bits(yc, i));
                 }
         }
+    cudaFree(dids);
+    free(ids);
+    free(ids_ok);
+    free(x);
+    free(yc);
+    free(yg);
+    *dx_out = dx;
+    *dy_out = dy;
+}
+
+START_TEST(test_out_of_table)
+{
+    const int64_t S = 8, B = 2, H = 2, D = 80, R = 64, n = S * B * H * D;
+    fusedrope_cache *cpu = make_cache(FUSEDROPE_ROPE_DEFAULT, (int)R, 64, FUSEDROPE_DEVICE_CPU);
+    fusedrope_cache *gpu = make_cache(FUSEDROPE_ROPE_DEFAULT, (int)R, 64, FUSEDROPE_DEVICE_CUDA);
+    unsigned char *yg = malloc((size_t)n * 2);
+    void *dx, *dy;
+    fusedrope_positions pd;
+
+    ck_assert(yg != NULL);
+    /* a prefill-sized call first: several heads per thread (the general
+     * kernel, not the one-group one decode-sized calls get) */
+    out_of_table_case(2048, 8, 10, cpu, gpu, &dx, &dy);
+    cudaFree(dx);
+    cudaFree(dy);
+    out_of_table_case(S, B, H, cpu, gpu, &dx, &dy);
 
     /* THD with a cu_seqlens that leaves the last tokens outside every
      * sequence (device arrays are not checked on the host) */
@@ -974,9 +1002,6 @@ START_TEST(test_out_of_table)
 
     cudaFree(dx);
     cudaFree(dy);
-    cudaFree(dids);
-    free(x);
-    free(yc);
     free(yg);
     fusedrope_cache_destroy(cpu);
     fusedrope_cache_destroy(gpu);
