@@ -2,10 +2,11 @@
  * cpu_apply.c - the OpenMP backend.  The work is a flat range of
  * (token, head) items split evenly over the threads, so prefill (many tokens)
  * and decode (few tokens, many heads) both use every core.  For each head, a
- * converting load, the rotation and a
- * converting store are one loop over pairs that the compiler vectorises;
- * an iteration reads both elements of its pair before writing either, which
- * makes in place safe.
+ * converting load, the rotation and a converting store are one loop over
+ * pairs that the compiler vectorises; an iteration reads both elements of
+ * its pair before writing either, which makes in place safe.  fp16 heads go
+ * through floats instead where the CPU has F16C (cpu_f16c.c): the hardware
+ * converts, the float loop rotates.
  */
 #include <string.h>
 #ifdef _OPENMP
@@ -16,13 +17,6 @@
 #endif
 
 #include "internal.h"
-
-#define LD_F32(p, i) ((const float *)(p))[i]
-#define ST_F32(p, i, v) (((float *)(p))[i] = (v))
-#define LD_F16(p, i) fr_half_to_float(((const uint16_t *)(p))[i])
-#define ST_F16(p, i, v) (((uint16_t *)(p))[i] = fr_float_to_half(v))
-#define LD_BF16(p, i) fr_bf16_to_float(((const uint16_t *)(p))[i])
-#define ST_BF16(p, i, v) (((uint16_t *)(p))[i] = fr_float_to_bf16(v))
 
 /* Iterations of the pair loops touch disjoint elements even when x == y
  * (in place), so they may run as vectors: tell gcc, which cannot prove it. */
@@ -42,47 +36,73 @@
 #define FR_CLONES
 #endif
 
-/* Rotates the rot_dim leading channels of one head; x may equal y. */
-#define DEFINE_HEAD(NAME, T, LD, ST)                                                      \
-    FR_CLONES static void NAME(const T *x, T *y, const float *cs, const float *sn,       \
-                               int64_t half, int interleaved, float sgn)                  \
-    {                                                                                     \
-        if (interleaved) {                                                                \
-            FR_IVDEP for (int64_t i = 0; i < half; i++)                                   \
-            {                                                                             \
-                float a, b;                                                               \
-                fr_rotate(LD(x, 2 * i), LD(x, 2 * i + 1), cs[i], sn[i], sgn, &a, &b);     \
-                ST(y, 2 * i, a);                                                          \
-                ST(y, 2 * i + 1, b);                                                      \
-            }                                                                             \
-        } else {                                                                          \
-            FR_IVDEP for (int64_t i = 0; i < half; i++)                                   \
-            {                                                                             \
-                float a, b;                                                               \
-                fr_rotate(LD(x, i), LD(x, half + i), cs[i], sn[i], sgn, &a, &b);          \
-                ST(y, i, a);                                                              \
-                ST(y, half + i, b);                                                       \
-            }                                                                             \
-        }                                                                                 \
+/* Rotates the rot_dim leading channels of one float head; x may equal y. */
+FR_CLONES static void rotate_f32(const float *x, float *y, const float *cs, const float *sn,
+                                 int64_t half, int interleaved, float sgn)
+{
+    if (interleaved) {
+        FR_IVDEP for (int64_t i = 0; i < half; i++)
+        {
+            float a, b;
+            fr_rotate(x[2 * i], x[2 * i + 1], cs[i], sn[i], sgn, &a, &b);
+            y[2 * i] = a;
+            y[2 * i + 1] = b;
+        }
+    } else {
+        FR_IVDEP for (int64_t i = 0; i < half; i++)
+        {
+            float a, b;
+            fr_rotate(x[i], x[half + i], cs[i], sn[i], sgn, &a, &b);
+            y[i] = a;
+            y[half + i] = b;
+        }
+    }
+}
+
+/* 16-bit heads go through a row of floats: widened, rotated by rotate_f32,
+ * narrowed.  Three simple loops vectorise better than one loop that
+ * converts, rotates and converts (bf16 NeoX 0.86 -> see bench/RESULTS.md),
+ * and fp16 can use the F16C instructions for the conversions. */
+#define DEFINE_ROW(NAME, TIN, TOUT, CONVERT)                                  \
+    FR_CLONES static void NAME(const TIN *in, TOUT *out, int64_t n)           \
+    {                                                                         \
+        FR_IVDEP for (int64_t i = 0; i < n; i++) out[i] = CONVERT(in[i]);     \
     }
 
-DEFINE_HEAD(head_f32, float, LD_F32, ST_F32)
-DEFINE_HEAD(head_f16, uint16_t, LD_F16, ST_F16)
-DEFINE_HEAD(head_bf16, uint16_t, LD_BF16, ST_BF16)
+DEFINE_ROW(widen_bf16, uint16_t, float, fr_bf16_to_float)
+DEFINE_ROW(narrow_bf16, float, uint16_t, fr_float_to_bf16)
+DEFINE_ROW(widen_f16, uint16_t, float, fr_half_to_float)
+DEFINE_ROW(narrow_f16, float, uint16_t, fr_float_to_half)
 
+/* tmp: rot_dim floats of scratch; f16c: fp16 conversions by F16C. */
 static void rotate_head(fusedrope_dtype dt, const void *x, void *y, const float *cs,
-                        const float *sn, int64_t half, int interleaved, float sgn)
+                        const float *sn, int64_t half, int interleaved, float sgn, float *tmp,
+                        int f16c)
 {
+    const int64_t n = 2 * half;
     switch (dt) {
     case FUSEDROPE_FLOAT32:
-        head_f32(x, y, cs, sn, half, interleaved, sgn);
-        break;
+        rotate_f32(x, y, cs, sn, half, interleaved, sgn);
+        return;
     case FUSEDROPE_FLOAT16:
-        head_f16(x, y, cs, sn, half, interleaved, sgn);
-        break;
+#ifdef FR_HAVE_F16C
+        if (f16c) {
+            fr_f16c_widen(x, tmp, n);
+            rotate_f32(tmp, tmp, cs, sn, half, interleaved, sgn);
+            fr_f16c_narrow(tmp, y, n);
+            return;
+        }
+#endif
+        (void)f16c;
+        widen_f16(x, tmp, n);
+        rotate_f32(tmp, tmp, cs, sn, half, interleaved, sgn);
+        narrow_f16(tmp, y, n);
+        return;
     case FUSEDROPE_BFLOAT16:
-        head_bf16(x, y, cs, sn, half, interleaved, sgn);
-        break;
+        widen_bf16(x, tmp, n);
+        rotate_f32(tmp, tmp, cs, sn, half, interleaved, sgn);
+        narrow_bf16(tmp, y, n);
+        return;
     }
 }
 
@@ -132,6 +152,11 @@ void fr_cpu_apply(const fr_apply_args *args)
     const int64_t items = tokens * heads;
     int64_t elems = 0;
     int stream[2] = { 0, 0 };
+#ifdef FR_HAVE_F16C
+    const int f16c = args->dtype == FUSEDROPE_FLOAT16 && fr_f16c_usable();
+#else
+    const int f16c = 0;
+#endif
 
     for (int k = 0; k < args->count; k++) {
         elems += tokens * args->io[k].heads * args->io[k].head_dim;
@@ -146,6 +171,7 @@ void fr_cpu_apply(const fr_apply_args *args)
         /* Table-less caches: this token's cos/sin, computed once per token. */
         float row_c[FUSEDROPE_MAX_ROT_DIM / 2], row_s[FUSEDROPE_MAX_ROT_DIM / 2];
         _Alignas(16) char row[STREAM_ROW_BYTES];
+        float frow[FUSEDROPE_MAX_ROT_DIM]; /* a 16-bit head's rotated channels as floats */
 #ifdef _OPENMP
         nt = omp_get_num_threads();
         id = omp_get_thread_num();
@@ -183,7 +209,7 @@ void fr_cpu_apply(const fr_apply_args *args)
             y = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es;
             /* A streamed head is assembled in `row`, then written past the cache. */
             dst = stream[k] ? row : y;
-            rotate_head(args->dtype, x, dst, cs, sn, half, args->interleaved, args->sgn);
+            rotate_head(args->dtype, x, dst, cs, sn, half, args->interleaved, args->sgn, frow, f16c);
             if (!io->in_place && io->head_dim > cache->rot_dim)
                 memcpy(dst + (size_t)cache->rot_dim * es, x + (size_t)cache->rot_dim * es,
                        (size_t)(io->head_dim - cache->rot_dim) * es);

@@ -86,6 +86,17 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
 /* OpenMP backend (lib/cpu_apply.c). */
 void fr_cpu_apply(const fr_apply_args *args);
 
+/* cpu_f16c.c (x86-64): rows of half <-> float through the F16C
+ * instructions, bit for bit rope_math.h's converters, for CPUs that have
+ * them.  fr_f16c_off, set by tests only, makes fr_f16c_usable() say no. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define FR_HAVE_F16C 1
+int fr_f16c_usable(void);
+void fr_f16c_widen(const uint16_t *h, float *f, int64_t n);
+void fr_f16c_narrow(const float *f, uint16_t *h, int64_t n);
+extern int fr_f16c_off;
+#endif
+
 /* CUDA backend (the kernels directory, or lib/cuda_stub.c without CUDA).  Every one
  * returns a status and records its detail with fr_fail. */
 int fr_cuda_device_present(void);
