@@ -1,12 +1,13 @@
 /*
  * cpu_apply.c - the OpenMP backend.  The work is a flat range of
  * (token, head) items split evenly over the threads, so prefill (many tokens)
- * and decode (few tokens, many heads) both use every core.  For each head, a
- * converting load, the rotation and a converting store are one loop over
- * pairs that the compiler vectorises; an iteration reads both elements of
- * its pair before writing either, which makes in place safe.  fp16 heads go
- * through floats instead where the CPU has F16C (cpu_f16c.c): the hardware
- * converts, the float loop rotates.
+ * and decode (few tokens, many heads) both use every core.  A head's rotated
+ * channels are rotated by one float loop over pairs that the compiler
+ * vectorises; an iteration reads both elements of its pair before writing
+ * either, which makes in place safe.  16-bit heads are widened to a row of
+ * floats first and narrowed after (cpu_avx2.c's conversions where the CPU
+ * has AVX2 and F16C): three simple loops run faster than one that converts,
+ * rotates and converts (bench/RESULTS.md).
  */
 #include <string.h>
 #ifdef _OPENMP
@@ -59,10 +60,7 @@ FR_CLONES static void rotate_f32(const float *x, float *y, const float *cs, cons
     }
 }
 
-/* 16-bit heads go through a row of floats: widened, rotated by rotate_f32,
- * narrowed.  Three simple loops vectorise better than one loop that
- * converts, rotates and converts (bf16 NeoX 0.86 -> see bench/RESULTS.md),
- * and fp16 can use the F16C instructions for the conversions. */
+/* The portable row conversions (rope_math.h's converters, vectorised). */
 #define DEFINE_ROW(NAME, TIN, TOUT, CONVERT)                                  \
     FR_CLONES static void NAME(const TIN *in, TOUT *out, int64_t n)           \
     {                                                                         \
@@ -74,36 +72,32 @@ DEFINE_ROW(narrow_bf16, float, uint16_t, fr_float_to_bf16)
 DEFINE_ROW(widen_f16, uint16_t, float, fr_half_to_float)
 DEFINE_ROW(narrow_f16, float, uint16_t, fr_float_to_half)
 
-/* tmp: rot_dim floats of scratch; f16c: fp16 conversions by F16C. */
+typedef void (*widen_fn)(const uint16_t *, float *, int64_t);
+typedef void (*narrow_fn)(const float *, uint16_t *, int64_t);
+
+/* tmp: rot_dim floats of scratch; avx2: convert with cpu_avx2.c's rows. */
 static void rotate_head(fusedrope_dtype dt, const void *x, void *y, const float *cs,
                         const float *sn, int64_t half, int interleaved, float sgn, float *tmp,
-                        int f16c)
+                        int avx2)
 {
-    const int64_t n = 2 * half;
-    switch (dt) {
-    case FUSEDROPE_FLOAT32:
+    widen_fn widen = dt == FUSEDROPE_FLOAT16 ? widen_f16 : widen_bf16;
+    narrow_fn narrow = dt == FUSEDROPE_FLOAT16 ? narrow_f16 : narrow_bf16;
+
+    if (dt == FUSEDROPE_FLOAT32) {
         rotate_f32(x, y, cs, sn, half, interleaved, sgn);
         return;
-    case FUSEDROPE_FLOAT16:
-#ifdef FR_HAVE_F16C
-        if (f16c) {
-            fr_f16c_widen(x, tmp, n);
-            rotate_f32(tmp, tmp, cs, sn, half, interleaved, sgn);
-            fr_f16c_narrow(tmp, y, n);
-            return;
-        }
-#endif
-        (void)f16c;
-        widen_f16(x, tmp, n);
-        rotate_f32(tmp, tmp, cs, sn, half, interleaved, sgn);
-        narrow_f16(tmp, y, n);
-        return;
-    case FUSEDROPE_BFLOAT16:
-        widen_bf16(x, tmp, n);
-        rotate_f32(tmp, tmp, cs, sn, half, interleaved, sgn);
-        narrow_bf16(tmp, y, n);
-        return;
     }
+#ifdef FR_HAVE_AVX2
+    if (avx2) {
+        widen = dt == FUSEDROPE_FLOAT16 ? fr_avx2_widen_f16 : fr_avx2_widen_bf16;
+        narrow = dt == FUSEDROPE_FLOAT16 ? fr_avx2_narrow_f16 : fr_avx2_narrow_bf16;
+    }
+#else
+    (void)avx2;
+#endif
+    widen(x, tmp, 2 * half);
+    rotate_f32(tmp, tmp, cs, sn, half, interleaved, sgn);
+    narrow(tmp, y, 2 * half);
 }
 
 enum {
@@ -152,10 +146,10 @@ void fr_cpu_apply(const fr_apply_args *args)
     const int64_t items = tokens * heads;
     int64_t elems = 0;
     int stream[2] = { 0, 0 };
-#ifdef FR_HAVE_F16C
-    const int f16c = args->dtype == FUSEDROPE_FLOAT16 && fr_f16c_usable();
+#ifdef FR_HAVE_AVX2
+    const int avx2 = args->dtype != FUSEDROPE_FLOAT32 && fr_avx2_usable();
 #else
-    const int f16c = 0;
+    const int avx2 = 0;
 #endif
 
     for (int k = 0; k < args->count; k++) {
@@ -209,7 +203,7 @@ void fr_cpu_apply(const fr_apply_args *args)
             y = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es;
             /* A streamed head is assembled in `row`, then written past the cache. */
             dst = stream[k] ? row : y;
-            rotate_head(args->dtype, x, dst, cs, sn, half, args->interleaved, args->sgn, frow, f16c);
+            rotate_head(args->dtype, x, dst, cs, sn, half, args->interleaved, args->sgn, frow, avx2);
             if (!io->in_place && io->head_dim > cache->rot_dim)
                 memcpy(dst + (size_t)cache->rot_dim * es, x + (size_t)cache->rot_dim * es,
                        (size_t)(io->head_dim - cache->rot_dim) * es);

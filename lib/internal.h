@@ -86,15 +86,17 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
 /* OpenMP backend (lib/cpu_apply.c). */
 void fr_cpu_apply(const fr_apply_args *args);
 
-/* cpu_f16c.c (x86-64): rows of half <-> float through the F16C
- * instructions, bit for bit rope_math.h's converters, for CPUs that have
- * them.  fr_f16c_off, set by tests only, makes fr_f16c_usable() say no. */
+/* cpu_avx2.c (x86-64): rows of fp16/bf16 <-> float with AVX2 and F16C, bit
+ * for bit rope_math.h's converters, for CPUs that have both.  fr_avx2_off,
+ * set by tests only, makes fr_avx2_usable() say no. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define FR_HAVE_F16C 1
-int fr_f16c_usable(void);
-void fr_f16c_widen(const uint16_t *h, float *f, int64_t n);
-void fr_f16c_narrow(const float *f, uint16_t *h, int64_t n);
-extern int fr_f16c_off;
+#define FR_HAVE_AVX2 1
+int fr_avx2_usable(void);
+void fr_avx2_widen_f16(const uint16_t *h, float *f, int64_t n);
+void fr_avx2_narrow_f16(const float *f, uint16_t *h, int64_t n);
+void fr_avx2_widen_bf16(const uint16_t *h, float *f, int64_t n);
+void fr_avx2_narrow_bf16(const float *f, uint16_t *h, int64_t n);
+extern int fr_avx2_off;
 #endif
 
 /* CUDA backend (the kernels directory, or lib/cuda_stub.c without CUDA).  Every one

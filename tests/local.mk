@@ -3,8 +3,8 @@
 TEST_COMMON_SOURCES = tests/ref.c tests/ref.h tests/util.c tests/util.h
 
 if HAVE_CHECK
-check_PROGRAMS += tests/test_cache tests/test_apply tests/test_errors tests/test_f16c
-TESTS += tests/test_cache tests/test_apply tests/test_errors tests/test_f16c
+check_PROGRAMS += tests/test_cache tests/test_apply tests/test_errors tests/test_cpu_rows
+TESTS += tests/test_cache tests/test_apply tests/test_errors tests/test_cpu_rows
 
 tests_test_cache_SOURCES = tests/test_cache.c $(TEST_COMMON_SOURCES)
 tests_test_cache_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
@@ -22,10 +22,10 @@ tests_test_errors_LDFLAGS = -pthread
 tests_test_errors_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_errors_DEPENDENCIES = libfusedrope.a
 
-tests_test_f16c_SOURCES = tests/test_f16c.c
-tests_test_f16c_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_f16c_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_f16c_DEPENDENCIES = libfusedrope.a
+tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c
+tests_test_cpu_rows_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_cpu_rows_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_cpu_rows_DEPENDENCIES = libfusedrope.a
 else
 check_SCRIPTS = tests/no-libcheck.sh
 TESTS += tests/no-libcheck.sh
