@@ -6,8 +6,9 @@
  * vectorises; an iteration reads both elements of its pair before writing
  * either, which makes in place safe.  16-bit heads are widened to a row of
  * floats first and narrowed after (cpu_avx2.c's conversions where the CPU
- * has AVX2 and F16C): three simple loops run faster than one that converts,
- * rotates and converts (bench/RESULTS.md).
+ * has AVX2 and F16C), interleaved ones reordered to NeoX order on the way:
+ * a few simple loops run faster than one that converts, rotates and
+ * converts (bench/RESULTS.md).
  */
 #include <string.h>
 #ifdef _OPENMP
@@ -72,13 +73,34 @@ DEFINE_ROW(narrow_bf16, float, uint16_t, fr_float_to_bf16)
 DEFINE_ROW(widen_f16, uint16_t, float, fr_half_to_float)
 DEFINE_ROW(narrow_f16, float, uint16_t, fr_float_to_half)
 
+/* An interleaved head's 16-bit channels reordered to NeoX order (the pair
+ * members a and b apart) and back, so that its floats rotate in the
+ * contiguous loop; on 16-bit data, so one pair of loops serves both types. */
+FR_CLONES static void split_pairs(const uint16_t *in, uint16_t *out, int64_t half)
+{
+    FR_IVDEP for (int64_t i = 0; i < half; i++)
+    {
+        out[i] = in[2 * i];
+        out[half + i] = in[2 * i + 1];
+    }
+}
+
+FR_CLONES static void merge_pairs(const uint16_t *in, uint16_t *out, int64_t half)
+{
+    FR_IVDEP for (int64_t i = 0; i < half; i++)
+    {
+        out[2 * i] = in[i];
+        out[2 * i + 1] = in[half + i];
+    }
+}
+
 typedef void (*widen_fn)(const uint16_t *, float *, int64_t);
 typedef void (*narrow_fn)(const float *, uint16_t *, int64_t);
 
 /* tmp: rot_dim floats of scratch; avx2: convert with cpu_avx2.c's rows. */
 static void rotate_head(fusedrope_dtype dt, const void *x, void *y, const float *cs,
                         const float *sn, int64_t half, int interleaved, float sgn, float *tmp,
-                        int avx2)
+                        uint16_t *tmp16, int avx2)
 {
     widen_fn widen = dt == FUSEDROPE_FLOAT16 ? widen_f16 : widen_bf16;
     narrow_fn narrow = dt == FUSEDROPE_FLOAT16 ? narrow_f16 : narrow_bf16;
@@ -95,8 +117,16 @@ static void rotate_head(fusedrope_dtype dt, const void *x, void *y, const float 
 #else
     (void)avx2;
 #endif
+    if (interleaved) {
+        split_pairs(x, tmp16, half);
+        widen(tmp16, tmp, 2 * half);
+        rotate_f32(tmp, tmp, cs, sn, half, 0, sgn);
+        narrow(tmp, tmp16, 2 * half);
+        merge_pairs(tmp16, y, half);
+        return;
+    }
     widen(x, tmp, 2 * half);
-    rotate_f32(tmp, tmp, cs, sn, half, interleaved, sgn);
+    rotate_f32(tmp, tmp, cs, sn, half, 0, sgn);
     narrow(tmp, y, 2 * half);
 }
 
@@ -166,6 +196,7 @@ void fr_cpu_apply(const fr_apply_args *args)
         float row_c[FUSEDROPE_MAX_ROT_DIM / 2], row_s[FUSEDROPE_MAX_ROT_DIM / 2];
         _Alignas(16) char row[STREAM_ROW_BYTES];
         float frow[FUSEDROPE_MAX_ROT_DIM]; /* a 16-bit head's rotated channels as floats */
+        uint16_t hrow[FUSEDROPE_MAX_ROT_DIM]; /* an interleaved one's, in NeoX order */
 #ifdef _OPENMP
         nt = omp_get_num_threads();
         id = omp_get_thread_num();
@@ -203,7 +234,8 @@ void fr_cpu_apply(const fr_apply_args *args)
             y = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es;
             /* A streamed head is assembled in `row`, then written past the cache. */
             dst = stream[k] ? row : y;
-            rotate_head(args->dtype, x, dst, cs, sn, half, args->interleaved, args->sgn, frow, avx2);
+            rotate_head(args->dtype, x, dst, cs, sn, half, args->interleaved, args->sgn, frow, hrow,
+                        avx2);
             if (!io->in_place && io->head_dim > cache->rot_dim)
                 memcpy(dst + (size_t)cache->rot_dim * es, x + (size_t)cache->rot_dim * es,
                        (size_t)(io->head_dim - cache->rot_dim) * es);
