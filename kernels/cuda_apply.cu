@@ -34,8 +34,9 @@
  * dimension of extent > 1 is a multiple of 16 bytes, and the rotated part
  * splits into whole chunks (NeoX: (rot_dim/2)*elemsize % 16 == 0,
  * interleaved: rot_dim*elemsize % 16 == 0); scalar otherwise.  Each path is
- * its own kernel (3 dtypes x {scalar, NeoX vector, interleaved vector}), so
- * each gets its own register budget.
+ * its own kernel (3 dtypes x {scalar, NeoX vector, NeoX vector with one
+ * group of heads per thread, interleaved vector}), so each gets its own
+ * register budget.
  *
  * Every element offset is int64.  The per-element math and the position
  * rules are rope_math.h's, shared with the CPU backend; with -fmad=false the
@@ -377,9 +378,10 @@ __device__ __forceinline__ void neox_store(const KParams &P, int64_t h0, int64_t
  * (decode-sized calls).  The heads' loads then go out before the token's
  * position is known, since they do not depend on it: the data comes back in
  * the same memory round trip as the position and the table row behind it,
- * not after them.  It costs registers (about 112 instead of 95, which would
- * halve the resident 9-warp blocks of a prefill-sized call), so it is a
- * kernel of its own. */
+ * not after them.  Done in the general loop's first group, the same order
+ * took that kernel from 95 to 112 registers and halved the resident 9-warp
+ * blocks of a prefill-sized call; as a kernel of its own (80 registers:
+ * no loop) it costs decode-sized calls nothing. */
 template <int DT, bool ONE_GROUP>
 __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                                 int64_t b, int64_t s, int64_t lane, int64_t g)

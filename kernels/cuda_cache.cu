@@ -7,7 +7,6 @@
  * fr_angle lib/cache.c uses on the host, so a CUDA cache holds exactly the
  * float32 values a CPU cache holds.
  */
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -77,83 +76,17 @@ __global__ void build_table(const double *inv, double attn, int64_t positions, i
     }
 }
 
-/*
- * Range flags: words of mapped, portable pinned host memory, which a kernel
- * on any device raises and the host reads without a copy.  Pinning is slow
- * (one cudaHostAlloc costs more than building a 128k-position table), so
- * the words come from pages allocated once per process and reused: a cache
- * takes a word when it is created and gives it back when it is destroyed.
- * The pages live until the process exits.
- */
-enum { FLAG_WORDS = 1024 };
-struct flag_page {
-    int *host, *dev;
-    unsigned char used[FLAG_WORDS];
-    struct flag_page *next;
-};
-static pthread_mutex_t flag_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct flag_page *flag_pages;
-
-static fusedrope_status flag_take(int **host, int **dev)
-{
-    struct flag_page *pg;
-    fusedrope_status st = FUSEDROPE_OK;
-    cudaError_t err;
-
-    pthread_mutex_lock(&flag_lock);
-    for (pg = flag_pages; pg != NULL; pg = pg->next)
-        for (int i = 0; i < FLAG_WORDS; i++)
-            if (!pg->used[i]) {
-                pg->used[i] = 1;
-                *host = pg->host + i;
-                *dev = pg->dev + i;
-                goto found;
-            }
-    pg = (struct flag_page *)calloc(1, sizeof *pg);
-    if (pg == NULL) {
-        st = fr_fail(FUSEDROPE_ERR_NOMEM, "out of host memory for the range flags");
-        goto out;
-    }
-    if ((err = cudaHostAlloc((void **)&pg->host, FLAG_WORDS * sizeof(int),
-                             cudaHostAllocMapped | cudaHostAllocPortable)) != cudaSuccess) {
-        free(pg);
-        st = fr_cuda_fail(err, "cudaHostAlloc of the range flags");
-        goto out;
-    }
-    if ((err = cudaHostGetDevicePointer((void **)&pg->dev, pg->host, 0)) != cudaSuccess) {
-        cudaFreeHost(pg->host);
-        free(pg);
-        st = fr_cuda_fail(err, "cudaHostGetDevicePointer of the range flags");
-        goto out;
-    }
-    pg->used[0] = 1;
-    pg->next = flag_pages;
-    flag_pages = pg;
-    *host = pg->host;
-    *dev = pg->dev;
-found:
-    __atomic_store_n(*host, 0, __ATOMIC_SEQ_CST);
-out:
-    pthread_mutex_unlock(&flag_lock);
-    return st;
-}
-
-static void flag_give(int *host)
-{
-    pthread_mutex_lock(&flag_lock);
-    for (struct flag_page *pg = flag_pages; pg != NULL; pg = pg->next)
-        if (host >= pg->host && host < pg->host + FLAG_WORDS)
-            pg->used[host - pg->host] = 0;
-    pthread_mutex_unlock(&flag_lock);
-}
-
-static size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
+/* n rounded up to a multiple of 256; 0 when that does not fit in size_t. */
+static size_t round256(size_t n) { return n > SIZE_MAX - 255 ? 0 : (n + 255) & ~(size_t)255; }
 
 /*
- * The device half of a cache is one allocation (a cudaMalloc costs about as
- * much as filling a large table): the inverse frequencies, then cos, then
- * sin, each 256-byte aligned.  A user table is copied in; a rope type's
- * table is built in place by build_table, in double, like the CPU's.
+ * The device half of a cache is one allocation (two 32 MiB cudaMallocs cost
+ * more than building a 128k-position table, bench/RESULTS.md): the inverse
+ * frequencies, then cos, then sin, each 256-byte aligned.  A user table is
+ * copied in; a rope type's table is built in place by build_table, in
+ * double, like the CPU's.  The range flag is a word of mapped pinned host
+ * memory of its own, which the kernels raise and the host reads without a
+ * copy.
  */
 extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
 {
@@ -170,7 +103,7 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
     fusedrope_status st;
     cudaError_t err;
 
-    if (tab > (SIZE_MAX - inv_bytes) / 2)
+    if ((user_table || built_table) && (tab == 0 || tab > (SIZE_MAX - inv_bytes) / 2))
         return fr_fail(FUSEDROPE_ERR_RANGE, "a cos/sin table of %zu bytes does not fit in memory",
                        table_bytes);
     if (inv_bytes + 2 * tab > 0) {
@@ -209,8 +142,17 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
             goto fail;
         }
     }
-    if ((st = flag_take(&flag, &flag_dev)) != FUSEDROPE_OK)
+    if ((err = cudaHostAlloc((void **)&flag, sizeof(int), cudaHostAllocMapped)) !=
+        cudaSuccess) {
+        flag = NULL;
+        st = fr_cuda_fail(err, "cudaHostAlloc of the range flag");
         goto fail;
+    }
+    *flag = 0;
+    if ((err = cudaHostGetDevicePointer((void **)&flag_dev, flag, 0)) != cudaSuccess) {
+        st = fr_cuda_fail(err, "cudaHostGetDevicePointer of the range flag");
+        goto fail;
+    }
 
     free(cache->cos);
     free(cache->sin);
@@ -227,6 +169,8 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
 fail:
     if (block)
         cudaFree(block);
+    if (flag)
+        cudaFreeHost(flag);
     (void)cudaGetLastError();
     return st;
 }
@@ -250,7 +194,7 @@ extern "C" void fr_cuda_cache_release(fusedrope_cache *cache)
     if (cache->dev_block)
         cudaFree(cache->dev_block);
     if (cache->range_flag)
-        flag_give(cache->range_flag);
+        cudaFreeHost(cache->range_flag);
     (void)cudaGetLastError();
     cache->dev_block = NULL;
     cache->cos = cache->sin = NULL;

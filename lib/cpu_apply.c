@@ -97,13 +97,21 @@ FR_CLONES static void merge_pairs(const uint16_t *in, uint16_t *out, int64_t hal
 typedef void (*widen_fn)(const uint16_t *, float *, int64_t);
 typedef void (*narrow_fn)(const float *, uint16_t *, int64_t);
 
-/* tmp: rot_dim floats of scratch; avx2: convert with cpu_avx2.c's rows. */
+/* A 16-bit head is converted and rotated ROW_PAIRS pairs at a time, so the
+ * scratch rows stay small whatever rot_dim is (up to FUSEDROPE_MAX_ROT_DIM):
+ * the backend runs on the caller's thread too, whose stack may be small. */
+enum { ROW_PAIRS = 512 };
+
+/* tmp: 2 * ROW_PAIRS floats, tmp16: 2 * ROW_PAIRS 16-bit values of scratch;
+ * avx2: convert with cpu_avx2.c's rows. */
 static void rotate_head(fusedrope_dtype dt, const void *x, void *y, const float *cs,
                         const float *sn, int64_t half, int interleaved, float sgn, float *tmp,
                         uint16_t *tmp16, int avx2)
 {
     widen_fn widen = dt == FUSEDROPE_FLOAT16 ? widen_f16 : widen_bf16;
     narrow_fn narrow = dt == FUSEDROPE_FLOAT16 ? narrow_f16 : narrow_bf16;
+    const uint16_t *x16 = x;
+    uint16_t *y16 = y;
 
     if (dt == FUSEDROPE_FLOAT32) {
         rotate_f32(x, y, cs, sn, half, interleaved, sgn);
@@ -117,17 +125,25 @@ static void rotate_head(fusedrope_dtype dt, const void *x, void *y, const float 
 #else
     (void)avx2;
 #endif
-    if (interleaved) {
-        split_pairs(x, tmp16, half);
-        widen(tmp16, tmp, 2 * half);
-        rotate_f32(tmp, tmp, cs, sn, half, 0, sgn);
-        narrow(tmp, tmp16, 2 * half);
-        merge_pairs(tmp16, y, half);
-        return;
+    /* pairs [i, i + m): tmp holds their a values, then their b values */
+    for (int64_t i = 0; i < half; i += ROW_PAIRS) {
+        const int64_t m = half - i < ROW_PAIRS ? half - i : ROW_PAIRS;
+        if (interleaved) {
+            split_pairs(x16 + 2 * i, tmp16, m);
+            widen(tmp16, tmp, 2 * m);
+        } else {
+            widen(x16 + i, tmp, m);
+            widen(x16 + half + i, tmp + m, m);
+        }
+        rotate_f32(tmp, tmp, cs + i, sn + i, m, 0, sgn);
+        if (interleaved) {
+            narrow(tmp, tmp16, 2 * m);
+            merge_pairs(tmp16, y16 + 2 * i, m);
+        } else {
+            narrow(tmp, y16 + i, m);
+            narrow(tmp + m, y16 + half + i, m);
+        }
     }
-    widen(x, tmp, 2 * half);
-    rotate_f32(tmp, tmp, cs, sn, half, 0, sgn);
-    narrow(tmp, y, 2 * half);
 }
 
 enum {
@@ -195,8 +211,8 @@ void fr_cpu_apply(const fr_apply_args *args)
         /* Table-less caches: this token's cos/sin, computed once per token. */
         float row_c[FUSEDROPE_MAX_ROT_DIM / 2], row_s[FUSEDROPE_MAX_ROT_DIM / 2];
         _Alignas(16) char row[STREAM_ROW_BYTES];
-        float frow[FUSEDROPE_MAX_ROT_DIM]; /* a 16-bit head's rotated channels as floats */
-        uint16_t hrow[FUSEDROPE_MAX_ROT_DIM]; /* an interleaved one's, in NeoX order */
+        float frow[2 * ROW_PAIRS];    /* a 16-bit head's channels as floats */
+        uint16_t hrow[2 * ROW_PAIRS]; /* an interleaved one's, in NeoX order */
 #ifdef _OPENMP
         nt = omp_get_num_threads();
         id = omp_get_thread_num();

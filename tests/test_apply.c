@@ -350,6 +350,8 @@ static void test_rot_dims_body(int _i)
 {
     static const struct { int rot; int64_t d; } rd[] = {
         {2, 64}, {8, 9}, {32, 96}, {64, 72}, {72, 72}, {80, 80}, {96, 96}, {16, 17}, {128, 130},
+        /* wider than the CPU backend's 512-pair rows: several, and a 1-pair tail */
+        {2050, 2056}, {FUSEDROPE_MAX_ROT_DIM, FUSEDROPE_MAX_ROT_DIM},
     };
     int i = _i;
     apply_case c;
@@ -1231,7 +1233,7 @@ static Suite *apply_suite(void)
     tc = tcase_create("shapes");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_tensor_constructors);
-    tcase_add_loop_test(tc, test_rot_dims, 0, 2 * 3 * 2 * 9 / 3);
+    tcase_add_loop_test(tc, test_rot_dims, 0, 2 * 3 * 2 * 11 / 3);
     tcase_add_loop_test(tc, test_one_token, 0, 2 * 3 * 2 * 2 / 4);
     tcase_add_loop_test(tc, test_thd_many, 0, 2 * 3 * 5 * 2 / 3);
     tcase_add_loop_test(tc, test_magnitudes, 0, 2 * 2 * 8 / 4);

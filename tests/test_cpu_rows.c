@@ -14,8 +14,8 @@
  *     subnormals and values that overflow: the output bytes with the AVX2
  *     rows equal the output bytes through the portable converters.
  * Skipped (exit 77) where the library has no AVX2 code (not x86-64); on an
- * x86-64 CPU without AVX2/F16C both paths are the portable ones, and the
- * test says so.
+ * x86-64 CPU without AVX2/F16C the row tests return at once and both paths
+ * of the calls test are the portable ones, and the test says so.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -84,6 +84,8 @@ static const row_type types[2] = {
 START_TEST(test_widen_every_value)
 {
     const row_type *t = &types[_i];
+    if (!fr_avx2_usable()) /* the rows would raise SIGILL; the calls test still runs */
+        return;
     uint16_t *h = malloc(65536 * sizeof *h);
     float *f = malloc(65536 * sizeof *f);
     ck_assert(h && f);
@@ -109,6 +111,8 @@ END_TEST
 START_TEST(test_narrow_rounding_patterns)
 {
     const row_type *t = &types[_i];
+    if (!fr_avx2_usable()) /* the rows would raise SIGILL; the calls test still runs */
+        return;
     const uint32_t half = 1u << (t->dropped - 1), all = (1u << t->dropped) - 1;
     /* the dropped bits: zero, one ulp, just under/at/over the halfway point,
      * all ones, and one random pattern */

@@ -898,8 +898,9 @@ static void out_of_table_case(int64_t S, int64_t B, int64_t H, fusedrope_cache *
     ty.data = yg;
     ck_assert_int_eq(fusedrope_forward(cpu, FUSEDROPE_NEOX, &ph, &tx, &ty, NULL),
                      FUSEDROPE_ERR_RANGE);
-    for (int64_t i = 0; i < n; i++)
-        ck_assert_int_eq(bf16_bits(yg, i), 0x5a5a);
+    for (int64_t i = 0; i < n; i++) /* (a ck_assert per element is slow under CK_NOFORK) */
+        if (bf16_bits(yg, i) != 0x5a5a)
+            ck_abort_msg("element %lld written by a refused call", (long long)i);
 
     CUDA_OK(cudaMalloc(&dx, (size_t)n * 2));
     CUDA_OK(cudaMalloc(&dy, (size_t)n * 2));
@@ -924,14 +925,18 @@ static void out_of_table_case(int64_t S, int64_t B, int64_t H, fusedrope_cache *
                 for (int64_t d = 0; d < D; d++) {
                     const int64_t i = ((s * B + b) * H + h) * D + d;
                     const uint16_t g = bf16_bits(yg, i);
-                    if (bad && d < R)
-                        ck_assert_msg((g & 0x7f80) == 0x7f80 && (g & 0x7f),
-                                      "token (%lld, %lld) channel %lld: 0x%04x is not NaN",
-                                      (long long)b, (long long)s, (long long)d, g);
-                    else if (bad)
-                        ck_assert_int_eq(g, bf16_bits(x, i)); /* pass-through copied */
-                    else
-                        ck_assert_int_eq(g, bf16_bits(yc, i));
+                    const uint16_t want = bad ? bf16_bits(x, i) /* pass-through copied */
+                                              : bf16_bits(yc, i);
+                    if (bad && d < R) {
+                        if (!((g & 0x7f80) == 0x7f80 && (g & 0x7f)))
+                            ck_abort_msg("token (%lld, %lld) channel %lld: 0x%04x is not NaN",
+                                         (long long)b, (long long)s, (long long)d, g);
+                    } else if (g != want) {
+                        ck_abort_msg("token (%lld, %lld) head %lld channel %lld: 0x%04x, "
+                                     "expected 0x%04x",
+                                     (long long)b, (long long)s, (long long)h, (long long)d, g,
+                                     want);
+                    }
                 }
         }
     cudaFree(dids);
@@ -954,9 +959,10 @@ START_TEST(test_out_of_table)
     fusedrope_positions pd;
 
     ck_assert(yg != NULL);
-    /* a prefill-sized call first: several heads per thread (the general
-     * kernel, not the one-group one decode-sized calls get) */
-    out_of_table_case(2048, 8, 10, cpu, gpu, &dx, &dy);
+    /* a prefill-sized call first: 4 or more heads per thread on any GPU of
+     * up to ~380 SMs, so the general kernel, not the one-group one that
+     * decode-sized calls get */
+    out_of_table_case(2048, 8, 32, cpu, gpu, &dx, &dy);
     cudaFree(dx);
     cudaFree(dy);
     out_of_table_case(S, B, H, cpu, gpu, &dx, &dy);
@@ -1021,13 +1027,12 @@ static void raise_range_flag(fusedrope_cache *c, void *dx, void *dids)
     FR_OK(fusedrope_forward(c, FUSEDROPE_NEOX, &p, &t, &t, NULL));
 }
 
-/* The flags come from shared pages of pinned words (1024 to a page): each
- * cache must still report only its own kernels' out-of-table positions, on
- * the first page and past it, and a word given back by a destroyed cache
- * must come to its next owner cleared. */
-START_TEST(test_flag_pool)
+/* Each cache reports only its own kernels' out-of-table positions, and a
+ * cache created after one whose flag was raised and never checked starts
+ * clear (its flag may reuse the same pinned memory). */
+START_TEST(test_flag_per_cache)
 {
-    enum { N = 1100 };
+    enum { N = 40 };
     fusedrope_cache **c = calloc(N, sizeof *c);
     const int64_t bad_id = 1000;
     void *dx, *dids;
@@ -1039,7 +1044,7 @@ START_TEST(test_flag_pool)
     for (int i = 0; i < N; i++)
         c[i] = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CUDA);
 
-    const int probe[4] = { 0, 1, 1023, N - 1 };
+    const int probe[4] = { 0, 1, N / 2, N - 1 };
     for (int k = 0; k < 4; k++) {
         raise_range_flag(c[probe[k]], dx, dids);
         for (int i = 0; i < N; i++)
@@ -1048,11 +1053,11 @@ START_TEST(test_flag_pool)
     }
 
     /* raised and never checked, then destroyed: the next cache's word is clear */
-    raise_range_flag(c[500], dx, dids);
+    raise_range_flag(c[7], dx, dids);
     CUDA_OK(cudaDeviceSynchronize());
-    fusedrope_cache_destroy(c[500]);
-    c[500] = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CUDA);
-    FR_OK(fusedrope_cache_check(c[500], NULL));
+    fusedrope_cache_destroy(c[7]);
+    c[7] = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CUDA);
+    FR_OK(fusedrope_cache_check(c[7], NULL));
 
     for (int i = 0; i < N; i++)
         fusedrope_cache_destroy(c[i]);
@@ -1295,7 +1300,7 @@ int main(void)
     tcase_add_test(tc, test_copy_table);
     tcase_add_test(tc, test_device_mismatch);
     tcase_add_test(tc, test_out_of_table);
-    tcase_add_test(tc, test_flag_pool);
+    tcase_add_test(tc, test_flag_per_cache);
     tcase_add_loop_test(tc, test_grid, 0, 24);
     tcase_add_test(tc, test_shapes);
     tcase_add_test(tc, test_extreme_values);
