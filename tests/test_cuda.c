@@ -1016,7 +1016,8 @@ END_TEST
 
 /* ------------------------------------------- range flags of many caches */
 
-/* One forward on cache c whose only token sits past the table: raises c's flag. */
+/* One forward on cache c of its one token at device id *dids: raises c's
+ * flag when that id is past the table. */
 static void raise_range_flag(fusedrope_cache *c, void *dx, void *dids)
 {
     fusedrope_positions p;
@@ -1064,6 +1065,41 @@ START_TEST(test_flag_per_cache)
     free(c);
     cudaFree(dx);
     cudaFree(dids);
+}
+END_TEST
+
+/* Tables too large for the device: a size that wraps when rounded up is
+ * refused before anything is launched, one that merely does not fit fails
+ * its allocation; neither leaves a cache or a broken CUDA context behind. */
+START_TEST(test_huge_table_refused)
+{
+    fusedrope_cache_config cfg;
+    fusedrope_cache *c = (fusedrope_cache *)&cfg;
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, 2, (int64_t)(SIZE_MAX / 4), 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CUDA, &c), FUSEDROPE_ERR_RANGE);
+    ck_assert_ptr_null(c);
+    cfg.max_positions = (int64_t)1 << 40; /* 4 TiB of cos and as much of sin */
+    c = (fusedrope_cache *)&cfg;
+    ck_assert_int_ne(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CUDA, &c), FUSEDROPE_OK);
+    ck_assert_ptr_null(c);
+    ck_assert(strlen(fusedrope_last_error()) > 0);
+
+    /* the context still works */
+    {
+        const int64_t id = 3;
+        void *dx, *dids;
+        c = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CUDA);
+        CUDA_OK(cudaMalloc(&dx, 64 * 2));
+        CUDA_OK(cudaMemset(dx, 0, 64 * 2));
+        CUDA_OK(cudaMalloc(&dids, sizeof id));
+        CUDA_OK(cudaMemcpy(dids, &id, sizeof id, cudaMemcpyHostToDevice));
+        raise_range_flag(c, dx, dids); /* id 3 is inside this table: nothing raised */
+        FR_OK(fusedrope_cache_check(c, NULL));
+        CUDA_OK(cudaDeviceSynchronize());
+        fusedrope_cache_destroy(c);
+        cudaFree(dx);
+        cudaFree(dids);
+    }
 }
 END_TEST
 
@@ -1301,6 +1337,7 @@ int main(void)
     tcase_add_test(tc, test_device_mismatch);
     tcase_add_test(tc, test_out_of_table);
     tcase_add_test(tc, test_flag_per_cache);
+    tcase_add_test(tc, test_huge_table_refused);
     tcase_add_loop_test(tc, test_grid, 0, 24);
     tcase_add_test(tc, test_shapes);
     tcase_add_test(tc, test_extreme_values);
