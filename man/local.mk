@@ -1,6 +1,8 @@
 # Manual pages: fusedrope(3) and one page per public function or family;
-# the other names of a family are one-line ".so man3/PAGE.3" link pages.
+# the other names of a family are one-line ".so man3/PAGE.3" link pages;
+# fusedrope-bench(1) for the installed benchmark.
 dist_man_MANS += \
+	man/fusedrope-bench.1 \
 	man/fusedrope.3 \
 	man/fusedrope_cache_create.3 \
 	man/fusedrope_cache_create_from_table.3 \
