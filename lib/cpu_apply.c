@@ -94,54 +94,61 @@ FR_CLONES static void merge_pairs(const uint16_t *in, uint16_t *out, int64_t hal
     }
 }
 
-typedef void (*widen_fn)(const uint16_t *, float *, int64_t);
-typedef void (*narrow_fn)(const float *, uint16_t *, int64_t);
+/* The row conversions of a call's 16-bit type, chosen once per call:
+ * cpu_avx2.c's where the CPU has AVX2 and F16C, the portable ones else. */
+typedef struct {
+    void (*widen)(const uint16_t *, float *, int64_t);
+    void (*narrow)(const float *, uint16_t *, int64_t);
+} row_conv;
+
+static row_conv pick_rows(fusedrope_dtype dt)
+{
+    const int f16 = dt == FUSEDROPE_FLOAT16;
+    row_conv r = { f16 ? widen_f16 : widen_bf16, f16 ? narrow_f16 : narrow_bf16 };
+#ifdef FR_HAVE_AVX2
+    if (fr_avx2_usable()) {
+        r.widen = f16 ? fr_avx2_widen_f16 : fr_avx2_widen_bf16;
+        r.narrow = f16 ? fr_avx2_narrow_f16 : fr_avx2_narrow_bf16;
+    }
+#endif
+    return r;
+}
 
 /* A 16-bit head is converted and rotated ROW_PAIRS pairs at a time, so the
  * scratch rows stay small whatever rot_dim is (up to FUSEDROPE_MAX_ROT_DIM):
  * the backend runs on the caller's thread too, whose stack may be small. */
 enum { ROW_PAIRS = 512 };
 
-/* tmp: 2 * ROW_PAIRS floats, tmp16: 2 * ROW_PAIRS 16-bit values of scratch;
- * avx2: convert with cpu_avx2.c's rows. */
-static void rotate_head(fusedrope_dtype dt, const void *x, void *y, const float *cs,
+/* rc: the 16-bit type's conversions, NULL for float32; tmp: 2 * ROW_PAIRS
+ * floats, tmp16: 2 * ROW_PAIRS 16-bit values of scratch. */
+static void rotate_head(const row_conv *rc, const void *x, void *y, const float *cs,
                         const float *sn, int64_t half, int interleaved, float sgn, float *tmp,
-                        uint16_t *tmp16, int avx2)
+                        uint16_t *tmp16)
 {
-    widen_fn widen = dt == FUSEDROPE_FLOAT16 ? widen_f16 : widen_bf16;
-    narrow_fn narrow = dt == FUSEDROPE_FLOAT16 ? narrow_f16 : narrow_bf16;
     const uint16_t *x16 = x;
     uint16_t *y16 = y;
 
-    if (dt == FUSEDROPE_FLOAT32) {
+    if (rc == NULL) {
         rotate_f32(x, y, cs, sn, half, interleaved, sgn);
         return;
     }
-#ifdef FR_HAVE_AVX2
-    if (avx2) {
-        widen = dt == FUSEDROPE_FLOAT16 ? fr_avx2_widen_f16 : fr_avx2_widen_bf16;
-        narrow = dt == FUSEDROPE_FLOAT16 ? fr_avx2_narrow_f16 : fr_avx2_narrow_bf16;
-    }
-#else
-    (void)avx2;
-#endif
     /* pairs [i, i + m): tmp holds their a values, then their b values */
     for (int64_t i = 0; i < half; i += ROW_PAIRS) {
         const int64_t m = half - i < ROW_PAIRS ? half - i : ROW_PAIRS;
         if (interleaved) {
             split_pairs(x16 + 2 * i, tmp16, m);
-            widen(tmp16, tmp, 2 * m);
+            rc->widen(tmp16, tmp, 2 * m);
         } else {
-            widen(x16 + i, tmp, m);
-            widen(x16 + half + i, tmp + m, m);
+            rc->widen(x16 + i, tmp, m);
+            rc->widen(x16 + half + i, tmp + m, m);
         }
         rotate_f32(tmp, tmp, cs + i, sn + i, m, 0, sgn);
         if (interleaved) {
-            narrow(tmp, tmp16, 2 * m);
+            rc->narrow(tmp, tmp16, 2 * m);
             merge_pairs(tmp16, y16 + 2 * i, m);
         } else {
-            narrow(tmp, y16 + i, m);
-            narrow(tmp + m, y16 + half + i, m);
+            rc->narrow(tmp, y16 + i, m);
+            rc->narrow(tmp + m, y16 + half + i, m);
         }
     }
 }
@@ -192,11 +199,8 @@ void fr_cpu_apply(const fr_apply_args *args)
     const int64_t items = tokens * heads;
     int64_t elems = 0;
     int stream[2] = { 0, 0 };
-#ifdef FR_HAVE_AVX2
-    const int avx2 = args->dtype != FUSEDROPE_FLOAT32 && fr_avx2_usable();
-#else
-    const int avx2 = 0;
-#endif
+    const row_conv rows = pick_rows(args->dtype);
+    const row_conv *rc = args->dtype == FUSEDROPE_FLOAT32 ? NULL : &rows;
 
     for (int k = 0; k < args->count; k++) {
         elems += tokens * args->io[k].heads * args->io[k].head_dim;
@@ -250,8 +254,7 @@ void fr_cpu_apply(const fr_apply_args *args)
             y = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es;
             /* A streamed head is assembled in `row`, then written past the cache. */
             dst = stream[k] ? row : y;
-            rotate_head(args->dtype, x, dst, cs, sn, half, args->interleaved, args->sgn, frow, hrow,
-                        avx2);
+            rotate_head(rc, x, dst, cs, sn, half, args->interleaved, args->sgn, frow, hrow);
             if (!io->in_place && io->head_dim > cache->rot_dim)
                 memcpy(dst + (size_t)cache->rot_dim * es, x + (size_t)cache->rot_dim * es,
                        (size_t)(io->head_dim - cache->rot_dim) * es);
