@@ -567,17 +567,18 @@ static void case_setup(bcase *c, shape sh)
     dev_barrier();
 
     /* Positions and cache. */
+    /* Implicit positions (ppos NULL) unless THD's cu_seqlens or --offsets,
+     * which exclude each other (parse_args). */
     c->ppos = NULL;
     c->max_len = sh.s;
+    memset(&c->pos, 0, sizeof c->pos);
+    c->pos.cp_size = 1;
     if (opt.layout == L_THD) {
         make_cu_seqlens(c);
         c->cu_dev = buf_alloc((size_t)(c->nseqs + 1) * sizeof(int32_t));
         buf_upload(c->cu_dev, c->cu_host, (size_t)(c->nseqs + 1) * sizeof(int32_t));
-        memset(&c->pos, 0, sizeof c->pos);
         c->pos.cu_seqlens = c->cu_dev;
         c->pos.num_seqs = c->nseqs;
-        c->pos.cp_size = 1;
-        c->pos.cp_rank = 0;
         c->ppos = &c->pos;
     }
     c->table_rows = c->max_len;
@@ -587,10 +588,7 @@ static void case_setup(bcase *c, shape sh)
         make_offsets(c);
         c->off_dev = buf_alloc((size_t)sh.b * sizeof(int64_t));
         buf_upload(c->off_dev, c->off_host, (size_t)sh.b * sizeof(int64_t));
-        memset(&c->pos, 0, sizeof c->pos);
         c->pos.offsets = c->off_dev;
-        c->pos.cp_size = 1;
-        c->pos.cp_rank = 0;
         c->ppos = &c->pos;
     }
     fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)c->rot, c->table_rows, 10000.0);
