@@ -66,6 +66,8 @@ enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
  *   FR_CUDA_MAX_HPT            most heads per thread (cos/sin reuse).
  *   FR_CUDA_WAVES              heads per thread grow only while the grid keeps
  *                              this many waves of 2048 threads per SM.
+ *   FR_CUDA_MAXNREG            unset: registers as ptxas likes (see the
+ *                              kernel); N: an experimental cap.
  */
 #ifndef FR_CUDA_U
 #define FR_CUDA_U 2
@@ -608,9 +610,19 @@ enum { MODE_SCALAR, MODE_NEOX_VEC, MODE_INTER_VEC, MODE_NEOX_ONE };
  * H100 (bench/RESULTS.md).
  *
  * The explicit minimum of 1 block per SM matters: with __launch_bounds__(512)
- * alone ptxas (CUDA 13) squeezes some kernels into 64 registers with spills. */
+ * alone ptxas (CUDA 13) squeezes some kernels into 64 registers with spills.
+ *
+ * FR_CUDA_MAXNREG=N (an experiment for bench/sweep-knobs.sh, not a default)
+ * caps every kernel at N registers instead: at 80, three 8-warp blocks fit
+ * an SM instead of two, paid for with spills to L1 (bench/RESULTS.md has
+ * ptxas's counts).  nvcc does not accept both qualifiers on one kernel. */
+#ifdef FR_CUDA_MAXNREG
+#define FR_KERNEL_BOUNDS __maxnreg__(FR_CUDA_MAXNREG)
+#else
+#define FR_KERNEL_BOUNDS __launch_bounds__(MAX_BLOCK, 1)
+#endif
 template <int DT, int MODE>
-__global__ void __launch_bounds__(MAX_BLOCK, 1) rope_kernel(const __grid_constant__ KParams P)
+__global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
 {
     constexpr bool VEC = MODE != MODE_SCALAR;
     typedef typename Elem<DT>::T T;
