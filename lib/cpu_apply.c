@@ -4,11 +4,13 @@
  * and decode (few tokens, many heads) both use every core.  A head's rotated
  * channels are rotated by one float loop over pairs that the compiler
  * vectorises; an iteration reads both elements of its pair before writing
- * either, which makes in place safe.  16-bit heads are widened to a row of
- * floats first and narrowed after (cpu_avx2.c's conversions where the CPU
- * has AVX2 and F16C), interleaved ones reordered to NeoX order on the way:
- * a few simple loops run faster than one that converts, rotates and
- * converts (bench/RESULTS.md).
+ * either, which makes in place safe.  16-bit heads go through cpu_avx2.c's
+ * one-pass rotations where the CPU has AVX2 and F16C, written straight to
+ * memory when the output is streamed; elsewhere they are widened to a row
+ * of floats, rotated by the float loop and narrowed, interleaved ones
+ * reordered to NeoX order on the way (a few simple loops the compiler
+ * vectorises run faster than one that converts, rotates and converts:
+ * bench/RESULTS.md).
  */
 #include <string.h>
 #ifdef _OPENMP
@@ -94,36 +96,44 @@ FR_CLONES static void merge_pairs(const uint16_t *in, uint16_t *out, int64_t hal
     }
 }
 
-/* The row conversions of a call's 16-bit type, chosen once per call:
- * cpu_avx2.c's where the CPU has AVX2 and F16C, the portable ones else. */
+/* The row operations of a call's 16-bit type, chosen once per call: where
+ * the CPU has AVX2 and F16C, cpu_avx2.c's one-pass rotations of 16-bit
+ * pairs (rotate, rotate_pairs); else the portable conversions around
+ * rotate_f32 (rotate and rotate_pairs NULL). */
 typedef struct {
     void (*widen)(const uint16_t *, float *, int64_t);
     void (*narrow)(const float *, uint16_t *, int64_t);
+    void (*rotate)(const uint16_t *, const uint16_t *, uint16_t *, uint16_t *, const float *,
+                   const float *, int64_t, float, int);
+    void (*rotate_pairs)(const uint16_t *, uint16_t *, const float *, const float *, int64_t,
+                         float, int);
 } row_conv;
 
 static row_conv pick_rows(fusedrope_dtype dt)
 {
     const int f16 = dt == FUSEDROPE_FLOAT16;
-    row_conv r = { f16 ? widen_f16 : widen_bf16, f16 ? narrow_f16 : narrow_bf16 };
+    row_conv r = { f16 ? widen_f16 : widen_bf16, f16 ? narrow_f16 : narrow_bf16, NULL, NULL };
 #ifdef FR_HAVE_AVX2
     if (fr_avx2_usable()) {
-        r.widen = f16 ? fr_avx2_widen_f16 : fr_avx2_widen_bf16;
-        r.narrow = f16 ? fr_avx2_narrow_f16 : fr_avx2_narrow_bf16;
+        r.rotate = f16 ? fr_avx2_rotate_f16 : fr_avx2_rotate_bf16;
+        r.rotate_pairs = f16 ? fr_avx2_rotate_pairs_f16 : fr_avx2_rotate_pairs_bf16;
     }
 #endif
     return r;
 }
 
-/* A 16-bit head is converted and rotated ROW_PAIRS pairs at a time, so the
- * scratch rows stay small whatever rot_dim is (up to FUSEDROPE_MAX_ROT_DIM):
- * the backend runs on the caller's thread too, whose stack may be small. */
+/* A 16-bit head on the portable path is converted and rotated ROW_PAIRS
+ * pairs at a time, so the scratch rows stay small whatever rot_dim is (up
+ * to FUSEDROPE_MAX_ROT_DIM): the backend runs on the caller's thread too,
+ * whose stack may be small. */
 enum { ROW_PAIRS = 512 };
 
-/* rc: the 16-bit type's conversions, NULL for float32; tmp: 2 * ROW_PAIRS
- * floats, tmp16: 2 * ROW_PAIRS 16-bit values of scratch. */
+/* rc: the 16-bit type's row operations, NULL for float32; tmp: 2 * ROW_PAIRS
+ * floats, tmp16: 2 * ROW_PAIRS 16-bit values of scratch.  nt: y is streamed
+ * (non-temporal stores; only with cpu_avx2.c's rotations). */
 static void rotate_head(const row_conv *rc, const void *x, void *y, const float *cs,
-                        const float *sn, int64_t half, int interleaved, float sgn, float *tmp,
-                        uint16_t *tmp16)
+                        const float *sn, int64_t half, int interleaved, float sgn, int nt,
+                        float *tmp, uint16_t *tmp16)
 {
     const uint16_t *x16 = x;
     uint16_t *y16 = y;
@@ -132,7 +142,15 @@ static void rotate_head(const row_conv *rc, const void *x, void *y, const float 
         rotate_f32(x, y, cs, sn, half, interleaved, sgn);
         return;
     }
-    /* pairs [i, i + m): tmp holds their a values, then their b values */
+    if (rc->rotate != NULL) {
+        if (interleaved)
+            rc->rotate_pairs(x16, y16, cs, sn, half, sgn, nt);
+        else
+            rc->rotate(x16, x16 + half, y16, y16 + half, cs, sn, half, sgn, nt);
+        return;
+    }
+    /* pairs [i, i + m): tmp holds their a values, then their b values, as
+     * floats; an interleaved piece is put in NeoX order in tmp16 first */
     for (int64_t i = 0; i < half; i += ROW_PAIRS) {
         const int64_t m = half - i < ROW_PAIRS ? half - i : ROW_PAIRS;
         if (interleaved) {
@@ -161,12 +179,12 @@ enum {
 #ifdef __SSE2__
 /* Out of place, a large output is written with non-temporal stores: a plain
  * store first reads the line it fills, a third memory transfer per element
- * that memcpy does not pay. */
+ * that memcpy does not pay.  dst 16-byte aligned, src any. */
 static void stream_row(void *dst, const void *src, size_t bytes)
 {
     for (size_t i = 0; i < bytes; i += 16)
         _mm_stream_si128((__m128i *)((char *)dst + i),
-                         _mm_load_si128((const __m128i *)((const char *)src + i)));
+                         _mm_loadu_si128((const __m128i *)((const char *)src + i)));
 }
 #define FR_STREAM_FENCE() _mm_sfence()
 #else
@@ -198,19 +216,24 @@ void fr_cpu_apply(const fr_apply_args *args)
     const int64_t heads = heads0 + (args->count > 1 ? args->io[1].heads : 0);
     const int64_t items = tokens * heads;
     int64_t elems = 0;
-    int stream[2] = { 0, 0 };
+    int stream[2] = { 0, 0 }, direct[2] = { 0, 0 };
     const row_conv rows = pick_rows(args->dtype);
     const row_conv *rc = args->dtype == FUSEDROPE_FLOAT32 ? NULL : &rows;
 
     for (int k = 0; k < args->count; k++) {
         elems += tokens * args->io[k].heads * args->io[k].head_dim;
         stream[k] = streamable(&args->io[k], es, tokens);
+        /* a streamed head goes from the AVX2 rotations straight to memory,
+         * without the row buffer, when its stores fall on 16 bytes: both
+         * halves of a NeoX head, the pass-through channels of either style */
+        direct[k] = stream[k] && rc != NULL && rc->rotate != NULL &&
+                    ((size_t)(args->interleaved ? cache->rot_dim : half) * es) % 16 == 0;
     }
 
 #pragma omp parallel if (elems > (1 << 16))
     {
         int nt = 1, id = 0;
-        int64_t n0, n1, base, rem, token = -1;
+        int64_t n0, n1, base, rem, t, hh, b = 0, s = 0, token = -1;
         const float *cs = NULL, *sn = NULL;
         /* Table-less caches: this token's cos/sin, computed once per token. */
         float row_c[FUSEDROPE_MAX_ROT_DIM / 2], row_s[FUSEDROPE_MAX_ROT_DIM / 2];
@@ -226,18 +249,22 @@ void fr_cpu_apply(const fr_apply_args *args)
         n0 = id * base + (id < rem ? id : rem);
         n1 = n0 + base + (id < rem);
 
-        for (int64_t n = n0; n < n1; n++) {
-            const int64_t t = n / heads, hh = n % heads;
+        /* item n is head hh of token t: divided once, then counted */
+        t = heads ? n0 / heads : 0;
+        hh = heads ? n0 % heads : 0;
+        for (int64_t n = n0; n < n1; n++, hh = hh + 1 < heads ? hh + 1 : (t++, 0)) {
             const int k = hh >= heads0;
             const fr_io *io = &args->io[k];
             const int64_t h = hh - (k ? heads0 : 0);
-            const int64_t b = t / args->seq_len, s = t % args->seq_len;
             const char *x;
             char *y, *dst;
 
             if (t != token) {
                 int bad = 0;
-                int64_t p = fr_token_position(&args->pos, b, s, &bad);
+                int64_t p;
+                b = t / args->seq_len;
+                s = t % args->seq_len;
+                p = fr_token_position(&args->pos, b, s, &bad);
                 token = t;
                 if (cache->max_positions > 0) {
                     cs = cache->cos + p * half;
@@ -252,9 +279,17 @@ void fr_cpu_apply(const fr_apply_args *args)
             }
             x = (const char *)io->in + (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es;
             y = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es;
+#ifdef __SSE2__
+            if (direct[k]) {
+                const size_t rot = (size_t)cache->rot_dim * es;
+                rotate_head(rc, x, y, cs, sn, half, args->interleaved, args->sgn, 1, frow, hrow);
+                stream_row(y + rot, x + rot, (size_t)io->head_dim * es - rot);
+                continue;
+            }
+#endif
             /* A streamed head is assembled in `row`, then written past the cache. */
             dst = stream[k] ? row : y;
-            rotate_head(rc, x, dst, cs, sn, half, args->interleaved, args->sgn, frow, hrow);
+            rotate_head(rc, x, dst, cs, sn, half, args->interleaved, args->sgn, 0, frow, hrow);
             if (!io->in_place && io->head_dim > cache->rot_dim)
                 memcpy(dst + (size_t)cache->rot_dim * es, x + (size_t)cache->rot_dim * es,
                        (size_t)(io->head_dim - cache->rot_dim) * es);

@@ -1,23 +1,27 @@
 /*
- * cpu_avx2.c - the OpenMP backend's row conversions of 16-bit channels to
- * float and back, with x86 AVX2 and F16C, for CPUs that have both.
+ * cpu_avx2.c - the OpenMP backend's rotation of 16-bit heads with x86 AVX2
+ * and F16C, for CPUs that have both: 8 pairs at a time are widened to
+ * float, rotated and narrowed in one pass, with no float row in between.
  * rope_math.h's portable converters, even vectorised by the compiler, cost
  * ~20 operations per fp16 element and a dozen per bf16 one; here fp16 is one
  * instruction per 8 elements and bf16 a few.
  *
- * The results are rope_math.h's to the bit:
- *   - widening is exact both ways (F16C returns a signalling half NaN
- *     quiet; a NaN only reaches an output through arithmetic, which yields
- *     NaN either way, and the narrowing then writes it as below);
+ * Every non-NaN result is the portable path's to the bit (widen with
+ * rope_math.h's converters, fr_rotate, narrow):
+ *   - widening is exact both ways;
+ *   - the rotation is fr_rotate's four products, difference and sum, in
+ *     float, without FMA (this file is not built for it);
  *   - fp16 narrowing of a non-NaN is IEEE round-to-nearest-even in both
  *     (the instruction is told so explicitly, whatever MXCSR says), with
- *     subnormals and overflow to Inf; a NaN becomes 0x7e00 with its sign,
- *     as fr_float_to_half writes it: NaN lanes are first replaced by the
- *     float NaN that converts to that;
+ *     subnormals and overflow to Inf;
  *   - bf16 narrowing is fr_float_to_bf16's integer arithmetic, 8 lanes at
  *     a time.
- * tests/test_cpu_rows.c compares both ways over every 16-bit value, a
- * dense sample of floats and whole calls.
+ * A NaN result is NaN, written as the converters write it (fp16 0x7e00 with
+ * its sign, bf16 the float's top half with the quiet bit); which input NaN
+ * an operation passes on, and so its sign and payload, is the compiler's
+ * operand order, in this file as in the portable loop.
+ * tests/test_cpu_rows.c compares both ways over every 16-bit value, the
+ * floats whose rounding is hardest, and whole calls.
  */
 #include "internal.h"
 
@@ -57,44 +61,8 @@ int fr_avx2_usable(void)
     return s == 2 && !__atomic_load_n(&fr_avx2_off, __ATOMIC_RELAXED);
 }
 
-FR_AVX2_TARGET void fr_avx2_widen_f16(const uint16_t *h, float *f, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-    for (; i < n; i++)
-        f[i] = fr_half_to_float(h[i]);
-}
-
-FR_AVX2_TARGET void fr_avx2_narrow_f16(const float *f, uint16_t *h, int64_t n)
-{
-    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
-    const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 v = _mm256_loadu_ps(f + i);
-        const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
-        const __m256 canon = _mm256_or_ps(_mm256_and_ps(v, sign), qnan);
-        _mm_storeu_si128((__m128i *)(h + i),
-                         _mm256_cvtps_ph(_mm256_blendv_ps(v, canon, nan), _MM_FROUND_TO_NEAREST_INT));
-    }
-    for (; i < n; i++)
-        h[i] = fr_float_to_half(f[i]);
-}
-
-/* bfloat16 rows with AVX2 integer operations: the same arithmetic as
- * fr_bf16_to_float / fr_float_to_bf16, 16 elements at a time. */
-FR_AVX2_TARGET void fr_avx2_widen_bf16(const uint16_t *h, float *f, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + i)));
-        _mm256_storeu_si256((__m256i *)(f + i), _mm256_slli_epi32(w, 16));
-    }
-    for (; i < n; i++)
-        f[i] = fr_bf16_to_float(h[i]);
-}
-
+/* fr_float_to_bf16's integer arithmetic on 8 floats (as bits): the
+ * bfloat16 in the low half of each 32-bit lane. */
 FR_AVX2_TARGET static __m256i narrow8_bf16(__m256i u)
 {
     const __m256i hi = _mm256_srli_epi32(u, 16);
@@ -107,18 +75,151 @@ FR_AVX2_TARGET static __m256i narrow8_bf16(__m256i u)
     return _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
 }
 
-FR_AVX2_TARGET void fr_avx2_narrow_bf16(const float *f, uint16_t *h, int64_t n)
+/* Pairs of a 16-bit head rotated without a float row: 8 pairs at a time are
+ * widened, rotated by fr_rotate's operations in fr_rotate's order (no FMA:
+ * this file is not built for it), and narrowed.  One pass instead of five
+ * over the row, since the 16-bit types' CPU loop was bound by instructions,
+ * not by memory (bench/RESULTS.md); with nt, the 16-byte stores are
+ * non-temporal, straight to a streamed output. */
+FR_AVX2_TARGET static inline __m256 widen8(const uint16_t *p, int f16)
 {
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m256i a = narrow8_bf16(_mm256_loadu_si256((const __m256i *)(f + i)));
-        const __m256i b = narrow8_bf16(_mm256_loadu_si256((const __m256i *)(f + i + 8)));
-        /* packus works within 128-bit lanes: put the quarters back in order */
-        _mm256_storeu_si256((__m256i *)(h + i),
-                            _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8));
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (f16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* ya and yb narrowed to 16 bits: ya's 8 in the low half, yb's in the high. */
+FR_AVX2_TARGET static inline __m256i narrow16(__m256 ya, __m256 yb, int f16)
+{
+    if (f16) {
+        const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+        const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+        const __m256 na = _mm256_cmp_ps(ya, ya, _CMP_UNORD_Q), nb = _mm256_cmp_ps(yb, yb, _CMP_UNORD_Q);
+        ya = _mm256_blendv_ps(ya, _mm256_or_ps(_mm256_and_ps(ya, sign), qnan), na);
+        yb = _mm256_blendv_ps(yb, _mm256_or_ps(_mm256_and_ps(yb, sign), qnan), nb);
+        return _mm256_set_m128i(_mm256_cvtps_ph(yb, _MM_FROUND_TO_NEAREST_INT),
+                                _mm256_cvtps_ph(ya, _MM_FROUND_TO_NEAREST_INT));
     }
-    for (; i < n; i++)
-        h[i] = fr_float_to_bf16(f[i]);
+    return _mm256_permute4x64_epi64(_mm256_packus_epi32(narrow8_bf16(_mm256_castps_si256(ya)),
+                                                        narrow8_bf16(_mm256_castps_si256(yb))),
+                                    0xd8);
+}
+
+FR_AVX2_TARGET static inline void rotate16(const uint16_t *xa, const uint16_t *xb, uint16_t *ya,
+                                           uint16_t *yb, const float *cs, const float *sn,
+                                           int64_t m, float sgn, int nt, int f16)
+{
+    const __m256 vsgn = _mm256_set1_ps(sgn);
+    int64_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+        const __m256 a = widen8(xa + i, f16), b = widen8(xb + i, f16);
+        const __m256 c = _mm256_loadu_ps(cs + i);
+        const __m256 ss = _mm256_mul_ps(_mm256_loadu_ps(sn + i), vsgn);
+        const __m256 ra = _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, ss));
+        const __m256 rb = _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, ss));
+        const __m256i y = narrow16(ra, rb, f16);
+        if (nt) {
+            _mm_stream_si128((__m128i *)(ya + i), _mm256_castsi256_si128(y));
+            _mm_stream_si128((__m128i *)(yb + i), _mm256_extracti128_si256(y, 1));
+        } else {
+            _mm_storeu_si128((__m128i *)(ya + i), _mm256_castsi256_si128(y));
+            _mm_storeu_si128((__m128i *)(yb + i), _mm256_extracti128_si256(y, 1));
+        }
+    }
+    for (; i < m; i++) {
+        float ra, rb;
+        if (f16) {
+            fr_rotate(fr_half_to_float(xa[i]), fr_half_to_float(xb[i]), cs[i], sn[i], sgn, &ra, &rb);
+            ya[i] = fr_float_to_half(ra);
+            yb[i] = fr_float_to_half(rb);
+        } else {
+            fr_rotate(fr_bf16_to_float(xa[i]), fr_bf16_to_float(xb[i]), cs[i], sn[i], sgn, &ra, &rb);
+            ya[i] = fr_float_to_bf16(ra);
+            yb[i] = fr_float_to_bf16(rb);
+        }
+    }
+}
+
+/* Interleaved heads: 8 pairs are 8 32-bit words, a in the low half. */
+FR_AVX2_TARGET static inline void rotate16_pairs(const uint16_t *x, uint16_t *y, const float *cs,
+                                                 const float *sn, int64_t m, float sgn, int nt,
+                                                 int f16)
+{
+    const __m256 vsgn = _mm256_set1_ps(sgn);
+    const __m256i lo16 = _mm256_set1_epi32(0xffff);
+    int64_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(x + 2 * i));
+        __m256 a, b;
+        __m128i p0, p1; /* pairs 0-3 and 4-7, narrowed */
+        if (f16) {
+            /* a's 8 halves in the low 128 bits, b's in the high */
+            const __m256i ab = _mm256_permute4x64_epi64(
+                _mm256_packus_epi32(_mm256_and_si256(w, lo16), _mm256_srli_epi32(w, 16)), 0xd8);
+            a = _mm256_cvtph_ps(_mm256_castsi256_si128(ab));
+            b = _mm256_cvtph_ps(_mm256_extracti128_si256(ab, 1));
+        } else {
+            a = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+            b = _mm256_castsi256_ps(_mm256_andnot_si256(lo16, w));
+        }
+        {
+            const __m256 c = _mm256_loadu_ps(cs + i);
+            const __m256 ss = _mm256_mul_ps(_mm256_loadu_ps(sn + i), vsgn);
+            const __m256 ra = _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, ss));
+            const __m256 rb = _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, ss));
+            const __m256i r = narrow16(ra, rb, f16);
+            p0 = _mm_unpacklo_epi16(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+            p1 = _mm_unpackhi_epi16(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+        }
+        if (nt) {
+            _mm_stream_si128((__m128i *)(y + 2 * i), p0);
+            _mm_stream_si128((__m128i *)(y + 2 * i + 8), p1);
+        } else {
+            _mm_storeu_si128((__m128i *)(y + 2 * i), p0);
+            _mm_storeu_si128((__m128i *)(y + 2 * i + 8), p1);
+        }
+    }
+    for (; i < m; i++) {
+        float ra, rb;
+        if (f16) {
+            fr_rotate(fr_half_to_float(x[2 * i]), fr_half_to_float(x[2 * i + 1]), cs[i], sn[i], sgn,
+                      &ra, &rb);
+            y[2 * i] = fr_float_to_half(ra);
+            y[2 * i + 1] = fr_float_to_half(rb);
+        } else {
+            fr_rotate(fr_bf16_to_float(x[2 * i]), fr_bf16_to_float(x[2 * i + 1]), cs[i], sn[i], sgn,
+                      &ra, &rb);
+            y[2 * i] = fr_float_to_bf16(ra);
+            y[2 * i + 1] = fr_float_to_bf16(rb);
+        }
+    }
+}
+
+FR_AVX2_TARGET void fr_avx2_rotate_pairs_f16(const uint16_t *x, uint16_t *y, const float *cs,
+                                             const float *sn, int64_t m, float sgn, int nt)
+{
+    rotate16_pairs(x, y, cs, sn, m, sgn, nt, 1);
+}
+
+FR_AVX2_TARGET void fr_avx2_rotate_pairs_bf16(const uint16_t *x, uint16_t *y, const float *cs,
+                                              const float *sn, int64_t m, float sgn, int nt)
+{
+    rotate16_pairs(x, y, cs, sn, m, sgn, nt, 0);
+}
+
+FR_AVX2_TARGET void fr_avx2_rotate_f16(const uint16_t *xa, const uint16_t *xb, uint16_t *ya,
+                                       uint16_t *yb, const float *cs, const float *sn, int64_t m,
+                                       float sgn, int nt)
+{
+    rotate16(xa, xb, ya, yb, cs, sn, m, sgn, nt, 1);
+}
+
+FR_AVX2_TARGET void fr_avx2_rotate_bf16(const uint16_t *xa, const uint16_t *xb, uint16_t *ya,
+                                        uint16_t *yb, const float *cs, const float *sn, int64_t m,
+                                        float sgn, int nt)
+{
+    rotate16(xa, xb, ya, yb, cs, sn, m, sgn, nt, 0);
 }
 
 #else

@@ -86,16 +86,25 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
 /* OpenMP backend (lib/cpu_apply.c). */
 void fr_cpu_apply(const fr_apply_args *args);
 
-/* cpu_avx2.c (x86-64): rows of fp16/bf16 <-> float with AVX2 and F16C, bit
- * for bit rope_math.h's converters, for CPUs that have both.  fr_avx2_off,
- * set by tests only, makes fr_avx2_usable() say no. */
+/* cpu_avx2.c (x86-64): fp16/bf16 heads rotated with AVX2 and F16C, for CPUs
+ * that have both; every non-NaN result is the portable path's to the bit.
+ * fr_avx2_off, set by tests only, makes fr_avx2_usable() say no. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define FR_HAVE_AVX2 1
 int fr_avx2_usable(void);
-void fr_avx2_widen_f16(const uint16_t *h, float *f, int64_t n);
-void fr_avx2_narrow_f16(const float *f, uint16_t *h, int64_t n);
-void fr_avx2_widen_bf16(const uint16_t *h, float *f, int64_t n);
-void fr_avx2_narrow_bf16(const float *f, uint16_t *h, int64_t n);
+/* m pairs (xa[i], xb[i]) -> (ya[i], yb[i]), fr_rotate on the widened values,
+ * narrowed; ya/yb may be xa/xb (in place), no other overlap.  nt: stores
+ * that bypass the cache (ya and yb 16-byte aligned; the caller fences). */
+void fr_avx2_rotate_f16(const uint16_t *xa, const uint16_t *xb, uint16_t *ya, uint16_t *yb,
+                        const float *cs, const float *sn, int64_t m, float sgn, int nt);
+void fr_avx2_rotate_bf16(const uint16_t *xa, const uint16_t *xb, uint16_t *ya, uint16_t *yb,
+                         const float *cs, const float *sn, int64_t m, float sgn, int nt);
+/* The same for m interleaved pairs (x[2i], x[2i+1]) -> (y[2i], y[2i+1]); y
+ * may be x.  nt: y 16-byte aligned. */
+void fr_avx2_rotate_pairs_f16(const uint16_t *x, uint16_t *y, const float *cs, const float *sn,
+                              int64_t m, float sgn, int nt);
+void fr_avx2_rotate_pairs_bf16(const uint16_t *x, uint16_t *y, const float *cs, const float *sn,
+                               int64_t m, float sgn, int nt);
 extern int fr_avx2_off;
 #endif
 

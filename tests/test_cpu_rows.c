@@ -1,20 +1,26 @@
 /*
- * test_cpu_rows.c - the OpenMP backend's AVX2/F16C row conversions
- * (lib/cpu_avx2.c) against rope_math.h's portable converters, and fp16 and
- * bf16 forward/backward calls with and without them.
+ * test_cpu_rows.c - the OpenMP backend's AVX2/F16C rotations of 16-bit heads
+ * (lib/cpu_avx2.c) against the portable path's arithmetic: rope_math.h's
+ * converters around fr_rotate.  Every non-NaN result must be identical to
+ * the bit; a NaN result must be NaN (which input NaN an operation passes on
+ * is the compiler's operand order, on either path).
  *
- *   - widen: every one of the 65536 values of each 16-bit type; bit-identical,
- *     except that F16C may return a signalling half NaN quiet (same sign,
- *     still a NaN);
- *   - narrow: every float whose dropped low bits (13 for fp16, 16 for bf16)
- *     are one of the patterns that decide rounding, for every value of the
- *     other bits, plus fresh random floats; bit-identical, NaNs included;
+ *   - every value: each of the 65536 values of each 16-bit type as the a and
+ *     as the b member of a pair, against random and special cos/sin, both
+ *     signs (forward, backward), both styles (two rows, interleaved pairs),
+ *     plain and non-temporal stores, a length with a scalar tail;
+ *   - rounding: a = 1, b = 0, sin = 0 makes the rotated a equal to cos, so
+ *     cos carries every float whose dropped low bits (13 for fp16, 16 for
+ *     bf16) are one of the patterns that decide rounding, for every value
+ *     of the other bits, plus fresh random floats: the narrowing of each;
  *   - whole calls: both styles, forward and backward, in place and out of
- *     place, partial rotary, odd sizes, on random data salted with NaN, Inf,
+ *     place, partial rotary, odd sizes, rot_dim 2050 (the portable path in
+ *     pieces), outputs large enough to be streamed (the AVX2 rotation then
+ *     writes straight to memory), on random data salted with NaN, Inf,
  *     subnormals and values that overflow: the output bytes with the AVX2
- *     rows equal the output bytes through the portable converters.
+ *     rotations equal the output bytes through the portable path.
  * Skipped (exit 77) where the library has no AVX2 code (not x86-64); on an
- * x86-64 CPU without AVX2/F16C the row tests return at once and both paths
+ * x86-64 CPU without AVX2/F16C the first two return at once and both paths
  * of the calls test are the portable ones, and the test says so.
  */
 #ifdef HAVE_CONFIG_H
@@ -62,89 +68,170 @@ static uint16_t ref_narrow_bf16(float f) { return fr_float_to_bf16(f); }
 static float ref_widen_f16(uint16_t h) { return fr_half_to_float(h); }
 static float ref_widen_bf16(uint16_t h) { return fr_bf16_to_float(h); }
 
-/* One 16-bit type: its rows, its portable converters, its layout. */
+typedef void (*rows_fn)(const uint16_t *, const uint16_t *, uint16_t *, uint16_t *,
+                        const float *, const float *, int64_t, float, int);
+typedef void (*pairs_fn)(const uint16_t *, uint16_t *, const float *, const float *, int64_t,
+                         float, int);
+
+/* One 16-bit type: its AVX2 rotations, its portable converters, its layout. */
 typedef struct {
     const char *name;
     fusedrope_dtype dt;
-    void (*widen)(const uint16_t *, float *, int64_t);
-    void (*narrow)(const float *, uint16_t *, int64_t);
+    rows_fn rows;
+    pairs_fn pairs;
     float (*ref_widen)(uint16_t);
     uint16_t (*ref_narrow)(float);
     int dropped;        /* float bits a normal value loses */
     uint16_t exp_mask;  /* all-ones exponent: Inf or NaN */
+    uint16_t one;       /* 1.0 */
 } row_type;
 
 static const row_type types[2] = {
-    { "fp16", FUSEDROPE_FLOAT16, fr_avx2_widen_f16, fr_avx2_narrow_f16, ref_widen_f16,
-      ref_narrow_f16, 13, 0x7c00 },
-    { "bf16", FUSEDROPE_BFLOAT16, fr_avx2_widen_bf16, fr_avx2_narrow_bf16, ref_widen_bf16,
-      ref_narrow_bf16, 16, 0x7f80 },
+    { "fp16", FUSEDROPE_FLOAT16, fr_avx2_rotate_f16, fr_avx2_rotate_pairs_f16, ref_widen_f16,
+      ref_narrow_f16, 13, 0x7c00, 0x3c00 },
+    { "bf16", FUSEDROPE_BFLOAT16, fr_avx2_rotate_bf16, fr_avx2_rotate_pairs_bf16,
+      ref_widen_bf16, ref_narrow_bf16, 16, 0x7f80, 0x3f80 },
 };
 
-START_TEST(test_widen_every_value)
+static int is_nan16(const row_type *t, uint16_t h)
 {
-    const row_type *t = &types[_i];
-    if (!fr_avx2_usable()) /* the rows would raise SIGILL; the calls test still runs */
-        return;
-    uint16_t *h = malloc(65536 * sizeof *h);
-    float *f = malloc(65536 * sizeof *f);
-    ck_assert(h && f);
-    for (uint32_t i = 0; i < 65536; i++)
-        h[i] = (uint16_t)i;
-    t->widen(h, f, 65536);
-    for (uint32_t i = 0; i < 65536; i++) {
-        const uint32_t want = bits(t->ref_widen(h[i])), got = bits(f[i]);
-        const int nan = (i & t->exp_mask) == t->exp_mask && (i & ~t->exp_mask & 0x7fffu);
-        if (nan) { /* may come back quiet */
-            if (!((got & 0x7f800000u) == 0x7f800000u && (got & 0x7fffffu) &&
-                  (got >> 31) == (want >> 31)))
-                ck_abort_msg("%s 0x%04x: 0x%08x is not the NaN 0x%08x", t->name, i, got, want);
-        } else if (got != want) { /* (a ck_assert per value would be slow) */
-            ck_abort_msg("%s 0x%04x: AVX2 0x%08x, portable 0x%08x", t->name, i, got, want);
+    return (h & t->exp_mask) == t->exp_mask && (h & ~t->exp_mask & 0x7fffu) != 0;
+}
+
+/* The rule: the same bits, or NaN on both sides. */
+static int same16(const row_type *t, uint16_t got, uint16_t want)
+{
+    return got == want || (is_nan16(t, got) && is_nan16(t, want));
+}
+
+/* The portable path's result for one pair. */
+static void ref_pair(const row_type *t, uint16_t a, uint16_t b, float c, float s, float sgn,
+                     uint16_t *ya, uint16_t *yb)
+{
+    float ra, rb;
+    fr_rotate(t->ref_widen(a), t->ref_widen(b), c, s, sgn, &ra, &rb);
+    *ya = t->ref_narrow(ra);
+    *yb = t->ref_narrow(rb);
+}
+
+/* m pairs (xa[i], xb[i]) through the AVX2 rotation of a style, into ya/yb
+ * (poisoned first); inter: interleaved pairs, through the scratch x2/y2 of
+ * 2m values. */
+static void avx2_rotate(const row_type *t, int inter, const uint16_t *xa, const uint16_t *xb,
+                        uint16_t *ya, uint16_t *yb, const float *cs, const float *sn, int64_t m,
+                        float sgn, int nt, uint16_t *x2, uint16_t *y2)
+{
+    memset(ya, 0xa5, (size_t)m * 2);
+    memset(yb, 0xa5, (size_t)m * 2);
+    if (!inter) {
+        t->rows(xa, xb, ya, yb, cs, sn, m, sgn, nt);
+    } else {
+        memset(y2, 0xa5, (size_t)m * 4);
+        for (int64_t i = 0; i < m; i++) {
+            x2[2 * i] = xa[i];
+            x2[2 * i + 1] = xb[i];
+        }
+        t->pairs(x2, y2, cs, sn, m, sgn, nt);
+        for (int64_t i = 0; i < m; i++) {
+            ya[i] = y2[2 * i];
+            yb[i] = y2[2 * i + 1];
         }
     }
-    free(h);
-    free(f);
+    __builtin_ia32_sfence(); /* after non-temporal stores */
+}
+
+/* Every pair's result against ref_pair; `what` names the case. */
+static void check_pairs(const row_type *t, const char *what, const uint16_t *xa,
+                        const uint16_t *xb, const uint16_t *ya, const uint16_t *yb,
+                        const float *cs, const float *sn, int64_t m, float sgn)
+{
+    for (int64_t i = 0; i < m; i++) {
+        uint16_t wa, wb;
+        ref_pair(t, xa[i], xb[i], cs[i], sn[i], sgn, &wa, &wb);
+        if (!same16(t, ya[i], wa) || !same16(t, yb[i], wb)) /* (a ck_assert per value is slow) */
+            ck_abort_msg("%s %s pair %lld: (0x%04x, 0x%04x) by cos 0x%08x sin 0x%08x sgn %g: "
+                         "AVX2 (0x%04x, 0x%04x), portable (0x%04x, 0x%04x)",
+                         t->name, what, (long long)i, xa[i], xb[i], bits(cs[i]), bits(sn[i]),
+                         (double)sgn, ya[i], yb[i], wa, wb);
+    }
+}
+
+START_TEST(test_every_value)
+{
+    const row_type *t = &types[_i];
+    enum { M = 65536 + 5 }; /* every value, and a scalar tail */
+    uint16_t *v = malloc(M * 2), *r = malloc(M * 2), *ya = malloc(M * 2), *yb = malloc(M * 2),
+             *x2 = malloc(M * 4), *y2 = malloc(M * 4);
+    float *cs = malloc(M * sizeof *cs), *sn = malloc(M * sizeof *sn);
+    uint64_t st = seed ^ 0xa11;
+    if (!fr_avx2_usable()) /* the rotations would raise SIGILL; the calls test still runs */
+        goto out;
+    ck_assert(v && r && ya && yb && x2 && y2 && cs && sn);
+    for (int64_t i = 0; i < M; i++) {
+        /* cos/sin: random in (-1.5, 1.5) (attention factors above 1), with
+         * exact 1, 0, -0 and -1 salted in */
+        static const float special[] = { 1.0f, 0.0f, -0.0f, -1.0f };
+        const uint64_t q = next(&st);
+        v[i] = (uint16_t)i;
+        r[i] = (uint16_t)(q >> 8);
+        cs[i] = q % 11 == 0 ? special[(q >> 40) & 3] : (float)((double)(q >> 11) * 0x1p-53 * 3.0 - 1.5);
+        sn[i] = q % 13 == 0 ? special[(q >> 44) & 3] : (float)((double)(next(&st) >> 11) * 0x1p-53 * 3.0 - 1.5);
+    }
+    for (int inter = 0; inter < 2; inter++)
+        for (int nt = 0; nt < 2; nt++)
+            for (int neg = 0; neg < 2; neg++)
+                for (int as_b = 0; as_b < 2; as_b++) {
+                    const float sgn = neg ? -1.0f : 1.0f;
+                    const uint16_t *xa = as_b ? r : v, *xb = as_b ? v : r;
+                    char what[64];
+                    snprintf(what, sizeof what, "%s, %s stores, every value as %s",
+                             inter ? "interleaved" : "rows", nt ? "non-temporal" : "plain",
+                             as_b ? "b" : "a");
+                    avx2_rotate(t, inter, xa, xb, ya, yb, cs, sn, M, sgn, nt, x2, y2);
+                    check_pairs(t, what, xa, xb, ya, yb, cs, sn, M, sgn);
+                }
+out:
+    free(v); free(r); free(ya); free(yb); free(x2); free(y2); free(cs); free(sn);
 }
 END_TEST
 
 START_TEST(test_narrow_rounding_patterns)
 {
     const row_type *t = &types[_i];
-    if (!fr_avx2_usable()) /* the rows would raise SIGILL; the calls test still runs */
-        return;
     const uint32_t half = 1u << (t->dropped - 1), all = (1u << t->dropped) - 1;
     /* the dropped bits: zero, one ulp, just under/at/over the halfway point,
      * all ones, and one random pattern */
     const uint32_t low[6] = { 0, 1, half - 1, half, half + 1, all };
-    enum { NLOW = 7, BLOCK = 2048 };
+    enum { NLOW = 7, BLOCK = 2048, M = BLOCK * NLOW };
     const uint32_t nhigh = 1u << (32 - t->dropped);
-    float *f = malloc(BLOCK * NLOW * sizeof *f);
-    uint16_t *h = malloc(BLOCK * NLOW * sizeof *h);
+    float *cs = malloc(M * sizeof *cs), *sn = calloc(M, sizeof *sn);
+    uint16_t *xa = malloc(M * 2), *xb = calloc(M, 2), *ya = malloc(M * 2), *yb = malloc(M * 2),
+             *x2 = malloc(M * 4), *y2 = malloc(M * 4);
     uint64_t s = seed;
-    ck_assert(f && h);
-    for (uint32_t hi0 = 0; hi0 < nhigh; hi0 += BLOCK) {
-        int64_t n = 0;
-        for (uint32_t hi = hi0; hi < hi0 + BLOCK; hi++)
-            for (int k = 0; k < NLOW; k++)
-                f[n++] = from_bits(hi << t->dropped |
-                                   (k < NLOW - 1 ? low[k] : (uint32_t)next(&s) & all));
-        t->narrow(f, h, n);
-        for (int64_t i = 0; i < n; i++)
-            if (h[i] != t->ref_narrow(f[i]))
-                ck_abort_msg("%s from float 0x%08x: AVX2 0x%04x, portable 0x%04x", t->name,
-                             bits(f[i]), h[i], t->ref_narrow(f[i]));
+    if (!fr_avx2_usable())
+        goto out;
+    ck_assert(cs && sn && xa && xb && ya && yb && x2 && y2);
+    for (int64_t i = 0; i < M; i++)
+        xa[i] = t->one; /* a' = 1 * cos - 0 * sin: the narrowing of cos */
+    for (int inter = 0; inter < 2; inter++) {
+        for (uint32_t hi0 = 0; hi0 < nhigh; hi0 += BLOCK) {
+            int64_t n = 0;
+            for (uint32_t hi = hi0; hi < hi0 + BLOCK; hi++)
+                for (int k = 0; k < NLOW; k++)
+                    cs[n++] = from_bits(hi << t->dropped |
+                                        (k < NLOW - 1 ? low[k] : (uint32_t)next(&s) & all));
+            avx2_rotate(t, inter, xa, xb, ya, yb, cs, sn, M, 1.0f, 0, x2, y2);
+            check_pairs(t, inter ? "interleaved, rounding" : "rows, rounding", xa, xb, ya, yb,
+                        cs, sn, M, 1.0f);
+        }
+        /* random floats, in a length that leaves a scalar tail */
+        for (int64_t i = 0; i < M; i++)
+            cs[i] = from_bits((uint32_t)next(&s));
+        avx2_rotate(t, inter, xa, xb, ya, yb, cs, sn, M - 5, 1.0f, 0, x2, y2);
+        check_pairs(t, "random floats", xa, xb, ya, yb, cs, sn, M - 5, 1.0f);
     }
-    /* random floats, in a length that leaves a tail for the scalar loop */
-    for (int64_t i = 0; i < BLOCK * NLOW - 5; i++)
-        f[i] = from_bits((uint32_t)next(&s));
-    t->narrow(f, h, BLOCK * NLOW - 5);
-    for (int64_t i = 0; i < BLOCK * NLOW - 5; i++)
-        if (h[i] != t->ref_narrow(f[i]))
-            ck_abort_msg("%s from float 0x%08x: AVX2 0x%04x, portable 0x%04x", t->name,
-                         bits(f[i]), h[i], t->ref_narrow(f[i]));
-    free(f);
-    free(h);
+out:
+    free(cs); free(sn); free(xa); free(xb); free(ya); free(yb); free(x2); free(y2);
 }
 END_TEST
 
@@ -168,10 +255,15 @@ static void fill(const row_type *t, uint16_t *x, int64_t n, uint64_t *s)
 START_TEST(test_calls_match_portable)
 {
     /* sbhd [S, B, H, D], rot_dim R: odd sizes, pass-through channels, and
-     * rot_dims (42, 26) that are no multiple of 16, so the conversions'
-     * scalar tails run too */
+     * rot_dims (42, 26) that are no multiple of 16, so the scalar tails run
+     * too; rot_dim 2050, which the portable path takes in pieces; and 4 MiB
+     * outputs, which are streamed: straight from the rotation (rot_dim 128,
+     * 96 with pass-through channels, interleaved 104) or through the row
+     * buffer (NeoX 104: a half of 52 elements is no multiple of 16 bytes) */
     static const struct { int64_t s, b, h, d, r; } shapes[] = {
-        { 7, 3, 5, 128, 128 }, { 9, 2, 3, 96, 42 }, { 33, 1, 2, 64, 64 }, { 5, 4, 1, 30, 26 },
+        { 7, 3, 5, 128, 128 },  { 9, 2, 3, 96, 42 },    { 33, 1, 2, 64, 64 },
+        { 5, 4, 1, 30, 26 },    { 3, 2, 2, 2050, 2050 }, { 256, 4, 16, 128, 128 },
+        { 256, 4, 16, 128, 96 }, { 256, 4, 16, 128, 104 },
     };
     const row_type *t = &types[_i];
     uint64_t st = seed ^ 0x5eed;
@@ -203,7 +295,7 @@ START_TEST(test_calls_match_portable)
                     }
                     __atomic_store_n(&fr_avx2_off, 0, __ATOMIC_RELAXED);
                     for (int64_t i = 0; i < n; i++)
-                        if (y[0][i] != y[1][i])
+                        if (!same16(t, y[0][i], y[1][i]))
                             ck_abort_msg("%s shape %zu style %d op %d in place %d element %lld: "
                                          "AVX2 0x%04x, portable 0x%04x (input 0x%04x)",
                                          t->name, k, style, op, in_place, (long long)i, y[0][i],
@@ -229,7 +321,7 @@ int main(void)
            fr_avx2_usable() ? "AVX2 and F16C in use"
                             : "this CPU lacks AVX2 or F16C: both paths are the portable ones");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, test_widen_every_value, 0, 2);
+    tcase_add_loop_test(tc, test_every_value, 0, 2);
     tcase_add_loop_test(tc, test_narrow_rounding_patterns, 0, 2);
     tcase_add_loop_test(tc, test_calls_match_portable, 0, 2);
     suite_add_tcase(s, tc);
