@@ -129,10 +129,10 @@ static row_conv pick_rows(fusedrope_dtype dt)
 enum { ROW_PAIRS = 512 };
 
 /* rc: the 16-bit type's row operations, NULL for float32; tmp: 2 * ROW_PAIRS
- * floats, tmp16: 2 * ROW_PAIRS 16-bit values of scratch.  nt: y is streamed
+ * floats, tmp16: 2 * ROW_PAIRS 16-bit values of scratch.  nt_stores: y is streamed
  * (non-temporal stores; only with cpu_avx2.c's rotations). */
 static void rotate_head(const row_conv *rc, const void *x, void *y, const float *cs,
-                        const float *sn, int64_t half, int interleaved, float sgn, int nt,
+                        const float *sn, int64_t half, int interleaved, float sgn, int nt_stores,
                         float *tmp, uint16_t *tmp16)
 {
     const uint16_t *x16 = x;
@@ -144,9 +144,9 @@ static void rotate_head(const row_conv *rc, const void *x, void *y, const float 
     }
     if (rc->rotate != NULL) {
         if (interleaved)
-            rc->rotate_pairs(x16, y16, cs, sn, half, sgn, nt);
+            rc->rotate_pairs(x16, y16, cs, sn, half, sgn, nt_stores);
         else
-            rc->rotate(x16, x16 + half, y16, y16 + half, cs, sn, half, sgn, nt);
+            rc->rotate(x16, x16 + half, y16, y16 + half, cs, sn, half, sgn, nt_stores);
         return;
     }
     /* pairs [i, i + m): tmp holds their a values, then their b values, as
@@ -229,10 +229,11 @@ void fr_cpu_apply(const fr_apply_args *args)
         direct[k] = stream[k] && rc != NULL && rc->rotate != NULL &&
                     ((size_t)(args->interleaved ? cache->rot_dim : half) * es) % 16 == 0;
     }
+    (void)direct; /* read only where there is SSE2, as on every CPU with AVX2 */
 
 #pragma omp parallel if (elems > (1 << 16))
     {
-        int nt = 1, id = 0;
+        int threads = 1, id = 0;
         int64_t n0, n1, base, rem, t, hh, b = 0, s = 0, token = -1;
         const float *cs = NULL, *sn = NULL;
         /* Table-less caches: this token's cos/sin, computed once per token. */
@@ -241,11 +242,11 @@ void fr_cpu_apply(const fr_apply_args *args)
         float frow[2 * ROW_PAIRS];    /* a 16-bit head's channels as floats */
         uint16_t hrow[2 * ROW_PAIRS]; /* an interleaved one's, in NeoX order */
 #ifdef _OPENMP
-        nt = omp_get_num_threads();
+        threads = omp_get_num_threads();
         id = omp_get_thread_num();
 #endif
-        base = items / nt;
-        rem = items % nt;
+        base = items / threads;
+        rem = items % threads;
         n0 = id * base + (id < rem ? id : rem);
         n1 = n0 + base + (id < rem);
 

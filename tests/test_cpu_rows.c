@@ -16,9 +16,10 @@
  *   - whole calls: both styles, forward and backward, in place and out of
  *     place, partial rotary, odd sizes, rot_dim 2050 (the portable path in
  *     pieces), outputs large enough to be streamed (the AVX2 rotation then
- *     writes straight to memory), on random data salted with NaN, Inf,
- *     subnormals and values that overflow: the output bytes with the AVX2
- *     rotations equal the output bytes through the portable path.
+ *     writes straight to memory), a streamed q+k call in bshd, on random
+ *     data salted with NaN, Inf, subnormals and values that overflow: the
+ *     output bytes with the AVX2 rotations equal the output bytes through
+ *     the portable path.
  * Skipped (exit 77) where the library has no AVX2 code (not x86-64); on an
  * x86-64 CPU without AVX2/F16C the first two return at once and both paths
  * of the calls test are the portable ones, and the test says so.
@@ -256,14 +257,15 @@ START_TEST(test_calls_match_portable)
 {
     /* sbhd [S, B, H, D], rot_dim R: odd sizes, pass-through channels, and
      * rot_dims (42, 26) that are no multiple of 16, so the scalar tails run
-     * too; rot_dim 2050, which the portable path takes in pieces; and 4 MiB
-     * outputs, which are streamed: straight from the rotation (rot_dim 128,
-     * 96 with pass-through channels, interleaved 104) or through the row
-     * buffer (NeoX 104: a half of 52 elements is no multiple of 16 bytes) */
+     * too; rot_dim 2050, which the portable path takes in pieces; and 5 MiB
+     * outputs, over the 4 MiB from which the backend streams its output:
+     * straight from the rotation (rot_dim 128, 96 with pass-through channels,
+     * interleaved 104 with a scalar tail) or through the row buffer (NeoX
+     * 104: a half of 52 elements is no multiple of 16 bytes) */
     static const struct { int64_t s, b, h, d, r; } shapes[] = {
         { 7, 3, 5, 128, 128 },  { 9, 2, 3, 96, 42 },    { 33, 1, 2, 64, 64 },
-        { 5, 4, 1, 30, 26 },    { 3, 2, 2, 2050, 2050 }, { 256, 4, 16, 128, 128 },
-        { 256, 4, 16, 128, 96 }, { 256, 4, 16, 128, 104 },
+        { 5, 4, 1, 30, 26 },    { 3, 2, 2, 2050, 2050 }, { 320, 4, 16, 128, 128 },
+        { 320, 4, 16, 128, 96 }, { 320, 4, 16, 128, 104 },
     };
     const row_type *t = &types[_i];
     uint64_t st = seed ^ 0x5eed;
@@ -309,6 +311,55 @@ START_TEST(test_calls_match_portable)
 }
 END_TEST
 
+/* A q+k call in bshd, q and k with different head counts in buffers of
+ * their own, each over the 4 MiB from which the backend streams (the two
+ * tensors are judged apart), with pass-through channels. */
+START_TEST(test_qk_streamed_matches_portable)
+{
+    enum { B = 4, S = 640, HQ = 16, HK = 8, D = 128, R = 96 };
+    const row_type *t = &types[_i];
+    const int64_t nq = (int64_t)B * S * HQ * D, nk = (int64_t)B * S * HK * D;
+    uint16_t *q = malloc((size_t)nq * 2), *k = malloc((size_t)nk * 2),
+             *yq[2] = { malloc((size_t)nq * 2), malloc((size_t)nq * 2) },
+             *yk[2] = { malloc((size_t)nk * 2), malloc((size_t)nk * 2) };
+    uint64_t st = seed ^ 0x9c;
+    fusedrope_cache_config cfg;
+    fusedrope_cache *c;
+    ck_assert(q && k && yq[0] && yq[1] && yk[0] && yk[1]);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, R, S, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &c), FUSEDROPE_OK);
+    fill(t, q, nq, &st);
+    fill(t, k, nk, &st);
+    for (int style = 0; style < 2; style++)
+        for (int op = 0; op < 2; op++) {
+            for (int off = 0; off < 2; off++) {
+                fusedrope_tensor qi = fusedrope_tensor_bshd(q, t->dt, B, S, HQ, D),
+                                 qo = fusedrope_tensor_bshd(yq[off], t->dt, B, S, HQ, D),
+                                 ki = fusedrope_tensor_bshd(k, t->dt, B, S, HK, D),
+                                 ko = fusedrope_tensor_bshd(yk[off], t->dt, B, S, HK, D);
+                fusedrope_status rc;
+                __atomic_store_n(&fr_avx2_off, off, __ATOMIC_RELAXED);
+                memset(yq[off], 0xa5, (size_t)nq * 2);
+                memset(yk[off], 0xa5, (size_t)nk * 2);
+                rc = op ? fusedrope_backward_qk(c, (fusedrope_style)style, NULL, &qi, &qo, &ki, &ko, NULL)
+                        : fusedrope_forward_qk(c, (fusedrope_style)style, NULL, &qi, &qo, &ki, &ko, NULL);
+                ck_assert_int_eq(rc, FUSEDROPE_OK);
+            }
+            __atomic_store_n(&fr_avx2_off, 0, __ATOMIC_RELAXED);
+            for (int64_t i = 0; i < nq + nk; i++) {
+                const uint16_t a = i < nq ? yq[0][i] : yk[0][i - nq],
+                               p = i < nq ? yq[1][i] : yk[1][i - nq];
+                if (!same16(t, a, p))
+                    ck_abort_msg("%s q+k style %d op %d %s element %lld: AVX2 0x%04x, portable 0x%04x",
+                                 t->name, style, op, i < nq ? "q" : "k",
+                                 (long long)(i < nq ? i : i - nq), a, p);
+            }
+        }
+    fusedrope_cache_destroy(c);
+    free(q); free(k); free(yq[0]); free(yq[1]); free(yk[0]); free(yk[1]);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cpu_rows");
@@ -324,6 +375,7 @@ int main(void)
     tcase_add_loop_test(tc, test_every_value, 0, 2);
     tcase_add_loop_test(tc, test_narrow_rounding_patterns, 0, 2);
     tcase_add_loop_test(tc, test_calls_match_portable, 0, 2);
+    tcase_add_loop_test(tc, test_qk_streamed_matches_portable, 0, 2);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

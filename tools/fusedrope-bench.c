@@ -813,7 +813,7 @@ static void cpu_copy(char *dst, const char *src, size_t n)
 #pragma omp parallel
         {
             const size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
-            const size_t piece = (n / nt + 63) & ~(size_t)63;
+            const size_t piece = ((n + nt - 1) / nt + 63) & ~(size_t)63;
             const size_t a = id * piece < n ? id * piece : n;
             const size_t b = a + piece < n ? a + piece : n;
             memcpy(dst + a, src + a, b - a);
