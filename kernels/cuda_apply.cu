@@ -45,12 +45,16 @@
 #include <limits.h>
 #include <stdint.h>
 
+#ifdef FR_CUDA_EMULATE
+#include "cuda_emu.h" /* a host build that runs the kernels on the CPU */
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "internal.h"
 #include "cuda_util.cuh"
+#endif
 
 namespace {
 
@@ -675,6 +679,9 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /* Streaming multiprocessors of the current device, cached per device. */
 int sm_count(void)
 {
+#ifdef FR_CUDA_EMULATE
+    return fr_emu_sms;
+#else
     static int cached[64];
     int dev = 0, n = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) {
@@ -690,6 +697,7 @@ int sm_count(void)
     if (dev >= 0 && dev < 64)
         __atomic_store_n(&cached[dev], n, __ATOMIC_RELAXED);
     return n;
+#endif
 }
 
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
@@ -792,18 +800,29 @@ Shape choose_shape(int64_t tokens, int64_t heads, int64_t lanes, int sms)
     return sh;
 }
 
+template <int DT, int MODE>
+cudaError_t launch_mode(const Shape &sh, const KParams &P, cudaStream_t stream)
+{
+#ifdef FR_CUDA_EMULATE
+    (void)stream;
+    fr_emu_launch(rope_kernel<DT, MODE>, sh.grid, sh.block, P);
+    return cudaSuccess;
+#else
+    rope_kernel<DT, MODE><<<sh.grid, sh.block, 0, stream>>>(P);
+    return cudaGetLastError();
+#endif
+}
+
 template <int DT>
 cudaError_t launch(bool vec, const Shape &sh, const KParams &P, cudaStream_t stream)
 {
     if (!vec)
-        rope_kernel<DT, MODE_SCALAR><<<sh.grid, sh.block, 0, stream>>>(P);
-    else if (P.interleaved)
-        rope_kernel<DT, MODE_INTER_VEC><<<sh.grid, sh.block, 0, stream>>>(P);
-    else if (ceil_div(P.heads, P.gtotal) <= UN) /* every thread has one group of heads */
-        rope_kernel<DT, MODE_NEOX_ONE><<<sh.grid, sh.block, 0, stream>>>(P);
-    else
-        rope_kernel<DT, MODE_NEOX_VEC><<<sh.grid, sh.block, 0, stream>>>(P);
-    return cudaGetLastError();
+        return launch_mode<DT, MODE_SCALAR>(sh, P, stream);
+    if (P.interleaved)
+        return launch_mode<DT, MODE_INTER_VEC>(sh, P, stream);
+    if (ceil_div(P.heads, P.gtotal) <= UN) /* every thread has one group of heads */
+        return launch_mode<DT, MODE_NEOX_ONE>(sh, P, stream);
+    return launch_mode<DT, MODE_NEOX_VEC>(sh, P, stream);
 }
 
 } /* namespace */

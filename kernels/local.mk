@@ -9,7 +9,8 @@ CUDA_SRCS = \
 CUDA_HDRS = \
 	kernels/cuda_util.cuh
 
-EXTRA_DIST += $(CUDA_SRCS) $(CUDA_HDRS) lib/cuda_stub.c
+# kernels/cuda_emu.h: the host emulation of the kernels (tests/test_apply_emu)
+EXTRA_DIST += $(CUDA_SRCS) $(CUDA_HDRS) lib/cuda_stub.c kernels/cuda_emu.h
 
 if HAVE_CUDA
 CUDA_OBJS = $(CUDA_SRCS:.cu=.$(OBJEXT))

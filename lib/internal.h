@@ -73,7 +73,6 @@ fusedrope_status fr_fail(fusedrope_status status, const char *fmt, ...)
 void fr_clear_error(void);
 size_t fr_dtype_size(fusedrope_dtype dtype);
 
-/* Forward and backward modules both end here. */
 /* Forward and backward modules both end here: checks every argument, then
  * runs the call on the cache's device.  names: in[0], out[0], in[1], out[1]
  * as the caller calls them, for error messages. */

@@ -26,6 +26,25 @@ tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c
 tests_test_cpu_rows_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_cpu_rows_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_cpu_rows_DEPENDENCIES = libfusedrope.a
+
+# test_apply again, with the OpenMP backend's entry point wrapped so that
+# every call runs the CUDA launcher and kernels built for the host
+# (kernels/cuda_apply_emu.cc, kernels/cuda_emu.h; tests/cuda_emu_wrap.c).
+if HAVE_CUDA_EMU
+check_PROGRAMS += tests/test_apply_emu
+TESTS += tests/test_apply_emu
+tests_test_apply_emu_SOURCES = tests/test_apply.c tests/cuda_emu_wrap.c \
+	kernels/cuda_apply_emu.cc $(TEST_COMMON_SOURCES)
+tests_test_apply_emu_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_EMU_CPPFLAGS) -I$(srcdir)/kernels
+tests_test_apply_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+# -fno-strict-aliasing: the kernels read 16-bit and float arrays as uint4,
+# which the device allows and a host optimiser may not
+tests_test_apply_emu_CXXFLAGS = -std=c++17 -ffp-contract=off -fno-strict-aliasing \
+	-Wall -Wextra -Wno-unknown-pragmas
+tests_test_apply_emu_LDFLAGS = -Wl,--wrap=fr_cpu_apply
+tests_test_apply_emu_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_apply_emu_DEPENDENCIES = libfusedrope.a
+endif
 else
 check_SCRIPTS = tests/no-libcheck.sh
 TESTS += tests/no-libcheck.sh

@@ -1082,6 +1082,36 @@ static void test_qk_equals_two_calls_body(int _i)
 }
 GROUPED_TEST(test_qk_equals_two_calls, 3)
 
+/* Many heads per token: the CUDA launcher then gives a thread several heads
+ * (tests/test_apply_emu runs this on the kernels' code), and the CPU
+ * backend's work items cross token boundaries inside a thread. */
+static void test_many_heads_body(int _i)
+{
+    static const int64_t heads[] = {5, 24, 40, 130};
+    int i = _i;
+    apply_case c;
+    memset(&c, 0, sizeof c);
+    c.style = (fusedrope_style)(i % 2); i /= 2;
+    c.dt = dtypes[i % 3]; i /= 3;
+    c.inplace = i % 2; i /= 2;
+    c.backward = i % 2; i /= 2;
+    c.H = heads[i % 4];
+    c.lx = (int[]){LAY_SBHD, LAY_BSHD, LAY_SBHD_PAD, LAY_HSBD}[i % 4];
+    c.ly = (int[]){LAY_BSHD, LAY_SBHD, LAY_SBHD, LAY_BSHD_PAD}[(i + _i) % 4];
+    c.pm = (int[]){PM_NULL, PM_OFFSETS, PM_IDS}[_i % 3];
+    c.kind = _i % 5 == 4 ? K_TABLELESS : K_DEFAULT;
+    c.rot_dim = _i % 2 ? 96 : 128;
+    c.S = 9;
+    c.B = 3;
+    c.D = 128;
+    c.lo = -4;
+    c.hi = 4;
+    c.stream = 9600 + (uint64_t)_i;
+    run_case(&c);
+    end_test();
+}
+GROUPED_TEST(test_many_heads, 4)
+
 /* Large enough for the multi-threaded path (and, out of place with 16-byte
  * aligned rows of >= 4 MiB in all, whatever bulk-store path a backend has). */
 START_TEST(test_large)
@@ -1251,6 +1281,7 @@ static Suite *apply_suite(void)
 
     tc = tcase_create("large");
     tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, test_many_heads, 0, 2 * 3 * 2 * 2 * 4 / 4);
     tcase_add_loop_test(tc, test_large, 0, 6);
     tcase_add_loop_test(tc, test_large_qk_thd, 0, 6);
     suite_add_tcase(s, tc);

@@ -1,0 +1,78 @@
+/*
+ * cuda_emu.h - just enough of CUDA for a host C++ compiler to build
+ * kernels/cuda_apply.cu (with FR_CUDA_EMULATE defined) and run its kernels on
+ * the CPU, one thread after another.  This is how CI, which has no GPU, runs
+ * the kernels' code: their indexing, launch shapes, path choice and
+ * arithmetic (tests/test_apply_emu).  It cannot stand in for a GPU run: no
+ * memory model, no concurrency, no sanitizer (tests/test_cuda and
+ * compute-sanitizer on a device do that).
+ *
+ * What it relies on: the kernels use no shared memory, barriers, warp
+ * intrinsics or atomics, so every thread is independent and running them in
+ * sequence gives what the device gives; the fp16/bf16 conversion intrinsics
+ * of cuda_fp16.h and cuda_bf16.h have host definitions.
+ */
+#ifndef FUSEDROPE_CUDA_EMU_H
+#define FUSEDROPE_CUDA_EMU_H
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <vector_functions.h>
+#include <vector_types.h>
+
+/* The emulated backend's entry point gets its own name, so that a test can
+ * link it next to the library's real (or stub) fr_cuda_apply. */
+#define fr_cuda_apply fr_emu_cuda_apply
+
+#include "internal.h"
+
+/* The CUDA headers give a host compiler attribute spellings of these; here
+ * they mean nothing.  (Their types, cudaStream_t and cudaError_t, stay; no
+ * runtime function is called, so nothing links against the runtime.) */
+#undef __global__
+#undef __device__
+#undef __forceinline__
+#undef __grid_constant__
+#undef __launch_bounds__
+#undef __maxnreg__
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __grid_constant__
+#define __launch_bounds__(...)
+#define __maxnreg__(n)
+
+template <typename T> static inline T __ldg(const T *p) { return *p; }
+
+/* The built-in variables, per host thread (tests may call from several). */
+static thread_local uint3 threadIdx, blockIdx;
+static thread_local dim3 blockDim, gridDim;
+
+/* Streaming multiprocessors the launcher plans for: a test sets it to see
+ * other launch shapes (the real backend asks the device). */
+extern "C" int fr_emu_sms;
+
+/* kernel<<<grid, block>>>(P), one thread at a time. */
+template <typename Kernel, typename Params>
+static void fr_emu_launch(Kernel kernel, dim3 grid, dim3 block, const Params &P)
+{
+    gridDim = grid;
+    blockDim = block;
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++)
+                for (unsigned tz = 0; tz < block.z; tz++)
+                    for (unsigned ty = 0; ty < block.y; ty++)
+                        for (unsigned tx = 0; tx < block.x; tx++) {
+                            blockIdx = make_uint3(bx, by, bz);
+                            threadIdx = make_uint3(tx, ty, tz);
+                            kernel(P);
+                        }
+}
+
+static inline fusedrope_status fr_cuda_fail(cudaError_t err, const char *what)
+{
+    return fr_fail(FUSEDROPE_ERR_CUDA, "%s failed (emulated error %d)", what, err);
+}
+
+#endif /* FUSEDROPE_CUDA_EMU_H */

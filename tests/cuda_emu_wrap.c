@@ -1,0 +1,106 @@
+/*
+ * cuda_emu_wrap.c - linked into test_apply_emu with -Wl,--wrap=fr_cpu_apply:
+ * every call the library would run on its OpenMP backend runs instead
+ * through the CUDA backend's launcher and kernels, built for the host by
+ * kernels/cuda_apply_emu.cc.  test_apply's checks (an independent float64
+ * reference, poisoned outputs, untouched channels and bytes) then judge the
+ * kernels' code without a GPU.
+ *
+ * Each call runs three times, with the launcher planning for 132 SMs (an
+ * H100), for 1 (the most heads per thread, the general NeoX kernel) and for
+ * 5, from the same starting bytes (saved and put back, so in place works
+ * too): the three outputs must be identical, and the last one stays for
+ * test_apply to check.
+ *
+ * The cache is the CPU one, used as if it lived on the device: its table,
+ * and its frequencies for a table-less cache, are host arrays, which the
+ * emulated kernels read directly.  Positions reach the kernels only after
+ * the library's host checks (a CPU cache's positions are checked before
+ * the backend runs), so every call must succeed with the range flag down.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+fusedrope_status fr_emu_cuda_apply(const fr_apply_args *a);
+void __wrap_fr_cpu_apply(const fr_apply_args *a);
+
+int fr_emu_sms = 132;
+
+/* Copies every element of the call's outputs to buf (save) or back from it. */
+static size_t outputs(const fr_apply_args *a, unsigned char *buf, int save)
+{
+    const size_t es = fr_dtype_size(a->dtype);
+    size_t n = 0;
+    for (int k = 0; k < a->count; k++) {
+        const fr_io *io = &a->io[k];
+        for (int64_t b = 0; b < a->batch; b++)
+            for (int64_t s = 0; s < a->seq_len; s++)
+                for (int64_t h = 0; h < io->heads; h++) {
+                    unsigned char *row = (unsigned char *)io->out +
+                                         (size_t)(b * io->out_sb + s * io->out_ss +
+                                                  h * io->out_sh) * es;
+                    const size_t bytes = (size_t)io->head_dim * es;
+                    if (buf != NULL) {
+                        if (save)
+                            memcpy(buf + n, row, bytes);
+                        else
+                            memcpy(row, buf + n, bytes);
+                    }
+                    n += bytes;
+                }
+    }
+    return n;
+}
+
+static void run(const fr_apply_args *a, int sms)
+{
+    fusedrope_cache c = *a->cache;
+    fr_apply_args e = *a;
+    fusedrope_status st;
+    int flag = 0;
+
+    c.inv_freq_dev = c.inv_freq;
+    c.range_flag = c.range_flag_dev = &flag;
+    e.cache = &c;
+    fr_emu_sms = sms;
+    st = fr_emu_cuda_apply(&e);
+    if (st != FUSEDROPE_OK || flag != 0) {
+        fprintf(stderr, "emulated CUDA backend, %d SMs: status %d, range flag %d (%s)\n", sms,
+                (int)st, flag, fusedrope_last_error());
+        abort();
+    }
+}
+
+void __wrap_fr_cpu_apply(const fr_apply_args *a)
+{
+    static const int sms[] = { 132, 1, 5 };
+    const size_t n = outputs(a, NULL, 0);
+    unsigned char *start = malloc(n ? n : 1), *first = malloc(n ? n : 1),
+                  *now = malloc(n ? n : 1);
+
+    if (start == NULL || first == NULL || now == NULL) {
+        fprintf(stderr, "cuda_emu_wrap: out of memory\n");
+        abort();
+    }
+    outputs(a, start, 1);
+    for (size_t i = 0; i < sizeof sms / sizeof sms[0]; i++) {
+        if (i > 0)
+            outputs(a, start, 0);
+        run(a, sms[i]);
+        outputs(a, i == 0 ? first : now, 1);
+        if (i > 0 && memcmp(first, now, n) != 0) {
+            size_t j = 0;
+            while (first[j] == now[j])
+                j++;
+            fprintf(stderr, "emulated CUDA backend: %d SMs and %d SMs differ at output byte %zu\n",
+                    sms[0], sms[i], j);
+            abort();
+        }
+    }
+    free(start);
+    free(first);
+    free(now);
+}
