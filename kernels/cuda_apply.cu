@@ -44,6 +44,7 @@
  */
 #include <limits.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef FR_CUDA_EMULATE
 #include "cuda_emu.h" /* a host build that runs the kernels on the CPU */
@@ -499,7 +500,11 @@ __device__ __forceinline__ void rotary_scalar(const KParams &P, const TokenPtrs<
     const int64_t p = token_position(P, b, s, &bad);
 
     if (bad) {
-        const T nv = (T)nan_word<DT>();
+        /* the word's bytes, not its value ((float)0x7fc00000u is 2.1e9); a
+         * 16-bit T takes one of its two equal halves */
+        const uint32_t nw = nan_word<DT>();
+        T nv;
+        memcpy(&nv, &nw, sizeof nv);
         raise_flag(P, lane, g);
         for (int64_t h = g; h < P.heads; h += P.gtotal) {
             const T *src;

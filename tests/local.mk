@@ -44,6 +44,17 @@ tests_test_apply_emu_CXXFLAGS = -std=c++17 -ffp-contract=off -fno-strict-aliasin
 tests_test_apply_emu_LDFLAGS = -Wl,--wrap=fr_cpu_apply
 tests_test_apply_emu_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_apply_emu_DEPENDENCIES = libfusedrope.a
+
+# The kernels' own checks of device-side positions (NaN and the range flag),
+# on the same host build of the kernels.
+check_PROGRAMS += tests/test_kernel_emu
+TESTS += tests/test_kernel_emu
+tests_test_kernel_emu_SOURCES = tests/test_kernel_emu.c kernels/cuda_apply_emu.cc
+tests_test_kernel_emu_CPPFLAGS = $(tests_test_apply_emu_CPPFLAGS)
+tests_test_kernel_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_kernel_emu_CXXFLAGS = $(tests_test_apply_emu_CXXFLAGS)
+tests_test_kernel_emu_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_kernel_emu_DEPENDENCIES = libfusedrope.a
 endif
 else
 check_SCRIPTS = tests/no-libcheck.sh
