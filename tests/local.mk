@@ -56,6 +56,22 @@ tests_test_kernel_emu_CXXFLAGS = $(tests_test_apply_emu_CXXFLAGS)
 tests_test_kernel_emu_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_kernel_emu_DEPENDENCIES = libfusedrope.a
 endif
+
+# The fuzz harness's replay (tests/hardening.mk) with the same wrap: every
+# call of the corpus, the regression inputs and the pseudo-random inputs
+# that the library accepts runs on the emulated kernels, judged by the
+# harness's model of the rules.
+if HAVE_CUDA_EMU
+check_PROGRAMS += tests/fuzz/fuzz_replay_emu
+TESTS += tests/fuzz/fuzz_replay_emu
+tests_fuzz_fuzz_replay_emu_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c \
+	tests/cuda_emu_wrap.c kernels/cuda_apply_emu.cc
+tests_fuzz_fuzz_replay_emu_CPPFLAGS = $(tests_test_apply_emu_CPPFLAGS)
+tests_fuzz_fuzz_replay_emu_CXXFLAGS = $(tests_test_apply_emu_CXXFLAGS)
+tests_fuzz_fuzz_replay_emu_LDFLAGS = -Wl,--wrap=fr_cpu_apply
+tests_fuzz_fuzz_replay_emu_LDADD = $(FUSEDROPE_LIBS)
+tests_fuzz_fuzz_replay_emu_DEPENDENCIES = libfusedrope.a
+endif
 else
 check_SCRIPTS = tests/no-libcheck.sh
 TESTS += tests/no-libcheck.sh
