@@ -102,7 +102,7 @@ static fr_apply_args make_args(const kcase *k, const fusedrope_cache *cache, con
     return a;
 }
 
-static void run_case(const kcase *k, uint64_t seed)
+static void run_case(const kcase *k, const char *name, uint64_t seed)
 {
     const size_t es = es_of(k->dt);
     const size_t n = (size_t)(k->S * k->B * k->H * k->pad), bytes = n * es;
@@ -148,7 +148,7 @@ static void run_case(const kcase *k, uint64_t seed)
         a = make_args(k, &emu, k->in_place ? y : x, y);
         fr_emu_sms = shape ? 1 : 132;
         ck_assert_int_eq(fr_emu_cuda_apply(&a), FUSEDROPE_OK);
-        ck_assert_msg(flag == 1, "the range flag is %d, not raised", flag);
+        ck_assert_msg(flag == 1, "%s: the range flag is %d, not raised", name, flag);
 
         for (int64_t s = 0; s < k->S; s++)
             for (int64_t b = 0; b < k->B; b++)
@@ -159,15 +159,16 @@ static void run_case(const kcase *k, uint64_t seed)
                         if (c >= k->D) { /* between heads: never written */
                             const int same = k->in_place ? !memcmp(y + o, x + o, es)
                                                          : y[o] == 0xa5;
-                            ck_assert_msg(same, "padding written at s %lld b %lld h %lld",
-                                          (long long)s, (long long)b, (long long)h);
+                            ck_assert_msg(same, "%s: padding written at s %lld b %lld h %lld",
+                                          name, (long long)s, (long long)b, (long long)h);
                         } else if (bad && c < R) {
                             ck_assert_msg(is_nan(k->dt, y + o),
-                                          "token (s %lld, b %lld) head %lld channel %lld: not NaN",
-                                          (long long)s, (long long)b, (long long)h, (long long)c);
+                                          "%s: token (s %lld, b %lld) head %lld channel %lld: "
+                                          "not NaN", name, (long long)s, (long long)b,
+                                          (long long)h, (long long)c);
                         } else if (memcmp(y + o, ref + o, es) != 0) {
-                            ck_abort_msg("token (s %lld, b %lld%s) head %lld channel %lld: the "
-                                         "emulated kernel and the CPU backend differ",
+                            ck_abort_msg("%s: token (s %lld, b %lld%s) head %lld channel %lld: "
+                                         "the emulated kernel and the CPU backend differ", name,
                                          (long long)s, (long long)b, bad ? ", no position" : "",
                                          (long long)h, (long long)c);
                         }
@@ -194,85 +195,48 @@ static void variant(kcase *k, int i)
 }
 #define VARIANTS (3 * 2 * 2 * 2 * 2)
 
-START_TEST(test_ids_outside_the_table)
-{
-    /* ids[b * S + s]: (b 0, s 5) past the table, (1, 2) negative, (2, 1) far past it */
-    static const int64_t id[18] = { 0, 1, 2, 3, 4, M, 6, 7, -1, 9, 10, 31, 12, M + 100, 14, 15,
-                                    16, 17 };
-    int bad[18] = { 0 };
-    kcase k;
-    memset(&k, 0, sizeof k);
-    k.S = 6;
-    k.B = 3;
-    k.H = 5;
-    k.D = 80; /* 16 pass-through channels */
-    k.pos.ids = id;
-    k.pos.cp_size = 1;
-    bad[5] = bad[8] = bad[13] = 1;
-    k.bad = bad;
-    variant(&k, _i);
-    run_case(&k, 100 + (uint64_t)_i);
-}
-END_TEST
+/* The cases: a tensor, device-style positions, and which tokens (index
+ * b * S + s, the order of ids) have no position in the table. */
+static const int64_t ids_bad[18] = { 0, 1, 2, 3, 4, M, 6, 7, -1, 9, 10, 31, 12, M + 100, 14, 15,
+                                     16, 17 }; /* (b 0, s 5) past, (1, 2) negative, (2, 1) far */
+static const int64_t offsets_past[2] = { 3, M - 4 }; /* batch 1 leaves the table at s = 4 */
+static const int32_t cu_short[3] = { 0, 3, 7 };  /* tokens 7 and 8 of 9 in no sequence */
+static const int32_t cu_long[3] = { 0, 4, 12 };  /* ends past the 9 tokens: only the flag */
 
-START_TEST(test_offsets_past_the_table)
-{
-    static const int64_t off[2] = { 3, M - 4 }; /* batch 1 runs past row M-1 at s = 4 */
-    int bad[12] = { 0 };
-    kcase k;
-    memset(&k, 0, sizeof k);
-    k.S = 6;
-    k.B = 2;
-    k.H = 3;
-    k.D = 64;
-    k.pos.offsets = off;
-    k.pos.cp_size = 1;
-    bad[1 * 6 + 4] = bad[1 * 6 + 5] = 1;
-    k.bad = bad;
-    variant(&k, _i);
-    run_case(&k, 200 + (uint64_t)_i);
-}
-END_TEST
+static const struct {
+    const char *name;
+    int64_t S, B, H, D;
+    const int64_t *ids, *offsets;
+    const int32_t *cu;
+    int bad[4]; /* the tokens without a position, -1 ends */
+} cases[] = {
+    { "ids outside the table", 6, 3, 5, 80, ids_bad, NULL, NULL, { 5, 8, 13, -1 } },
+    { "offsets past the table", 6, 2, 3, 64, NULL, offsets_past, NULL, { 10, 11, -1 } },
+    { "cu_seqlens short of the tokens", 9, 1, 4, 96, NULL, NULL, cu_short, { 7, 8, -1 } },
+    { "cu_seqlens past the tokens", 9, 1, 2, 64, NULL, NULL, cu_long, { -1 } },
+};
+#define NCASES (int)(sizeof cases / sizeof cases[0])
 
-START_TEST(test_cu_seqlens_wrong)
+START_TEST(test_positions_the_kernels_check)
 {
-    /* 9 packed tokens; the sequences cover only the first 7: the last entry
-     * is not the token count (the flag), tokens 7 and 8 have no sequence */
-    static const int32_t cu[3] = { 0, 3, 7 };
-    int bad[9] = { 0, 0, 0, 0, 0, 0, 0, 1, 1 };
+    const int c = _i / VARIANTS;
+    int bad[64] = { 0 };
     kcase k;
     memset(&k, 0, sizeof k);
-    k.S = 9;
-    k.B = 1;
-    k.H = 4;
-    k.D = 96;
-    k.pos.cu_seqlens = cu;
-    k.pos.num_seqs = 2;
+    k.S = cases[c].S;
+    k.B = cases[c].B;
+    k.H = cases[c].H;
+    k.D = cases[c].D;
+    k.pos.ids = cases[c].ids;
+    k.pos.offsets = cases[c].offsets;
+    k.pos.cu_seqlens = cases[c].cu;
+    k.pos.num_seqs = cases[c].cu ? 2 : 0;
     k.pos.cp_size = 1;
+    for (int j = 0; j < 4 && cases[c].bad[j] >= 0; j++)
+        bad[cases[c].bad[j]] = 1;
     k.bad = bad;
-    variant(&k, _i);
-    run_case(&k, 300 + (uint64_t)_i);
-}
-END_TEST
-
-START_TEST(test_cu_seqlens_past_the_tokens)
-{
-    /* 9 packed tokens, the last sequence said to end at 12: every token has
-     * a position, only the kernel's check of the ends raises the flag */
-    static const int32_t cu[3] = { 0, 4, 12 };
-    int bad[9] = { 0 };
-    kcase k;
-    memset(&k, 0, sizeof k);
-    k.S = 9;
-    k.B = 1;
-    k.H = 2;
-    k.D = 64;
-    k.pos.cu_seqlens = cu;
-    k.pos.num_seqs = 2;
-    k.pos.cp_size = 1;
-    k.bad = bad;
-    variant(&k, _i);
-    run_case(&k, 400 + (uint64_t)_i);
+    variant(&k, _i % VARIANTS);
+    run_case(&k, cases[c].name, 100 * (uint64_t)c + (uint64_t)_i);
 }
 END_TEST
 
@@ -284,10 +248,7 @@ int main(void)
     int failed;
 
     tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_ids_outside_the_table, 0, VARIANTS);
-    tcase_add_loop_test(tc, test_offsets_past_the_table, 0, VARIANTS);
-    tcase_add_loop_test(tc, test_cu_seqlens_wrong, 0, VARIANTS);
-    tcase_add_loop_test(tc, test_cu_seqlens_past_the_tokens, 0, VARIANTS);
+    tcase_add_loop_test(tc, test_positions_the_kernels_check, 0, NCASES * VARIANTS);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
