@@ -15,6 +15,9 @@
 #ifndef FUSEDROPE_CUDA_EMU_H
 #define FUSEDROPE_CUDA_EMU_H
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <vector_functions.h>
@@ -52,10 +55,19 @@ static thread_local dim3 blockDim, gridDim;
  * other launch shapes (the real backend asks the device). */
 extern "C" int fr_emu_sms;
 
-/* kernel<<<grid, block>>>(P), one thread at a time. */
+/* kernel<<<grid, block>>>(P), one thread at a time.  A launch the device
+ * would refuse (the limits of compute capability 8.0 and later, and the
+ * kernels' 512-thread launch bounds) aborts instead of running. */
 template <typename Kernel, typename Params>
 static void fr_emu_launch(Kernel kernel, dim3 grid, dim3 block, const Params &P)
 {
+    const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 512 ||
+        block.z > 64 || grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
+        fprintf(stderr, "cuda_emu: a launch the device would refuse: grid (%u, %u, %u), block "
+                        "(%u, %u, %u)\n", grid.x, grid.y, grid.z, block.x, block.y, block.z);
+        abort();
+    }
     gridDim = grid;
     blockDim = block;
     for (unsigned bz = 0; bz < grid.z; bz++)

@@ -50,6 +50,22 @@ tests_fuzz_fuzz_replay_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c
 tests_fuzz_fuzz_replay_LDADD = $(FUSEDROPE_LIBS)
 tests_fuzz_fuzz_replay_DEPENDENCIES = libfusedrope.a
 
+# The same replay with test_apply_emu's wrap (tests/local.mk): every
+# call of the corpus, the regression inputs and the pseudo-random inputs
+# that the library accepts runs on the emulated kernels, judged by the
+# harness's model of the rules.
+if HAVE_CUDA_EMU
+check_PROGRAMS += tests/fuzz/fuzz_replay_emu
+TESTS += tests/fuzz/fuzz_replay_emu
+tests_fuzz_fuzz_replay_emu_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c \
+	tests/cuda_emu_wrap.c kernels/cuda_apply_emu.cc
+tests_fuzz_fuzz_replay_emu_CPPFLAGS = $(EMU_CPPFLAGS)
+tests_fuzz_fuzz_replay_emu_CXXFLAGS = $(EMU_CXXFLAGS)
+tests_fuzz_fuzz_replay_emu_LDFLAGS = -Wl,--wrap=fr_cpu_apply
+tests_fuzz_fuzz_replay_emu_LDADD = $(FUSEDROPE_LIBS)
+tests_fuzz_fuzz_replay_emu_DEPENDENCIES = libfusedrope.a
+endif
+
 EXTRA_PROGRAMS = tests/fuzz/fuzz_apply
 tests_fuzz_fuzz_apply_SOURCES = tests/fuzz/fuzz_apply.c
 tests_fuzz_fuzz_apply_LDADD = $(FUSEDROPE_LIBS)

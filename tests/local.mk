@@ -2,6 +2,14 @@
 # program so that `make -j check` runs them in parallel.
 TEST_COMMON_SOURCES = tests/ref.c tests/ref.h tests/util.c tests/util.h
 
+# The tests that run the CUDA kernels on the CPU compile kernels/cuda_apply.cu
+# with the host C++ compiler (kernels/cuda_apply_emu.cc, kernels/cuda_emu.h).
+# -fno-strict-aliasing: the kernels read 16-bit and float arrays as uint4,
+# which the device allows and a host optimiser may not.
+EMU_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_EMU_CPPFLAGS) -I$(srcdir)/kernels
+EMU_CXXFLAGS = -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wextra \
+	-Wno-unknown-pragmas
+
 if HAVE_CHECK
 check_PROGRAMS += tests/test_cache tests/test_apply tests/test_errors tests/test_cpu_rows
 TESTS += tests/test_cache tests/test_apply tests/test_errors tests/test_cpu_rows
@@ -35,12 +43,9 @@ check_PROGRAMS += tests/test_apply_emu
 TESTS += tests/test_apply_emu
 tests_test_apply_emu_SOURCES = tests/test_apply.c tests/cuda_emu_wrap.c \
 	kernels/cuda_apply_emu.cc $(TEST_COMMON_SOURCES)
-tests_test_apply_emu_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_EMU_CPPFLAGS) -I$(srcdir)/kernels
+tests_test_apply_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_apply_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-# -fno-strict-aliasing: the kernels read 16-bit and float arrays as uint4,
-# which the device allows and a host optimiser may not
-tests_test_apply_emu_CXXFLAGS = -std=c++17 -ffp-contract=off -fno-strict-aliasing \
-	-Wall -Wextra -Wno-unknown-pragmas
+tests_test_apply_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_test_apply_emu_LDFLAGS = -Wl,--wrap=fr_cpu_apply
 tests_test_apply_emu_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_apply_emu_DEPENDENCIES = libfusedrope.a
@@ -50,27 +55,11 @@ tests_test_apply_emu_DEPENDENCIES = libfusedrope.a
 check_PROGRAMS += tests/test_kernel_emu
 TESTS += tests/test_kernel_emu
 tests_test_kernel_emu_SOURCES = tests/test_kernel_emu.c kernels/cuda_apply_emu.cc
-tests_test_kernel_emu_CPPFLAGS = $(tests_test_apply_emu_CPPFLAGS)
+tests_test_kernel_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_kernel_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_kernel_emu_CXXFLAGS = $(tests_test_apply_emu_CXXFLAGS)
+tests_test_kernel_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_test_kernel_emu_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_kernel_emu_DEPENDENCIES = libfusedrope.a
-endif
-
-# The fuzz harness's replay (tests/hardening.mk) with the same wrap: every
-# call of the corpus, the regression inputs and the pseudo-random inputs
-# that the library accepts runs on the emulated kernels, judged by the
-# harness's model of the rules.
-if HAVE_CUDA_EMU
-check_PROGRAMS += tests/fuzz/fuzz_replay_emu
-TESTS += tests/fuzz/fuzz_replay_emu
-tests_fuzz_fuzz_replay_emu_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c \
-	tests/cuda_emu_wrap.c kernels/cuda_apply_emu.cc
-tests_fuzz_fuzz_replay_emu_CPPFLAGS = $(tests_test_apply_emu_CPPFLAGS)
-tests_fuzz_fuzz_replay_emu_CXXFLAGS = $(tests_test_apply_emu_CXXFLAGS)
-tests_fuzz_fuzz_replay_emu_LDFLAGS = -Wl,--wrap=fr_cpu_apply
-tests_fuzz_fuzz_replay_emu_LDADD = $(FUSEDROPE_LIBS)
-tests_fuzz_fuzz_replay_emu_DEPENDENCIES = libfusedrope.a
 endif
 else
 check_SCRIPTS = tests/no-libcheck.sh

@@ -9,12 +9,15 @@
  * (ids past the table or negative, offsets that run past it, cu_seqlens
  * that leave tokens outside every sequence or end past the last token), in
  * every dtype, both styles, in and out of place, on the vector and the
- * scalar paths and under two launch shapes, and checks every element:
+ * scalar paths and under two launch shapes (132 SMs: a head per thread;
+ * 1 SM: several heads per thread where the call is large enough), and
+ * checks every element:
  *   - a token without a position: NaN in each rotated channel of each head;
  *     the pass-through channels copied (out of place) or untouched (in
  *     place); the flag raised;
  *   - every other token: the bytes the CPU backend writes for it.
- * tests/test_cuda makes the same checks on a GPU.
+ * On a GPU, tests/test_cuda makes such checks for bfloat16 on the vector
+ * path.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -200,6 +203,12 @@ static void variant(kcase *k, int i)
 static const int64_t ids_bad[18] = { 0, 1, 2, 3, 4, M, 6, 7, -1, 9, 10, 31, 12, M + 100, 14, 15,
                                      16, 17 }; /* (b 0, s 5) past, (1, 2) negative, (2, 1) far */
 static const int64_t offsets_past[2] = { 3, M - 4 }; /* batch 1 leaves the table at s = 4 */
+static const int64_t ids_many[64] = {
+    0, 7, 14, M, 28, 3, 10, 17, 24, 31, 6, 13, 20, 27, 2, 9,
+    16, -1, 30, 5, 12, 19, 26, 1, 8, 15, 22, 29, 4, 11, 18, 25,
+    0, 7, 14, 21, 28, 3, 10, 17, M + 9, 31, 6, 13, 20, 27, 2, 9,
+    16, 23, 30, 5, 12, 19, 26, 1, 8, 15, 22, 29, 4, 11, 18, 2 * M,
+}; /* 64 tokens: 3 and 40 past the table, 17 negative, 63 far past */
 static const int32_t cu_short[3] = { 0, 3, 7 };  /* tokens 7 and 8 of 9 in no sequence */
 static const int32_t cu_long[3] = { 0, 4, 12 };  /* ends past the 9 tokens: only the flag */
 
@@ -214,6 +223,10 @@ static const struct {
     { "offsets past the table", 6, 2, 3, 64, NULL, offsets_past, NULL, { 10, 11, -1 } },
     { "cu_seqlens short of the tokens", 9, 1, 4, 96, NULL, NULL, cu_short, { 7, 8, -1 } },
     { "cu_seqlens past the tokens", 9, 1, 2, 64, NULL, NULL, cu_long, { -1 } },
+    /* enough heads and tokens that at 1 SM each thread takes several heads:
+     * the general NeoX kernel's path for tokens without a position */
+    { "ids outside the table, many heads", 16, 4, 40, 80, ids_many, NULL, NULL,
+      { 3, 17, 40, 63 } },
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
