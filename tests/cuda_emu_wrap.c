@@ -9,8 +9,10 @@
  * Each call runs three times, with the launcher planning for 132 SMs (an
  * H100), for 1 (the most heads per thread, the general NeoX kernel) and for
  * 5, from the same starting bytes (saved and put back, so in place works
- * too): the three outputs must be identical, and the last one stays for
- * test_apply to check.
+ * too): the three outputs must be identical.  The real OpenMP backend then
+ * runs from the same bytes, and its output must be the kernels' to the bit
+ * (the backends' promise; a NaN need only be NaN, its bits being each
+ * path's own).  The kernels' output stays for test_apply to check.
  *
  * The cache is the CPU one, used as if it lived on the device: its table,
  * and its frequencies for a table-less cache, are host arrays, which the
@@ -18,6 +20,7 @@
  * the library's host checks (a CPU cache's positions are checked before
  * the backend runs), so every call must succeed with the range flag down.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +28,7 @@
 #include "internal.h"
 
 fusedrope_status fr_emu_cuda_apply(const fr_apply_args *a);
+void __real_fr_cpu_apply(const fr_apply_args *a);
 void __wrap_fr_cpu_apply(const fr_apply_args *a);
 
 int fr_emu_sms = 132;
@@ -53,6 +57,19 @@ static size_t outputs(const fr_apply_args *a, unsigned char *buf, int save)
                 }
     }
     return n;
+}
+
+/* Whether the element of type dt at p is a NaN. */
+static int is_nan(fusedrope_dtype dt, const unsigned char *p)
+{
+    uint32_t u = 0;
+    if (dt == FUSEDROPE_FLOAT32) {
+        memcpy(&u, p, 4);
+        return (u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu);
+    }
+    memcpy(&u, p, 2);
+    return dt == FUSEDROPE_FLOAT16 ? (u & 0x7c00u) == 0x7c00u && (u & 0x3ffu)
+                                   : (u & 0x7f80u) == 0x7f80u && (u & 0x7fu);
 }
 
 static void run(const fr_apply_args *a, int sms)
@@ -100,6 +117,17 @@ void __wrap_fr_cpu_apply(const fr_apply_args *a)
             abort();
         }
     }
+    outputs(a, start, 0);
+    __real_fr_cpu_apply(a);
+    outputs(a, now, 1);
+    for (size_t j = 0, es = fr_dtype_size(a->dtype); j < n; j += es)
+        if (memcmp(first + j, now + j, es) != 0 &&
+            !(is_nan(a->dtype, first + j) && is_nan(a->dtype, now + j))) {
+            fprintf(stderr, "emulated CUDA backend and OpenMP backend differ at output byte %zu\n",
+                    j);
+            abort();
+        }
+    outputs(a, first, 0);
     free(start);
     free(first);
     free(now);
