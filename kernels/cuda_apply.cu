@@ -41,6 +41,10 @@
  * Every element offset is int64.  The per-element math and the position
  * rules are rope_math.h's, shared with the CPU backend; with -fmad=false the
  * two backends agree to the bit.
+ *
+ * With FR_CUDA_EMULATE defined (kernels/cuda_apply_emu.cc) the host C++
+ * compiler builds this file and the kernels run on the CPU, one thread after
+ * another (kernels/cuda_emu.h), for the tests that check them without a GPU.
  */
 #include <limits.h>
 #include <stdint.h>

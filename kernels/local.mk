@@ -1,8 +1,11 @@
 # CUDA backend.  nvcc compiles each .cu once per build into an object that
 # goes into libfusedrope.a; without CUDA, lib/cuda_stub.c answers instead.
 #   kernels/cuda_cache.cu   device presence, pointer queries, the cache's device side
-#   kernels/cuda_apply.cu   the forward/backward kernel (6 instantiations per arch:
-#                           3 dtypes x vector/scalar path) and fr_cuda_apply
+#   kernels/cuda_apply.cu   the forward/backward kernel (12 instantiations per arch:
+#                           3 dtypes x 4 paths) and fr_cuda_apply
+#   kernels/cuda_apply_emu.cc, kernels/cuda_emu.h
+#                           the same file built for the host, its kernels run on
+#                           the CPU: only for tests (tests/local.mk)
 CUDA_SRCS = \
 	kernels/cuda_cache.cu \
 	kernels/cuda_apply.cu
