@@ -95,7 +95,8 @@ FR_AVX2_TARGET static inline __m256i narrow16(__m256 ya, __m256 yb, int f16)
     if (f16) {
         const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
         const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
-        const __m256 na = _mm256_cmp_ps(ya, ya, _CMP_UNORD_Q), nb = _mm256_cmp_ps(yb, yb, _CMP_UNORD_Q);
+        const __m256 na = _mm256_cmp_ps(ya, ya, _CMP_UNORD_Q);
+        const __m256 nb = _mm256_cmp_ps(yb, yb, _CMP_UNORD_Q);
         ya = _mm256_blendv_ps(ya, _mm256_or_ps(_mm256_and_ps(ya, sign), qnan), na);
         yb = _mm256_blendv_ps(yb, _mm256_or_ps(_mm256_and_ps(yb, sign), qnan), nb);
         return _mm256_set_m128i(_mm256_cvtps_ph(yb, _MM_FROUND_TO_NEAREST_INT),
@@ -106,6 +107,38 @@ FR_AVX2_TARGET static inline __m256i narrow16(__m256 ya, __m256 yb, int f16)
                                     0xd8);
 }
 
+/* fr_rotate on 8 pairs (a, b) by cs/sn, narrowed: a's results in the low
+ * 128 bits, b's in the high. */
+FR_AVX2_TARGET static inline __m256i rotate8(__m256 a, __m256 b, const float *cs, const float *sn,
+                                            __m256 vsgn, int f16)
+{
+    const __m256 c = _mm256_loadu_ps(cs);
+    const __m256 ss = _mm256_mul_ps(_mm256_loadu_ps(sn), vsgn);
+    const __m256 ra = _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, ss));
+    const __m256 rb = _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, ss));
+    return narrow16(ra, rb, f16);
+}
+
+/* One pair the scalar way (the loops' tails): the portable path's arithmetic. */
+FR_AVX2_TARGET static inline void rotate1(uint16_t xa, uint16_t xb, float c, float s, float sgn,
+                                          int f16, uint16_t *ya, uint16_t *yb)
+{
+    float ra, rb;
+    fr_rotate(f16 ? fr_half_to_float(xa) : fr_bf16_to_float(xa),
+              f16 ? fr_half_to_float(xb) : fr_bf16_to_float(xb), c, s, sgn, &ra, &rb);
+    *ya = f16 ? fr_float_to_half(ra) : fr_float_to_bf16(ra);
+    *yb = f16 ? fr_float_to_half(rb) : fr_float_to_bf16(rb);
+}
+
+/* 16 bytes to p, past the cache when nt (p then 16-byte aligned). */
+FR_AVX2_TARGET static inline void store16(uint16_t *p, __m128i v, int nt)
+{
+    if (nt)
+        _mm_stream_si128((__m128i *)p, v);
+    else
+        _mm_storeu_si128((__m128i *)p, v);
+}
+
 FR_AVX2_TARGET static inline void rotate16(const uint16_t *xa, const uint16_t *xb, uint16_t *ya,
                                            uint16_t *yb, const float *cs, const float *sn,
                                            int64_t m, float sgn, int nt, int f16)
@@ -113,32 +146,13 @@ FR_AVX2_TARGET static inline void rotate16(const uint16_t *xa, const uint16_t *x
     const __m256 vsgn = _mm256_set1_ps(sgn);
     int64_t i = 0;
     for (; i + 8 <= m; i += 8) {
-        const __m256 a = widen8(xa + i, f16), b = widen8(xb + i, f16);
-        const __m256 c = _mm256_loadu_ps(cs + i);
-        const __m256 ss = _mm256_mul_ps(_mm256_loadu_ps(sn + i), vsgn);
-        const __m256 ra = _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, ss));
-        const __m256 rb = _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, ss));
-        const __m256i y = narrow16(ra, rb, f16);
-        if (nt) {
-            _mm_stream_si128((__m128i *)(ya + i), _mm256_castsi256_si128(y));
-            _mm_stream_si128((__m128i *)(yb + i), _mm256_extracti128_si256(y, 1));
-        } else {
-            _mm_storeu_si128((__m128i *)(ya + i), _mm256_castsi256_si128(y));
-            _mm_storeu_si128((__m128i *)(yb + i), _mm256_extracti128_si256(y, 1));
-        }
+        const __m256i y =
+            rotate8(widen8(xa + i, f16), widen8(xb + i, f16), cs + i, sn + i, vsgn, f16);
+        store16(ya + i, _mm256_castsi256_si128(y), nt);
+        store16(yb + i, _mm256_extracti128_si256(y, 1), nt);
     }
-    for (; i < m; i++) {
-        float ra, rb;
-        if (f16) {
-            fr_rotate(fr_half_to_float(xa[i]), fr_half_to_float(xb[i]), cs[i], sn[i], sgn, &ra, &rb);
-            ya[i] = fr_float_to_half(ra);
-            yb[i] = fr_float_to_half(rb);
-        } else {
-            fr_rotate(fr_bf16_to_float(xa[i]), fr_bf16_to_float(xb[i]), cs[i], sn[i], sgn, &ra, &rb);
-            ya[i] = fr_float_to_bf16(ra);
-            yb[i] = fr_float_to_bf16(rb);
-        }
-    }
+    for (; i < m; i++)
+        rotate1(xa[i], xb[i], cs[i], sn[i], sgn, f16, &ya[i], &yb[i]);
 }
 
 /* Interleaved heads: 8 pairs are 8 32-bit words, a in the low half. */
@@ -152,7 +166,8 @@ FR_AVX2_TARGET static inline void rotate16_pairs(const uint16_t *x, uint16_t *y,
     for (; i + 8 <= m; i += 8) {
         const __m256i w = _mm256_loadu_si256((const __m256i *)(x + 2 * i));
         __m256 a, b;
-        __m128i p0, p1; /* pairs 0-3 and 4-7, narrowed */
+        __m256i r;
+        __m128i ra, rb; /* the narrowed a's and b's */
         if (f16) {
             /* a's 8 halves in the low 128 bits, b's in the high */
             const __m256i ab = _mm256_permute4x64_epi64(
@@ -163,37 +178,14 @@ FR_AVX2_TARGET static inline void rotate16_pairs(const uint16_t *x, uint16_t *y,
             a = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
             b = _mm256_castsi256_ps(_mm256_andnot_si256(lo16, w));
         }
-        {
-            const __m256 c = _mm256_loadu_ps(cs + i);
-            const __m256 ss = _mm256_mul_ps(_mm256_loadu_ps(sn + i), vsgn);
-            const __m256 ra = _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, ss));
-            const __m256 rb = _mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, ss));
-            const __m256i r = narrow16(ra, rb, f16);
-            p0 = _mm_unpacklo_epi16(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-            p1 = _mm_unpackhi_epi16(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-        }
-        if (nt) {
-            _mm_stream_si128((__m128i *)(y + 2 * i), p0);
-            _mm_stream_si128((__m128i *)(y + 2 * i + 8), p1);
-        } else {
-            _mm_storeu_si128((__m128i *)(y + 2 * i), p0);
-            _mm_storeu_si128((__m128i *)(y + 2 * i + 8), p1);
-        }
+        r = rotate8(a, b, cs + i, sn + i, vsgn, f16);
+        ra = _mm256_castsi256_si128(r);
+        rb = _mm256_extracti128_si256(r, 1);
+        store16(y + 2 * i, _mm_unpacklo_epi16(ra, rb), nt); /* back to pairs 0-3 */
+        store16(y + 2 * i + 8, _mm_unpackhi_epi16(ra, rb), nt); /* and 4-7 */
     }
-    for (; i < m; i++) {
-        float ra, rb;
-        if (f16) {
-            fr_rotate(fr_half_to_float(x[2 * i]), fr_half_to_float(x[2 * i + 1]), cs[i], sn[i], sgn,
-                      &ra, &rb);
-            y[2 * i] = fr_float_to_half(ra);
-            y[2 * i + 1] = fr_float_to_half(rb);
-        } else {
-            fr_rotate(fr_bf16_to_float(x[2 * i]), fr_bf16_to_float(x[2 * i + 1]), cs[i], sn[i], sgn,
-                      &ra, &rb);
-            y[2 * i] = fr_float_to_bf16(ra);
-            y[2 * i + 1] = fr_float_to_bf16(rb);
-        }
-    }
+    for (; i < m; i++)
+        rotate1(x[2 * i], x[2 * i + 1], cs[i], sn[i], sgn, f16, &y[2 * i], &y[2 * i + 1]);
 }
 
 FR_AVX2_TARGET void fr_avx2_rotate_pairs_f16(const uint16_t *x, uint16_t *y, const float *cs,
