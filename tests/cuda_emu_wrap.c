@@ -20,12 +20,13 @@
  * the library's host checks (a CPU cache's positions are checked before
  * the backend runs), so every call must succeed with the range flag down.
  */
-#include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+#include "ref.h"
 
 fusedrope_status fr_emu_cuda_apply(const fr_apply_args *a);
 void __real_fr_cpu_apply(const fr_apply_args *a);
@@ -57,19 +58,6 @@ static size_t outputs(const fr_apply_args *a, unsigned char *buf, int save)
                 }
     }
     return n;
-}
-
-/* Whether the element of type dt at p is a NaN. */
-static int is_nan(fusedrope_dtype dt, const unsigned char *p)
-{
-    uint32_t u = 0;
-    if (dt == FUSEDROPE_FLOAT32) {
-        memcpy(&u, p, 4);
-        return (u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu);
-    }
-    memcpy(&u, p, 2);
-    return dt == FUSEDROPE_FLOAT16 ? (u & 0x7c00u) == 0x7c00u && (u & 0x3ffu)
-                                   : (u & 0x7f80u) == 0x7f80u && (u & 0x7fu);
 }
 
 static void run(const fr_apply_args *a, int sms)
@@ -122,7 +110,7 @@ void __wrap_fr_cpu_apply(const fr_apply_args *a)
     outputs(a, now, 1);
     for (size_t j = 0, es = fr_dtype_size(a->dtype); j < n; j += es)
         if (memcmp(first + j, now + j, es) != 0 &&
-            !(is_nan(a->dtype, first + j) && is_nan(a->dtype, now + j))) {
+            !(isnan(ref_load(first + j, a->dtype, 0)) && isnan(ref_load(now + j, a->dtype, 0)))) {
             fprintf(stderr, "emulated CUDA backend and OpenMP backend differ at output byte %zu\n",
                     j);
             abort();

@@ -58,7 +58,7 @@ if HAVE_CUDA_EMU
 check_PROGRAMS += tests/fuzz/fuzz_replay_emu
 TESTS += tests/fuzz/fuzz_replay_emu
 tests_fuzz_fuzz_replay_emu_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c \
-	tests/cuda_emu_wrap.c kernels/cuda_apply_emu.cc
+	tests/cuda_emu_wrap.c kernels/cuda_apply_emu.cc tests/ref.c tests/ref.h
 tests_fuzz_fuzz_replay_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_fuzz_fuzz_replay_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_fuzz_fuzz_replay_emu_LDFLAGS = -Wl,--wrap=fr_cpu_apply

@@ -54,7 +54,8 @@ tests_test_apply_emu_DEPENDENCIES = libfusedrope.a
 # on the same host build of the kernels.
 check_PROGRAMS += tests/test_kernel_emu
 TESTS += tests/test_kernel_emu
-tests_test_kernel_emu_SOURCES = tests/test_kernel_emu.c kernels/cuda_apply_emu.cc
+tests_test_kernel_emu_SOURCES = tests/test_kernel_emu.c kernels/cuda_apply_emu.cc \
+	$(TEST_COMMON_SOURCES)
 tests_test_kernel_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_kernel_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_kernel_emu_CXXFLAGS = $(EMU_CXXFLAGS)

@@ -32,6 +32,8 @@
 
 #include "fusedrope.h"
 #include "internal.h"
+#include "ref.h"
+#include "util.h"
 
 fusedrope_status fr_emu_cuda_apply(const fr_apply_args *a);
 int fr_emu_sms = 132;
@@ -51,33 +53,14 @@ typedef struct {
     const int *bad; /* per token, at b * S + s (the order of ids): no position */
 } kcase;
 
-static size_t es_of(fusedrope_dtype dt) { return dt == FUSEDROPE_FLOAT32 ? 4 : 2; }
-
-static int is_nan(fusedrope_dtype dt, const unsigned char *p)
-{
-    if (dt == FUSEDROPE_FLOAT32) {
-        float f;
-        memcpy(&f, p, 4);
-        return isnan(f);
-    }
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return dt == FUSEDROPE_FLOAT16 ? (h & 0x7c00) == 0x7c00 && (h & 0x3ff)
-                                   : (h & 0x7f80) == 0x7f80 && (h & 0x7f);
-}
-
+/* Random values in [-2, 2), rounded to the dtype; seed from tu_seed, which
+ * tu_main prints and FUSEDROPE_TEST_SEED sets. */
 static void fill(unsigned char *x, size_t n, fusedrope_dtype dt, uint64_t seed)
 {
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-        const float f = (float)((double)(seed >> 40) / (1 << 24) * 4.0 - 2.0);
-        if (dt == FUSEDROPE_FLOAT32) {
-            memcpy(x + 4 * i, &f, 4);
-        } else {
-            const uint16_t h = dt == FUSEDROPE_FLOAT16 ? fr_float_to_half(f) : fr_float_to_bf16(f);
-            memcpy(x + 2 * i, &h, 2);
-        }
-    }
+    tu_rng r;
+    tu_rng_init(&r, seed);
+    for (size_t i = 0; i < n; i++)
+        ref_store(x, dt, (int64_t)i, tu_uniform(&r, -2.0, 2.0));
 }
 
 static fr_apply_args make_args(const kcase *k, const fusedrope_cache *cache, const void *x,
@@ -107,7 +90,7 @@ static fr_apply_args make_args(const kcase *k, const fusedrope_cache *cache, con
 
 static void run_case(const kcase *k, const char *name, uint64_t seed)
 {
-    const size_t es = es_of(k->dt);
+    const size_t es = ref_dtype_size(k->dt);
     const size_t n = (size_t)(k->S * k->B * k->H * k->pad), bytes = n * es;
     unsigned char *x = malloc(bytes), *y = malloc(bytes), *ref = malloc(bytes);
     fusedrope_cache_config cfg;
@@ -165,7 +148,7 @@ static void run_case(const kcase *k, const char *name, uint64_t seed)
                             ck_assert_msg(same, "%s: padding written at s %lld b %lld h %lld",
                                           name, (long long)s, (long long)b, (long long)h);
                         } else if (bad && c < R) {
-                            ck_assert_msg(is_nan(k->dt, y + o),
+                            ck_assert_msg(isnan(ref_load(y + o, k->dt, 0)),
                                           "%s: token (s %lld, b %lld) head %lld channel %lld: "
                                           "not NaN", name, (long long)s, (long long)b,
                                           (long long)h, (long long)c);
@@ -249,7 +232,7 @@ START_TEST(test_positions_the_kernels_check)
         bad[cases[c].bad[j]] = 1;
     k.bad = bad;
     variant(&k, _i % VARIANTS);
-    run_case(&k, cases[c].name, 100 * (uint64_t)c + (uint64_t)_i);
+    run_case(&k, cases[c].name, tu_seed + 1000 * (uint64_t)c + (uint64_t)_i);
 }
 END_TEST
 
@@ -257,15 +240,9 @@ int main(void)
 {
     Suite *s = suite_create("kernel_emu");
     TCase *tc = tcase_create("kernel_emu");
-    SRunner *sr;
-    int failed;
 
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_positions_the_kernels_check, 0, NCASES * VARIANTS);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return tu_main(s, "test_kernel_emu");
 }
