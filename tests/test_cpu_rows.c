@@ -33,14 +33,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "fusedrope.h"
 #include "internal.h"
+#include "util.h"
 
 #ifdef FR_HAVE_AVX2
 
-static uint64_t seed;
 
 static uint64_t next(uint64_t *s)
 {
@@ -106,8 +105,8 @@ static int same16(const row_type *t, uint16_t got, uint16_t want)
 }
 
 /* The portable path's result for one pair. */
-static void ref_pair(const row_type *t, uint16_t a, uint16_t b, float c, float s, float sgn,
-                     uint16_t *ya, uint16_t *yb)
+static void portable_pair(const row_type *t, uint16_t a, uint16_t b, float c, float s,
+                          float sgn, uint16_t *ya, uint16_t *yb)
 {
     float ra, rb;
     fr_rotate(t->ref_widen(a), t->ref_widen(b), c, s, sgn, &ra, &rb);
@@ -141,14 +140,14 @@ static void avx2_rotate(const row_type *t, int inter, const uint16_t *xa, const 
     __builtin_ia32_sfence(); /* after non-temporal stores */
 }
 
-/* Every pair's result against ref_pair; `what` names the case. */
+/* Every pair's result against portable_pair; `what` names the case. */
 static void check_pairs(const row_type *t, const char *what, const uint16_t *xa,
                         const uint16_t *xb, const uint16_t *ya, const uint16_t *yb,
                         const float *cs, const float *sn, int64_t m, float sgn)
 {
     for (int64_t i = 0; i < m; i++) {
         uint16_t wa, wb;
-        ref_pair(t, xa[i], xb[i], cs[i], sn[i], sgn, &wa, &wb);
+        portable_pair(t, xa[i], xb[i], cs[i], sn[i], sgn, &wa, &wb);
         if (!same16(t, ya[i], wa) || !same16(t, yb[i], wb)) /* (a ck_assert per value is slow) */
             ck_abort_msg("%s %s pair %lld: (0x%04x, 0x%04x) by cos 0x%08x sin 0x%08x sgn %g: "
                          "AVX2 (0x%04x, 0x%04x), portable (0x%04x, 0x%04x)",
@@ -164,7 +163,7 @@ START_TEST(test_every_value)
     uint16_t *v = malloc(M * 2), *r = malloc(M * 2), *ya = malloc(M * 2), *yb = malloc(M * 2),
              *x2 = malloc(M * 4), *y2 = malloc(M * 4);
     float *cs = malloc(M * sizeof *cs), *sn = malloc(M * sizeof *sn);
-    uint64_t st = seed ^ 0xa11;
+    uint64_t st = tu_seed ^ 0xa11;
     if (!fr_avx2_usable()) /* the rotations would raise SIGILL; the calls test still runs */
         goto out;
     ck_assert(v && r && ya && yb && x2 && y2 && cs && sn);
@@ -208,7 +207,7 @@ START_TEST(test_narrow_rounding_patterns)
     float *cs = malloc(M * sizeof *cs), *sn = calloc(M, sizeof *sn);
     uint16_t *xa = malloc(M * 2), *xb = calloc(M, 2), *ya = malloc(M * 2), *yb = malloc(M * 2),
              *x2 = malloc(M * 4), *y2 = malloc(M * 4);
-    uint64_t s = seed;
+    uint64_t s = tu_seed;
     if (!fr_avx2_usable())
         goto out;
     ck_assert(cs && sn && xa && xb && ya && yb && x2 && y2);
@@ -268,7 +267,7 @@ START_TEST(test_calls_match_portable)
         { 320, 4, 16, 128, 96 }, { 320, 4, 16, 128, 104 },
     };
     const row_type *t = &types[_i];
-    uint64_t st = seed ^ 0x5eed;
+    uint64_t st = tu_seed ^ 0x5eed;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
         const int64_t S = shapes[k].s, B = shapes[k].b, H = shapes[k].h, D = shapes[k].d,
                       R = shapes[k].r, n = S * B * H * D;
@@ -322,7 +321,7 @@ START_TEST(test_qk_streamed_matches_portable)
     uint16_t *q = malloc((size_t)nq * 2), *k = malloc((size_t)nk * 2),
              *yq[2] = { malloc((size_t)nq * 2), malloc((size_t)nq * 2) },
              *yk[2] = { malloc((size_t)nk * 2), malloc((size_t)nk * 2) };
-    uint64_t st = seed ^ 0x9c;
+    uint64_t st = tu_seed ^ 0x9c;
     fusedrope_cache_config cfg;
     fusedrope_cache *c;
     ck_assert(q && k && yq[0] && yq[1] && yk[0] && yk[1]);
@@ -364,11 +363,8 @@ int main(void)
 {
     Suite *s = suite_create("cpu_rows");
     TCase *tc = tcase_create("cpu_rows");
-    SRunner *sr;
-    int failed;
 
-    seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    printf("test_cpu_rows: seed %llu (%s)\n", (unsigned long long)seed,
+    printf("test_cpu_rows: %s\n",
            fr_avx2_usable() ? "AVX2 and F16C in use"
                             : "this CPU lacks AVX2 or F16C: both paths are the portable ones");
     tcase_set_timeout(tc, 300);
@@ -377,11 +373,7 @@ int main(void)
     tcase_add_loop_test(tc, test_calls_match_portable, 0, 2);
     tcase_add_loop_test(tc, test_qk_streamed_matches_portable, 0, 2);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return tu_main(s, "test_cpu_rows");
 }
 
 #else /* FR_HAVE_AVX2 */
