@@ -65,7 +65,7 @@ extern "C" int fr_cuda_pointer_kind(const void *p)
 }
 
 /* Table row p, pair i: the same fr_angle as the CPU's build, so the same bits. */
-__global__ void build_table(const double *inv, double attn, int64_t positions, int64_t half,
+static __global__ void build_table(const double *inv, double attn, int64_t positions, int64_t half,
                             float *cos, float *sin)
 {
     const int64_t n = positions * half;

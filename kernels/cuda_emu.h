@@ -23,11 +23,13 @@
 #include <vector_functions.h>
 #include <vector_types.h>
 
-/* The emulated backend's entry point gets its own name, so that a test can
- * link it next to the library's real (or stub) fr_cuda_apply. */
-#define fr_cuda_apply fr_emu_cuda_apply
-
 #include "internal.h"
+
+/* The emulated backend's entry point gets its own name, so that a test can
+ * link it next to the library's real (or stub) fr_cuda_apply (whose link
+ * name lib/symbols.h sets). */
+#undef fr_cuda_apply
+#define fr_cuda_apply fr_emu_cuda_apply
 
 /* The CUDA headers give a host compiler attribute spellings of these; here
  * they mean nothing.  (Their types, cudaStream_t and cudaError_t, stay; no

@@ -169,15 +169,24 @@ static fusedrope_status check_pointer_device(const void *p, const char *name, fu
     return FUSEDROPE_OK;
 }
 
+/* The sizes fusedrope_positions has had (fr_struct_take). */
+static const size_t positions_layouts[] = {
+    FR_LAYOUT_SIZE(fusedrope_positions, cp_rank), /* 0.1 */
+};
+
 /* Position rules that need no look at the arrays' contents. */
-static fusedrope_status check_positions(const fusedrope_positions *pos, const fusedrope_tensor *t,
-                                        fr_pos_args *pa)
+static fusedrope_status check_positions(const fusedrope_positions *user_pos,
+                                        const fusedrope_tensor *t, fr_pos_args *pa)
 {
+    fusedrope_positions pos_copy, *pos = &pos_copy;
+
     memset(pa, 0, sizeof *pa);
     pa->seq_len = t->seq_len;
     pa->cp_size = 1;
-    if (!pos)
+    if (!user_pos)
         return FUSEDROPE_OK;
+    TRY(fr_struct_take(&pos_copy, sizeof pos_copy, user_pos, positions_layouts,
+                       (int)(sizeof positions_layouts / sizeof positions_layouts[0]), "pos"));
     pa->ids = pos->ids;
     pa->offsets = pos->offsets;
     pa->cu_seqlens = pos->cu_seqlens;

@@ -12,23 +12,29 @@
 
 #define FR_PI 3.14159265358979323846
 
-void fusedrope_cache_config_init(fusedrope_cache_config *config, fusedrope_rope_type type,
-                                 int rot_dim, int64_t max_positions, double theta)
+void fusedrope_cache_config_init_sized(fusedrope_cache_config *config, size_t struct_size,
+                                       fusedrope_rope_type type, int rot_dim,
+                                       int64_t max_positions, double theta)
 {
-    if (!config)
-        return;
-    memset(config, 0, sizeof *config);
-    config->type = type;
-    config->rot_dim = rot_dim;
-    config->max_positions = max_positions;
-    config->theta = theta;
-    config->factor = type == FUSEDROPE_ROPE_LONGROPE ? 0.0 : 1.0;
-    config->beta_fast = 32.0;
-    config->beta_slow = 1.0;
-    config->truncate = 1;
-    config->low_freq_factor = 1.0;
-    config->high_freq_factor = 4.0;
+    fusedrope_cache_config c;
+    memset(&c, 0, sizeof c);
+    c.type = type;
+    c.rot_dim = rot_dim;
+    c.max_positions = max_positions;
+    c.theta = theta;
+    c.factor = type == FUSEDROPE_ROPE_LONGROPE ? 0.0 : 1.0;
+    c.beta_fast = 32.0;
+    c.beta_slow = 1.0;
+    c.truncate = 1;
+    c.low_freq_factor = 1.0;
+    c.high_freq_factor = 4.0;
+    fr_struct_give(config, struct_size, &c, sizeof c);
 }
+
+/* The sizes fusedrope_cache_config has had (fr_struct_take). */
+static const size_t config_layouts[] = {
+    FR_LAYOUT_SIZE(fusedrope_cache_config, long_factor), /* 0.1 */
+};
 
 static const char *type_name(fusedrope_rope_type t)
 {
@@ -297,17 +303,20 @@ static fusedrope_status place(fusedrope_cache *c, fusedrope_device device, fused
     return FUSEDROPE_OK;
 }
 
-fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *config,
+fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_config,
                                         fusedrope_device device, fusedrope_cache **out)
 {
+    fusedrope_cache_config config_copy, *config = &config_copy;
     fusedrope_cache *c;
     size_t half;
 
     if (!out)
         return fr_fail(FUSEDROPE_ERR_INVALID, "out is NULL");
     *out = NULL;
-    if (!config)
+    if (!user_config)
         return fr_fail(FUSEDROPE_ERR_INVALID, "config is NULL");
+    TRY(fr_struct_take(&config_copy, sizeof config_copy, user_config, config_layouts,
+                       (int)(sizeof config_layouts / sizeof config_layouts[0]), "config"));
     TRY(check_config(config));
     TRY(resolve_device(&device));
     TRY(alloc_cache(config->rot_dim, config->max_positions, 1, device == FUSEDROPE_DEVICE_CPU, &c));

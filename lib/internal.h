@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "symbols.h"
 #include "fusedrope.h"
 #include "rope_math.h"
 
@@ -72,6 +73,22 @@ fusedrope_status fr_fail(fusedrope_status status, const char *fmt, ...)
     ;
 void fr_clear_error(void);
 size_t fr_dtype_size(fusedrope_dtype dtype);
+
+/* The growing public structs (lib/abi.c).  fr_struct_take copies the
+ * caller's struct (whose struct_size is one of `layouts`, the sizes the
+ * struct has had, or larger with a zero tail) into dst, zero past the
+ * caller's size; FUSEDROPE_ERR_INVALID naming `name` otherwise.  It reads
+ * nothing past the caller's struct_size.  fr_struct_give writes the first
+ * dst_size bytes of a full struct to a caller's struct of that size (zero
+ * past full_size) and sets its struct_size. */
+fusedrope_status fr_struct_take(void *dst, size_t dst_size, const void *src,
+                                const size_t *layouts, int nlayouts, const char *name);
+void fr_struct_give(void *dst, size_t dst_size, const void *full, size_t full_size);
+/* Size of a layout of `type` that ends with member `last` (padded as the
+ * compiler pads the struct): one entry of fr_struct_take's `layouts`. */
+#define FR_LAYOUT_SIZE(type, last)                                              \
+    ((offsetof(type, last) + sizeof(((type *)0)->last) + _Alignof(type) - 1) / \
+     _Alignof(type) * _Alignof(type))
 
 /* Forward and backward modules both end here: checks every argument, then
  * runs the call on the cache's device.  names: in[0], out[0], in[1], out[1]

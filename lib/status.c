@@ -42,6 +42,11 @@ const char *fusedrope_version(void)
         FR_STR(FUSEDROPE_VERSION_PATCH);
 }
 
+int fusedrope_version_number(void)
+{
+    return FUSEDROPE_VERSION_NUMBER;
+}
+
 int fusedrope_cuda_available(void)
 {
     return fr_cuda_device_present();

@@ -10,6 +10,6 @@ tests_test_cuda_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_test_cuda_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) -pthread
 tests_test_cuda_LDFLAGS = -pthread
 tests_test_cuda_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_cuda_DEPENDENCIES = libfusedrope.a
+tests_test_cuda_DEPENDENCIES = $(FUSEDROPE_DEPS)
 endif
 endif

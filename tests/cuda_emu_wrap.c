@@ -1,5 +1,5 @@
 /*
- * cuda_emu_wrap.c - linked into test_apply_emu with -Wl,--wrap=fr_cpu_apply:
+ * cuda_emu_wrap.c - linked into test_apply_emu with -Wl,--wrap=fusedrope__cpu_apply:
  * every call the library would run on its OpenMP backend runs instead
  * through the CUDA backend's launcher and kernels, built for the host by
  * kernels/cuda_apply_emu.cc.  test_apply's checks (an independent float64
@@ -29,8 +29,8 @@
 #include "ref.h"
 
 fusedrope_status fr_emu_cuda_apply(const fr_apply_args *a);
-void __real_fr_cpu_apply(const fr_apply_args *a);
-void __wrap_fr_cpu_apply(const fr_apply_args *a);
+void __real_fusedrope__cpu_apply(const fr_apply_args *a);
+void __wrap_fusedrope__cpu_apply(const fr_apply_args *a);
 
 int fr_emu_sms = 132;
 
@@ -79,7 +79,7 @@ static void run(const fr_apply_args *a, int sms)
     }
 }
 
-void __wrap_fr_cpu_apply(const fr_apply_args *a)
+void __wrap_fusedrope__cpu_apply(const fr_apply_args *a)
 {
     static const int sms[] = { 132, 1, 5 };
     const size_t n = outputs(a, NULL, 0);
@@ -106,7 +106,7 @@ void __wrap_fr_cpu_apply(const fr_apply_args *a)
         }
     }
     outputs(a, start, 0);
-    __real_fr_cpu_apply(a);
+    __real_fusedrope__cpu_apply(a);
     outputs(a, now, 1);
     for (size_t j = 0, es = fr_dtype_size(a->dtype); j < n; j += es)
         if (memcmp(first + j, now + j, es) != 0 &&

@@ -12,18 +12,18 @@ tests_test_threads_SOURCES = tests/test_threads.c
 tests_test_threads_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) -pthread
 tests_test_threads_LDFLAGS = -pthread
 tests_test_threads_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_threads_DEPENDENCIES = libfusedrope.a
+tests_test_threads_DEPENDENCIES = $(FUSEDROPE_DEPS)
 
 tests_test_determinism_SOURCES = tests/test_determinism.c
 tests_test_determinism_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_determinism_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_determinism_DEPENDENCIES = libfusedrope.a
+tests_test_determinism_DEPENDENCIES = $(FUSEDROPE_DEPS)
 
 # Regression tests for library defects the hardening work found.
 tests_fuzz_test_regress_SOURCES = tests/fuzz/test_regress.c
 tests_fuzz_test_regress_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_fuzz_test_regress_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_fuzz_test_regress_DEPENDENCIES = libfusedrope.a
+tests_fuzz_test_regress_DEPENDENCIES = $(FUSEDROPE_DEPS)
 endif
 
 # ------------------------------------------------------- allocation failure
@@ -35,7 +35,7 @@ TESTS += tests/test_nomem
 tests_test_nomem_SOURCES = tests/test_nomem.c
 tests_test_nomem_LDFLAGS = -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc -Wl,--wrap=free
 tests_test_nomem_LDADD = $(FUSEDROPE_LIBS)
-tests_test_nomem_DEPENDENCIES = libfusedrope.a
+tests_test_nomem_DEPENDENCIES = $(FUSEDROPE_DEPS)
 
 # ---------------------------------------------------------------- fuzzing
 # tests/fuzz/fuzz_apply.c is a libFuzzer target.  Every build runs it over
@@ -48,7 +48,7 @@ check_PROGRAMS += tests/fuzz/fuzz_replay
 TESTS += tests/fuzz/fuzz_replay
 tests_fuzz_fuzz_replay_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c
 tests_fuzz_fuzz_replay_LDADD = $(FUSEDROPE_LIBS)
-tests_fuzz_fuzz_replay_DEPENDENCIES = libfusedrope.a
+tests_fuzz_fuzz_replay_DEPENDENCIES = $(FUSEDROPE_DEPS)
 
 # The same replay with test_apply_emu's wrap (tests/local.mk): every
 # call of the corpus, the regression inputs and the pseudo-random inputs
@@ -61,15 +61,15 @@ tests_fuzz_fuzz_replay_emu_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c
 	tests/cuda_emu_wrap.c kernels/cuda_apply_emu.cc tests/ref.c tests/ref.h
 tests_fuzz_fuzz_replay_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_fuzz_fuzz_replay_emu_CXXFLAGS = $(EMU_CXXFLAGS)
-tests_fuzz_fuzz_replay_emu_LDFLAGS = -Wl,--wrap=fr_cpu_apply
+tests_fuzz_fuzz_replay_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
 tests_fuzz_fuzz_replay_emu_LDADD = $(FUSEDROPE_LIBS)
-tests_fuzz_fuzz_replay_emu_DEPENDENCIES = libfusedrope.a
+tests_fuzz_fuzz_replay_emu_DEPENDENCIES = $(FUSEDROPE_DEPS)
 endif
 
 EXTRA_PROGRAMS = tests/fuzz/fuzz_apply
 tests_fuzz_fuzz_apply_SOURCES = tests/fuzz/fuzz_apply.c
 tests_fuzz_fuzz_apply_LDADD = $(FUSEDROPE_LIBS)
-tests_fuzz_fuzz_apply_DEPENDENCIES = libfusedrope.a
+tests_fuzz_fuzz_apply_DEPENDENCIES = $(FUSEDROPE_DEPS)
 CLEANFILES += tests/fuzz/fuzz_apply$(EXEEXT)
 
 EXTRA_DIST += tests/fuzz/corpus tests/fuzz/regress tests/fuzz/README

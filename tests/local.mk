@@ -17,23 +17,23 @@ TESTS += tests/test_cache tests/test_apply tests/test_errors tests/test_cpu_rows
 tests_test_cache_SOURCES = tests/test_cache.c $(TEST_COMMON_SOURCES)
 tests_test_cache_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_cache_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_cache_DEPENDENCIES = libfusedrope.a
+tests_test_cache_DEPENDENCIES = $(FUSEDROPE_DEPS)
 
 tests_test_apply_SOURCES = tests/test_apply.c $(TEST_COMMON_SOURCES)
 tests_test_apply_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_apply_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_apply_DEPENDENCIES = libfusedrope.a
+tests_test_apply_DEPENDENCIES = $(FUSEDROPE_DEPS)
 
 tests_test_errors_SOURCES = tests/test_errors.c $(TEST_COMMON_SOURCES)
 tests_test_errors_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) -pthread
 tests_test_errors_LDFLAGS = -pthread
 tests_test_errors_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_errors_DEPENDENCIES = libfusedrope.a
+tests_test_errors_DEPENDENCIES = $(FUSEDROPE_DEPS)
 
 tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c $(TEST_COMMON_SOURCES)
 tests_test_cpu_rows_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_cpu_rows_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_cpu_rows_DEPENDENCIES = libfusedrope.a
+tests_test_cpu_rows_DEPENDENCIES = $(FUSEDROPE_DEPS)
 
 # test_apply again, with the OpenMP backend's entry point wrapped so that
 # every call runs the CUDA launcher and kernels built for the host
@@ -46,9 +46,9 @@ tests_test_apply_emu_SOURCES = tests/test_apply.c tests/cuda_emu_wrap.c \
 tests_test_apply_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_apply_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_apply_emu_CXXFLAGS = $(EMU_CXXFLAGS)
-tests_test_apply_emu_LDFLAGS = -Wl,--wrap=fr_cpu_apply
+tests_test_apply_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
 tests_test_apply_emu_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_apply_emu_DEPENDENCIES = libfusedrope.a
+tests_test_apply_emu_DEPENDENCIES = $(FUSEDROPE_DEPS)
 
 # The kernels' own checks of device-side positions (NaN and the range flag),
 # on the same host build of the kernels.
@@ -60,7 +60,7 @@ tests_test_kernel_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_kernel_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_kernel_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_test_kernel_emu_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_kernel_emu_DEPENDENCIES = libfusedrope.a
+tests_test_kernel_emu_DEPENDENCIES = $(FUSEDROPE_DEPS)
 endif
 else
 check_SCRIPTS = tests/no-libcheck.sh

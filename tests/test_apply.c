@@ -163,7 +163,7 @@ static const fusedrope_positions *make_positions(fusedrope_positions *p, int pm,
 {
     int64_t k, maxp = 0, *tmp;
     int64_t limit = rows ? rows : 1000000;
-    memset(p, 0, sizeof *p);
+    fusedrope_positions_init(p);
     if (pm == PM_NULL && !cu)
         return NULL;
     p->cu_seqlens = cu;
@@ -508,7 +508,7 @@ static void test_broadcast_input_body(int _i)
     x.stride_seq = H * D;
     y = tu_tensor(LAY_SBHD, dt, S, B, H, D, &yb);
     ysnap = tu_buf_copy(&yb);
-    memset(&P, 0, sizeof P);
+    fusedrope_positions_init(&P);
     P.cp_size = 1;
     P.offsets = (int64_t[]){0, 100, 505};
     positions = tu_positions(&P, S, B);
@@ -701,7 +701,7 @@ static void test_tableless_equals_table_body(int _i)
     tu_fill_random(&xb, &r, -4, 4);
     y1 = tu_tensor(LAY_SBHD, dt, S, B, H, D, &y1b);
     y2 = tu_tensor(LAY_SBHD, dt, S, B, H, D, &y2b);
-    memset(&P, 0, sizeof P);
+    fusedrope_positions_init(&P);
     P.cp_size = 1;
     {
         int64_t *ids = tu_alloc(sizeof(int64_t) * (size_t)(S * B));
@@ -767,7 +767,7 @@ static void test_tableless_large_positions_body(int _i)
     tu_fill_random(&xb, &r, -4, 4);
     y = tu_tensor(LAY_SBHD_PAD, dt, S, B, H, D, &yb);
     ysnap = tu_buf_copy(&yb);
-    memset(&P, 0, sizeof P);
+    fusedrope_positions_init(&P);
     P.cp_size = 1;
     {
         int64_t *ids = tu_alloc(sizeof(int64_t) * (size_t)(S * B));
@@ -817,7 +817,7 @@ static void test_cp_reassembly_body(int _i)
     for (rk = 0; rk < cp; rk++) {
         fusedrope_positions P;
         int32_t cu[3];
-        memset(&P, 0, sizeof P);
+        fusedrope_positions_init(&P);
         P.cp_size = cp;
         P.cp_rank = (int)rk;
         x = tu_tensor(LAY_BSHD, dt, L, B, H, D, &lx);
@@ -1185,7 +1185,7 @@ START_TEST(test_large_qk_thd)
     kos = tu_buf_copy(&kob);
     qorig = tu_rebase(&qi, &qb, &qs);
     korig = tu_rebase(&ki, &kb, &ks);
-    memset(&P, 0, sizeof P);
+    fusedrope_positions_init(&P);
     P.cu_seqlens = cu;
     P.num_seqs = 33;
     P.cp_size = 1;

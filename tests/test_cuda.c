@@ -976,7 +976,7 @@ START_TEST(test_out_of_table)
         fusedrope_tensor o = fusedrope_tensor_thd(dy, FUSEDROPE_BFLOAT16, S * B, H, D);
         CUDA_OK(cudaMalloc(&dcu, sizeof cu));
         CUDA_OK(cudaMemcpy(dcu, cu, sizeof cu, cudaMemcpyHostToDevice));
-        memset(&pd, 0, sizeof pd);
+        fusedrope_positions_init(&pd);
         pd.cu_seqlens = dcu;
         pd.num_seqs = 2;
         pd.cp_size = 1;
@@ -1022,7 +1022,7 @@ static void raise_range_flag(fusedrope_cache *c, void *dx, void *dids)
 {
     fusedrope_positions p;
     fusedrope_tensor t = fusedrope_tensor_sbhd(dx, FUSEDROPE_BFLOAT16, 1, 1, 1, 64);
-    memset(&p, 0, sizeof p);
+    fusedrope_positions_init(&p);
     p.ids = dids;
     p.cp_size = 1;
     FR_OK(fusedrope_forward(c, FUSEDROPE_NEOX, &p, &t, &t, NULL));
@@ -1135,7 +1135,7 @@ START_TEST(test_device_mismatch)
     ck_assert_int_eq(fusedrope_backward_qk(gpu, FUSEDROPE_NEOX, NULL, &td, &td, &th, &th, NULL),
                      FUSEDROPE_ERR_INVALID);
     /* position arrays too */
-    memset(&pos, 0, sizeof pos);
+    fusedrope_positions_init(&pos);
     pos.ids = ids;
     ck_assert_int_eq(fusedrope_forward(gpu, FUSEDROPE_NEOX, &pos, &td, &td2, NULL),
                      FUSEDROPE_ERR_INVALID);
@@ -1182,7 +1182,7 @@ static void *worker(void *p)
         (a->err = cudaMalloc(&dq, nq)) != cudaSuccess ||
         (a->err = cudaMalloc(&dk, nk)) != cudaSuccess)
         goto out;
-    memset(&pos, 0, sizeof pos);
+    fusedrope_positions_init(&pos);
     pos.ids = a->d_ids;
     tq = fusedrope_tensor_sbhd(dq, FUSEDROPE_BFLOAT16, a->s, a->b, a->hq, a->d);
     tk = fusedrope_tensor_sbhd(dk, FUSEDROPE_BFLOAT16, a->s, a->b, a->hk, a->d);
@@ -1290,7 +1290,7 @@ START_TEST(test_threads)
         fusedrope_tensor tq, tk;
         memcpy(qc, q, nq);
         memcpy(kc, k, nk);
-        memset(&pos, 0, sizeof pos);
+        fusedrope_positions_init(&pos);
         pos.ids = ids;
         tq = fusedrope_tensor_sbhd(qc, FUSEDROPE_BFLOAT16, S, B, HQ, D);
         tk = fusedrope_tensor_sbhd(kc, FUSEDROPE_BFLOAT16, S, B, HK, D);

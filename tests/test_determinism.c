@@ -96,6 +96,7 @@ static void make_ctx(ctx *c, fusedrope_dtype dt, int lay, int mode)
     c->lay = lay;
     c->mode = mode;
     c->cache = mode == POS_TABLELESS ? cache_free : cache_table;
+    fusedrope_positions_init(&c->pos);
     c->pos.cp_size = 1;
     c->pp = &c->pos;
     switch (mode) {

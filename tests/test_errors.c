@@ -82,6 +82,7 @@ static void setup(ectx *c, int variant)
     c->pkx = &c->kx;
     c->pky = &c->ky;
 
+    fusedrope_positions_init(&c->pos);
     c->pos.cp_size = 1;
     c->pos.cp_rank = 0;
     c->pp = &c->pos;

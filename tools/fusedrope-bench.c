@@ -571,7 +571,7 @@ static void case_setup(bcase *c, shape sh)
      * which exclude each other (parse_args). */
     c->ppos = NULL;
     c->max_len = sh.s;
-    memset(&c->pos, 0, sizeof c->pos);
+    fusedrope_positions_init(&c->pos);
     c->pos.cp_size = 1;
     if (opt.layout == L_THD) {
         make_cu_seqlens(c);

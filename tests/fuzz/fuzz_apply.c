@@ -1006,6 +1006,7 @@ static void gen_positions(src_t *s, pspec *ps, int64_t S, int64_t B, int thd, in
     if (mode % 8 == 0)
         return;
     ps->given = 1;
+    fusedrope_positions_init(&ps->p);
     ps->p.cp_size = (mode & 8) ? 1 : 0;
     if (mode % 8 == 5 || mode % 8 == 7 || (mode % 8 == 6 && (mut & 1))) {
         unsigned b = u8(s);

@@ -1,0 +1,35 @@
+/*
+ * symbols.h - link names of the library's internal functions and variables.
+ *
+ * The source calls them by short fr_ names; in the archive and the shared
+ * library they carry the reserved prefix fusedrope__ (two underscores), so
+ * that every global symbol starts with fusedrope_ and nothing clashes in a
+ * large link line.  Every translation unit of lib/ and kernels/ sees this
+ * first, through internal.h.  tests/test_symbols.sh fails on a global symbol
+ * without the prefix: add a line here for each new internal global.
+ */
+#ifndef FUSEDROPE_SYMBOLS_H
+#define FUSEDROPE_SYMBOLS_H
+
+#define fr_apply fusedrope__apply
+#define fr_fail fusedrope__fail
+#define fr_clear_error fusedrope__clear_error
+#define fr_dtype_size fusedrope__dtype_size
+#define fr_struct_take fusedrope__struct_take
+#define fr_struct_give fusedrope__struct_give
+#define fr_cpu_apply fusedrope__cpu_apply
+#define fr_avx2_usable fusedrope__avx2_usable
+#define fr_avx2_off fusedrope__avx2_off
+#define fr_avx2_rotate_f16 fusedrope__avx2_rotate_f16
+#define fr_avx2_rotate_bf16 fusedrope__avx2_rotate_bf16
+#define fr_avx2_rotate_pairs_f16 fusedrope__avx2_rotate_pairs_f16
+#define fr_avx2_rotate_pairs_bf16 fusedrope__avx2_rotate_pairs_bf16
+#define fr_cuda_device_present fusedrope__cuda_device_present
+#define fr_cuda_cache_upload fusedrope__cuda_cache_upload
+#define fr_cuda_cache_download fusedrope__cuda_cache_download
+#define fr_cuda_cache_release fusedrope__cuda_cache_release
+#define fr_cuda_cache_check fusedrope__cuda_cache_check
+#define fr_cuda_pointer_kind fusedrope__cuda_pointer_kind
+#define fr_cuda_apply fusedrope__cuda_apply
+
+#endif /* FUSEDROPE_SYMBOLS_H */
