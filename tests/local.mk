@@ -30,6 +30,18 @@ tests_test_errors_LDFLAGS = -pthread
 tests_test_errors_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_errors_DEPENDENCIES = $(FUSEDROPE_DEPS)
 
+# Every global symbol prefixed, the shared library's exports (nm).
+TESTS += tests/test_symbols.sh
+EXTRA_DIST += tests/test_symbols.sh
+
+# Version, enum values and the growing structs' sizes (tests/test_abi.c).
+check_PROGRAMS += tests/test_abi
+TESTS += tests/test_abi
+tests_test_abi_SOURCES = tests/test_abi.c $(TEST_COMMON_SOURCES)
+tests_test_abi_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_abi_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_abi_DEPENDENCIES = $(FUSEDROPE_DEPS)
+
 tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c $(TEST_COMMON_SOURCES)
 tests_test_cpu_rows_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_cpu_rows_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)

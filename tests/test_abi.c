@@ -1,0 +1,284 @@
+/*
+ * test_abi.c - what a program built against one header meets in another
+ * build of the library: the version (configure, header and run time agree),
+ * fixed enum values, and the growing structs (fusedrope_cache_config,
+ * fusedrope_positions) read exactly struct_size bytes: each struct here
+ * ends at a page the process may not touch, so a read or write past it
+ * kills the (forked) test.
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "util.h"
+
+/* ------------------------------------------------------------------ version */
+
+START_TEST(test_version_one_source)
+{
+    char header[64];
+    int maj = -1, min = -1, pat = -1;
+
+    /* configure's version (AC_INIT, through config.h) */
+    ck_assert_int_eq(sscanf(PACKAGE_VERSION, "%d.%d.%d", &maj, &min, &pat), 3);
+    /* the header's macros, generated from it */
+    ck_assert_int_eq(FUSEDROPE_VERSION_MAJOR, maj);
+    ck_assert_int_eq(FUSEDROPE_VERSION_MINOR, min);
+    ck_assert_int_eq(FUSEDROPE_VERSION_PATCH, pat);
+    ck_assert_int_eq(FUSEDROPE_VERSION_NUMBER, maj * 10000 + min * 100 + pat);
+    snprintf(header, sizeof header, "%d.%d.%d", FUSEDROPE_VERSION_MAJOR,
+             FUSEDROPE_VERSION_MINOR, FUSEDROPE_VERSION_PATCH);
+    /* the library at run time */
+    ck_assert_str_eq(fusedrope_version(), PACKAGE_VERSION);
+    ck_assert_str_eq(fusedrope_version(), header);
+    ck_assert_int_eq(fusedrope_version_number(), maj * 10000 + min * 100 + pat);
+}
+END_TEST
+
+/* The numbers are the ABI: a binding or an older program passes them as ints. */
+START_TEST(test_enum_values)
+{
+    ck_assert_int_eq(FUSEDROPE_OK, 0);
+    ck_assert_int_eq(FUSEDROPE_ERR_INVALID, 1);
+    ck_assert_int_eq(FUSEDROPE_ERR_RANGE, 2);
+    ck_assert_int_eq(FUSEDROPE_ERR_NOMEM, 3);
+    ck_assert_int_eq(FUSEDROPE_ERR_UNSUPPORTED, 4);
+    ck_assert_int_eq(FUSEDROPE_ERR_CUDA, 5);
+    ck_assert_int_eq(FUSEDROPE_FLOAT32, 0);
+    ck_assert_int_eq(FUSEDROPE_FLOAT16, 1);
+    ck_assert_int_eq(FUSEDROPE_BFLOAT16, 2);
+    ck_assert_int_eq(FUSEDROPE_DEVICE_AUTO, 0);
+    ck_assert_int_eq(FUSEDROPE_DEVICE_CPU, 1);
+    ck_assert_int_eq(FUSEDROPE_DEVICE_CUDA, 2);
+    ck_assert_int_eq(FUSEDROPE_NEOX, 0);
+    ck_assert_int_eq(FUSEDROPE_INTERLEAVED, 1);
+    ck_assert_int_eq(FUSEDROPE_ROPE_DEFAULT, 0);
+    ck_assert_int_eq(FUSEDROPE_ROPE_LINEAR, 1);
+    ck_assert_int_eq(FUSEDROPE_ROPE_DYNAMIC, 2);
+    ck_assert_int_eq(FUSEDROPE_ROPE_YARN, 3);
+    ck_assert_int_eq(FUSEDROPE_ROPE_LONGROPE, 4);
+    ck_assert_int_eq(FUSEDROPE_ROPE_LLAMA3, 5);
+}
+END_TEST
+
+/* -------------------------------------------------------- guarded structs */
+
+/* The published layouts, written from the header as a caller of each
+ * version would have compiled it (the first member to the last one of that
+ * version, padded to the struct's alignment). */
+#define LAYOUT(type, last) \
+    ((offsetof(type, last) + sizeof(((type *)0)->last) + _Alignof(type) - 1) / \
+     _Alignof(type) * _Alignof(type))
+static const size_t positions_v0_1 = LAYOUT(fusedrope_positions, cp_rank);
+static const size_t config_v0_1 = LAYOUT(fusedrope_cache_config, long_factor);
+
+static long page;
+
+/* `size` bytes that end where a PROT_NONE page begins. */
+static void *guarded(size_t size)
+{
+    unsigned char *p;
+    page = sysconf(_SC_PAGESIZE);
+    p = mmap(NULL, (size_t)page * 2, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ck_assert(p != MAP_FAILED);
+    ck_assert_int_eq(mprotect(p + page, (size_t)page, PROT_NONE), 0);
+    return p + page - size;
+}
+
+static void unguard(void *q)
+{
+    unsigned char *p = (unsigned char *)((uintptr_t)q & ~(uintptr_t)(page - 1));
+    munmap(p, (size_t)page * 2);
+}
+
+/* A small CPU forward with offsets {3, 7}: y for the given positions struct. */
+typedef struct {
+    fusedrope_cache *cache;
+    float x[2 * 2 * 1 * 8], y[2 * 2 * 1 * 8];
+    int64_t offsets[2];
+    fusedrope_tensor tx, ty;
+} small_call;
+
+static void small_init(small_call *c)
+{
+    fusedrope_cache_config cfg;
+    tu_rng r;
+    tu_rng_init(&r, 1);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, 8, 64, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &c->cache), FUSEDROPE_OK);
+    for (int i = 0; i < 32; i++)
+        c->x[i] = (float)tu_uniform(&r, -1, 1);
+    c->offsets[0] = 3;
+    c->offsets[1] = 7;
+    c->tx = fusedrope_tensor_sbhd(c->x, FUSEDROPE_FLOAT32, 2, 2, 1, 8);
+    c->ty = fusedrope_tensor_sbhd(c->y, FUSEDROPE_FLOAT32, 2, 2, 1, 8);
+}
+
+static fusedrope_status small_run(small_call *c, const fusedrope_positions *pos)
+{
+    memset(c->y, 0xff, sizeof c->y);
+    return fusedrope_forward(c->cache, FUSEDROPE_NEOX, pos, &c->tx, &c->ty, NULL);
+}
+
+/* Token (s, b) of sbhd [2][2][1][8] at position s + offsets[b], against the
+ * float64 reference of the default rope type (theta 10000, rot_dim 8). */
+static void small_check(const small_call *c)
+{
+    for (int s = 0; s < 2; s++)
+        for (int b = 0; b < 2; b++) {
+            const float *x = c->x + (s * 2 + b) * 8, *y = c->y + (s * 2 + b) * 8;
+            double p = (double)(s + c->offsets[b]);
+            for (int i = 0; i < 4; i++) {
+                double ang = p * pow(10000.0, -2.0 * i / 8.0), cs = cos(ang), sn = sin(ang);
+                double a = x[i], bb = x[i + 4];
+                double ra = a * cs - bb * sn, rb = bb * cs + a * sn;
+                ck_assert_double_eq_tol(y[i], ra, 1e-6);
+                ck_assert_double_eq_tol(y[i + 4], rb, 1e-6);
+            }
+        }
+}
+
+START_TEST(test_positions_published_layout)
+{
+    small_call c;
+    fusedrope_positions *p = guarded(positions_v0_1);
+    small_init(&c);
+    memset(p, 0xa5, positions_v0_1);
+    fusedrope_positions_init_sized(p, positions_v0_1);
+    ck_assert_uint_eq(p->struct_size, positions_v0_1);
+    ck_assert_ptr_null(p->ids);
+    ck_assert_int_eq(p->cp_size, 0);
+    p->offsets = c.offsets;
+    ck_assert_int_eq(small_run(&c, p), FUSEDROPE_OK);
+    small_check(&c);
+    unguard(p);
+    fusedrope_cache_destroy(c.cache);
+}
+END_TEST
+
+START_TEST(test_positions_refused_sizes)
+{
+    small_call c;
+    size_t bad[] = { 0, sizeof(size_t), positions_v0_1 - 8, positions_v0_1 - 1 };
+    small_init(&c);
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        size_t n = bad[k] < sizeof(size_t) ? sizeof(size_t) : bad[k];
+        fusedrope_positions *p = guarded(n);
+        memset(p, 0, n);
+        memcpy(p, &bad[k], sizeof bad[k]);
+        ck_assert_int_eq(small_run(&c, p), FUSEDROPE_ERR_INVALID);
+        ck_assert_msg(strstr(fusedrope_last_error(), "pos->struct_size is") != NULL, "%s",
+                      fusedrope_last_error());
+        if (bad[k] == 0)
+            ck_assert_msg(strstr(fusedrope_last_error(), "_init") != NULL, "%s",
+                          fusedrope_last_error());
+        for (size_t i = 0; i < 32; i++) /* nothing written */
+            ck_assert_msg(c.y[i] != c.y[i], "y[%zu] written on a refused call", i);
+        unguard(p);
+    }
+    fusedrope_cache_destroy(c.cache);
+}
+END_TEST
+
+/* A program built against a newer header, with this (older) library. */
+START_TEST(test_positions_newer_header)
+{
+    small_call c;
+    size_t n = sizeof(fusedrope_positions) + 24;
+    unsigned char *raw = guarded(n);
+    fusedrope_positions *p = (fusedrope_positions *)raw;
+    small_init(&c);
+    memset(raw, 0x5a, n);
+    fusedrope_positions_init_sized(p, n);
+    ck_assert_uint_eq(p->struct_size, n);
+    for (size_t i = sizeof *p; i < n; i++)
+        ck_assert_int_eq(raw[i], 0);
+    p->offsets = c.offsets;
+    ck_assert_int_eq(small_run(&c, p), FUSEDROPE_OK); /* unknown fields zero: fine */
+    small_check(&c);
+    raw[sizeof *p + 5] = 1; /* a field this library does not have is set */
+    ck_assert_int_eq(small_run(&c, p), FUSEDROPE_ERR_INVALID);
+    ck_assert_msg(strstr(fusedrope_last_error(), "does not have") != NULL, "%s",
+                  fusedrope_last_error());
+    unguard(p);
+    fusedrope_cache_destroy(c.cache);
+}
+END_TEST
+
+/* init_sized writes exactly the caller's bytes, whatever their number. */
+START_TEST(test_init_sized_stays_inside)
+{
+    for (size_t n = 0; n <= sizeof(fusedrope_cache_config) + 16; n++) {
+        unsigned char *p = guarded(n ? n : 1);
+        fusedrope_cache_config_init_sized((fusedrope_cache_config *)(void *)p, n,
+                                          FUSEDROPE_ROPE_YARN, 64, 0, 10000.0);
+        unguard(p);
+        p = guarded(n ? n : 1);
+        fusedrope_positions_init_sized((fusedrope_positions *)(void *)p, n);
+        unguard(p);
+    }
+    fusedrope_cache_config_init_sized(NULL, sizeof(fusedrope_cache_config), FUSEDROPE_ROPE_DEFAULT,
+                                      8, 0, 10000.0);
+    fusedrope_positions_init_sized(NULL, sizeof(fusedrope_positions));
+}
+END_TEST
+
+START_TEST(test_config_layouts)
+{
+    fusedrope_cache *cache = NULL;
+    fusedrope_cache_config *cfg = guarded(config_v0_1), full;
+    float cs[4 * 16], sn[4 * 16], cs2[4 * 16], sn2[4 * 16];
+
+    memset(cfg, 0xa5, config_v0_1);
+    fusedrope_cache_config_init_sized(cfg, config_v0_1, FUSEDROPE_ROPE_YARN, 8, 16, 10000.0);
+    ck_assert_uint_eq(cfg->struct_size, config_v0_1);
+    ck_assert_double_eq(cfg->beta_fast, 32.0);
+    cfg->factor = 4.0;
+    cfg->original_max_positions = 8;
+    ck_assert_int_eq(fusedrope_cache_create(cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
+    ck_assert_int_eq(fusedrope_cache_copy_table(cache, cs, sn), FUSEDROPE_OK);
+    fusedrope_cache_destroy(cache);
+
+    /* the same settings through this header's inline init give the same table */
+    fusedrope_cache_config_init(&full, FUSEDROPE_ROPE_YARN, 8, 16, 10000.0);
+    full.factor = 4.0;
+    full.original_max_positions = 8;
+    ck_assert_int_eq(fusedrope_cache_create(&full, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
+    ck_assert_int_eq(fusedrope_cache_copy_table(cache, cs2, sn2), FUSEDROPE_OK);
+    fusedrope_cache_destroy(cache);
+    ck_assert_int_eq(memcmp(cs, cs2, sizeof cs), 0);
+    ck_assert_int_eq(memcmp(sn, sn2, sizeof sn), 0);
+
+    /* an uninitialised config (memset 0) and a size of no layout are refused */
+    cfg->struct_size = 0;
+    ck_assert_int_eq(fusedrope_cache_create(cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_ERR_INVALID);
+    ck_assert_ptr_null(cache);
+    ck_assert_msg(strstr(fusedrope_last_error(), "config->struct_size is 0") != NULL, "%s",
+                  fusedrope_last_error());
+    cfg->struct_size = config_v0_1 - 8;
+    ck_assert_int_eq(fusedrope_cache_create(cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_ERR_INVALID);
+    unguard(cfg);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("abi");
+    TCase *tc = tcase_create("abi");
+    tcase_add_test(tc, test_version_one_source);
+    tcase_add_test(tc, test_enum_values);
+    tcase_add_test(tc, test_positions_published_layout);
+    tcase_add_test(tc, test_positions_refused_sizes);
+    tcase_add_test(tc, test_positions_newer_header);
+    tcase_add_test(tc, test_init_sized_stays_inside);
+    tcase_add_test(tc, test_config_layouts);
+    suite_add_tcase(s, tc);
+    return tu_main(s, "abi");
+}
