@@ -122,7 +122,7 @@ fi
 
 # ---------------------------------------------- c: strict C99 and C++11 users
 if run $CC -std=c99 -pedantic -Wall -Wextra -Werror -o c99_main "$here/c99_main.c" \
-       "$here/wrap.c" -I"$here" $cflags $libs &&
+       "$here/wrap.c" -I"$here" $cflags $libs -lm &&
    run env "$runenv" ./c99_main; then
     pass "c: C99 -pedantic -Werror"
 else
@@ -149,17 +149,27 @@ else
     else
         fail "d: fusedrope-config-version.cmake's rule"
     fi
-    for proj in cmake-config cmake-pkgconfig; do
-        if run env CC="$CC" CXX="$CXX" "$CMAKE" -S "$here/$proj" \
-               -B "$proj" --no-warn-unused-cli -DCMAKE_PREFIX_PATH="$prefix" \
+    # cmake-config: the target is the .so when there is one, else the .a;
+    # cmake-config-static: FUSEDROPE_USE_STATIC takes the .a (when both are
+    # installed), whose link needs then come from the target alone.
+    projects="cmake-config cmake-pkgconfig"
+    [ $have_shared = yes ] && [ $have_static = yes ] && projects="$projects cmake-config-static"
+    for build in $projects; do
+        proj=$build type=STATIC opt=
+        [ $have_shared = yes ] && type=SHARED
+        case $build in
+        cmake-config-static) proj=cmake-config type=STATIC opt=-DFUSEDROPE_USE_STATIC=ON ;;
+        esac
+        if run env CC="$CC" CXX="$CXX" "$CMAKE" -S "$here/$proj" -B "$build" \
+               --no-warn-unused-cli -DCMAKE_PREFIX_PATH="$prefix" $opt \
                -DPKG_CONFIG_EXECUTABLE="`command -v $PKG_CONFIG`" \
-               -DFR_TEST_SRC="$here" -DFR_EXPECT_DIR="$cmakedir" \
+               -DFR_TEST_SRC="$here" -DFR_EXPECT_DIR="$cmakedir" -DFR_EXPECT_TYPE=$type \
                -DFR_EXPECT_LIBDIR="$libdir" -DFR_EXPECT_VERSION="$PACKAGE_VERSION" &&
-           run "$CMAKE" --build "$proj" &&
-           run env "$runenv" "./$proj/consumer"; then
-            pass "d: $proj"
+           run "$CMAKE" --build "$build" &&
+           run env "$runenv" "./$build/consumer"; then
+            pass "d: $build"
         else
-            fail "d: $proj"
+            fail "d: $build"
         fi
     done
 fi
