@@ -1,0 +1,86 @@
+# cmake -DVERSION_FILE=.../fusedrope-config-version.cmake -DVERSION=x.y.z -P
+# cmake-version-check.cmake: checks the compatibility rule that the version
+# file states (SameMajorVersion, the minor acting as major before 1.0) on
+# requests derived from VERSION, so it holds across releases.
+
+string(REGEX MATCHALL "[0-9]+" _v "${VERSION}")
+list(GET _v 0 MA)
+list(GET _v 1 MI)
+list(GET _v 2 PA)
+math(EXPR MA1 "${MA} + 1")
+math(EXPR MI1 "${MI} + 1")
+set(failed 0)
+
+# request [range] -> expected COMPATIBLE, EXACT
+function(expect request compatible exact)
+  foreach(v PACKAGE_FIND_VERSION PACKAGE_FIND_VERSION_COUNT PACKAGE_FIND_VERSION_RANGE
+            PACKAGE_FIND_VERSION_MIN PACKAGE_FIND_VERSION_MIN_COUNT PACKAGE_FIND_VERSION_MAX
+            PACKAGE_FIND_VERSION_RANGE_MAX)
+    unset(${v})
+  endforeach()
+  if(request MATCHES "^(.+)\\.\\.\\.(<?)(.+)$")
+    set(PACKAGE_FIND_VERSION_RANGE "${request}")
+    set(PACKAGE_FIND_VERSION_MIN "${CMAKE_MATCH_1}")
+    set(PACKAGE_FIND_VERSION_MAX "${CMAKE_MATCH_3}")
+    if(CMAKE_MATCH_2)
+      set(PACKAGE_FIND_VERSION_RANGE_MAX EXCLUDE)
+    else()
+      set(PACKAGE_FIND_VERSION_RANGE_MAX INCLUDE)
+    endif()
+    string(REGEX MATCHALL "[0-9]+" c "${PACKAGE_FIND_VERSION_MIN}")
+    list(LENGTH c PACKAGE_FIND_VERSION_MIN_COUNT)
+    set(PACKAGE_FIND_VERSION "${PACKAGE_FIND_VERSION_MIN}")
+  elseif(NOT request STREQUAL "")
+    set(PACKAGE_FIND_VERSION "${request}")
+    string(REGEX MATCHALL "[0-9]+" c "${request}")
+    list(LENGTH c PACKAGE_FIND_VERSION_COUNT)
+  endif()
+  include("${VERSION_FILE}")
+  if(PACKAGE_VERSION STREQUAL VERSION AND
+     "${PACKAGE_VERSION_COMPATIBLE}" STREQUAL "${compatible}" AND
+     "${PACKAGE_VERSION_EXACT}" STREQUAL "${exact}")
+    message("ok: request '${request}' -> compatible ${compatible}, exact ${exact}")
+  else()
+    message("FAIL: version ${PACKAGE_VERSION}, request '${request}': compatible "
+            "${PACKAGE_VERSION_COMPATIBLE} (want ${compatible}), exact "
+            "${PACKAGE_VERSION_EXACT} (want ${exact})")
+    set(failed 1 PARENT_SCOPE)
+  endif()
+endfunction()
+
+expect("" TRUE FALSE)
+expect("${VERSION}" TRUE TRUE)
+# CMake compares versions numerically: 0.1 equals 0.1.0
+if(PA EQUAL 0)
+  expect("${MA}.${MI}" TRUE TRUE)
+else()
+  expect("${MA}.${MI}" TRUE FALSE)
+endif()
+expect("${MA}" TRUE FALSE)
+expect("${MA1}" FALSE FALSE)
+expect("${MA}.${MI1}" FALSE FALSE)
+if(PA GREATER 0)
+  math(EXPR PA0 "${PA} - 1")
+  expect("${MA}.${MI}.${PA0}" TRUE FALSE)
+endif()
+math(EXPR PA1 "${PA} + 1")
+expect("${MA}.${MI}.${PA1}" FALSE FALSE)
+if(MA EQUAL 0)
+  # before 1.0 an older minor is another series
+  if(MI GREATER 0)
+    math(EXPR MI0 "${MI} - 1")
+    expect("0.${MI0}" FALSE FALSE)
+  endif()
+else()
+  if(MI GREATER 0)
+    math(EXPR MI0 "${MI} - 1")
+    expect("${MA}.${MI0}" TRUE FALSE)
+  endif()
+endif()
+expect("${MA}.${MI}...<${MA}.${MI1}" TRUE FALSE)
+expect("${MA}.${MI}...${VERSION}" TRUE FALSE)
+expect("${MA}.${MI}...<${VERSION}" FALSE FALSE)
+expect("${MA}.${MI1}...${MA1}" FALSE FALSE)
+if(failed)
+  message(FATAL_ERROR "the version file broke its rule")
+endif()
