@@ -13,8 +13,8 @@ log="$dest/sweep.txt"; : > "$log"
 variants=${VARIANTS:-"default -DFR_CUDA_MAXNREG=80 -DFR_CUDA_MAXNREG=72 -DFR_CUDA_MAXNREG=64 -DFR_CUDA_WAVES=2"}
 for v in $variants; do
   flags=$v; [ "$v" = default ] && flags=
-  rm -f kernels/cuda_apply.o libfusedrope.a tools/fusedrope-bench
-  make -j16 NVCCFLAGS="$flags" libfusedrope.a tools/fusedrope-bench >/dev/null 2>&1 || { echo "$v: build failed" | tee -a "$log"; continue; }
+  rm -f kernels/cuda_apply.o kernels/cuda_apply.lo libfusedrope_core.la tools/fusedrope-bench
+  make -j16 NVCCFLAGS="$flags" libfusedrope_core.la tools/fusedrope-bench >/dev/null 2>&1 || { echo "$v: build failed" | tee -a "$log"; continue; }
   b=./tools/fusedrope-bench
   {
     echo "== $v"
@@ -23,8 +23,8 @@ for v in $variants; do
     $b --iters 200 --shape 4096,1,128,128 --rot-dim 64 --inplace | grep -E '^(forward|backward)'
   } >> "$log" 2>&1
 done
-rm -f kernels/cuda_apply.o libfusedrope.a tools/fusedrope-bench
-make -j16 libfusedrope.a tools/fusedrope-bench >/dev/null 2>&1
+rm -f kernels/cuda_apply.o kernels/cuda_apply.lo libfusedrope_core.la tools/fusedrope-bench
+make -j16 libfusedrope_core.la tools/fusedrope-bench >/dev/null 2>&1
 echo "== decode under ncu (gpu__time_duration of each kernel)" >> "$log"
 timeout 180 ncu --metrics gpu__time_duration.sum --csv ./tools/fusedrope-bench \
   --shape 1,64,32,128 --qk 32,8 --iters 5 --warmup 1 > "$dest/ncu-decode.csv" 2>&1
