@@ -693,14 +693,16 @@ int sm_count(void)
 #else
     static int cached[64];
     int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) {
+        fr_cuda_forget(err);
         return 132;
     }
     if (dev >= 0 && dev < 64 && (n = __atomic_load_n(&cached[dev], __ATOMIC_RELAXED)) > 0)
         return n;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
-        (void)cudaGetLastError();
+    err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess || n <= 0) {
+        fr_cuda_forget(err);
         return 132;
     }
     if (dev >= 0 && dev < 64)
@@ -809,17 +811,15 @@ Shape choose_shape(int64_t tokens, int64_t heads, int64_t lanes, int sms)
     return sh;
 }
 
+/* The launch's own error (cuda_util.cuh: the caller's last error is left alone). */
 template <int DT, int MODE>
 cudaError_t launch_mode(const Shape &sh, const KParams &P, cudaStream_t stream)
 {
-#ifdef FR_CUDA_EMULATE
-    (void)stream;
-    fr_emu_launch(rope_kernel<DT, MODE>, sh.grid, sh.block, P);
-    return cudaSuccess;
-#else
-    rope_kernel<DT, MODE><<<sh.grid, sh.block, 0, stream>>>(P);
-    return cudaGetLastError();
-#endif
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = sh.grid;
+    cfg.blockDim = sh.block;
+    cfg.stream = stream;
+    return cudaLaunchKernelEx(&cfg, rope_kernel<DT, MODE>, P);
 }
 
 template <int DT>
