@@ -80,8 +80,8 @@ __global__ void build_table(const double *inv, double attn, int64_t positions, i
 static size_t round256(size_t n) { return n > SIZE_MAX - 255 ? 0 : (n + 255) & ~(size_t)255; }
 
 /*
- * The device half of a cache is one allocation (two 32 MiB cudaMallocs cost
- * more than building a 128k-position table, bench/RESULTS.md): the inverse
+ * The device half of a cache is one allocation (cudaMalloc of large blocks
+ * costs more than building the table in them, bench/RESULTS.md): the inverse
  * frequencies, then cos, then sin, each 256-byte aligned.  A user table is
  * copied in; a rope type's table is built in place by build_table, in
  * double, like the CPU's.  The range flag is a word of mapped pinned host
