@@ -66,12 +66,13 @@ namespace {
 enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
 
 /*
- * Tuning knobs (NVCCFLAGS=-DFR_CUDA_...=N), defaults measured on an H100:
+ * Tuning knobs (NVCCFLAGS=-DFR_CUDA_...=N); the defaults won the H100 sweeps
+ * in bench/RESULTS.md, which also keeps what else was tried:
  *   FR_CUDA_U, FR_CUDA_U_NEOX  heads whose loads a thread issues before their
  *                              stores (pass-through and interleaved lanes,
- *                              NeoX lanes).  2: four 16-byte loads in flight
- *                              per rotary lane at about 96 registers; 4 cost
- *                              ~125 registers and lost more than they gained.
+ *                              NeoX lanes): more loads in flight per rotary
+ *                              lane, paid for in registers, which decide how
+ *                              many blocks an SM holds (see the kernel).
  *   FR_CUDA_MAX_HPT            most heads per thread (cos/sin reuse).
  *   FR_CUDA_WAVES              heads per thread grow only while the grid keeps
  *                              this many waves of 2048 threads per SM.
@@ -88,7 +89,7 @@ enum { DT_F32 = 0, DT_F16 = 1, DT_BF16 = 2 };
 #define FR_CUDA_MAX_HPT 8
 #endif
 #ifndef FR_CUDA_WAVES
-#define FR_CUDA_WAVES 1 /* H100 sweep (bench/RESULTS.md): 1 beat 2 and 4 on both shapes */
+#define FR_CUDA_WAVES 1
 #endif
 constexpr int U = FR_CUDA_U;
 /* Largest block the launcher builds (and the kernels are compiled for). */
@@ -389,10 +390,10 @@ __device__ __forceinline__ void neox_store(const KParams &P, int64_t h0, int64_t
  * (decode-sized calls).  The heads' loads then go out before the token's
  * position is known, since they do not depend on it: the data comes back in
  * the same memory round trip as the position and the table row behind it,
- * not after them.  Done in the general loop's first group, the same order
- * took that kernel from 95 to 112 registers and halved the resident 9-warp
- * blocks of a prefill-sized call; as a kernel of its own (80 registers:
- * no loop) it costs decode-sized calls nothing. */
+ * not after them.  Not done in the general loop's first group: there the
+ * same order costs registers, and with them resident blocks of a
+ * prefill-sized call; as a kernel of its own (no loop, fewer registers) it
+ * costs decode-sized calls nothing. */
 template <int DT, bool ONE_GROUP>
 __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                                 int64_t b, int64_t s, int64_t lane, int64_t g)
@@ -617,18 +618,16 @@ enum { MODE_SCALAR, MODE_NEOX_VEC, MODE_INTER_VEC, MODE_NEOX_ONE };
 
 /* Registers decide how many blocks of nine or ten warps an SM holds (warps
  * are placed four at a time: at 104 registers or more, only 16 warps fit,
- * and a 288-thread block runs alone).  Keep the rotary lanes' code at about
- * 95: a version that issued each lane's first loads before its position,
- * at 112 registers, took [512,32,24,128] from 0.918 to 0.80 of copy on the
- * H100 (bench/RESULTS.md).
+ * and a 288-thread block runs alone).  So the rotary lanes' code must stay
+ * under 104 registers; bench/RESULTS.md has what crossing it cost.
  *
  * The explicit minimum of 1 block per SM matters: with __launch_bounds__(512)
- * alone ptxas (CUDA 13) squeezes some kernels into 64 registers with spills.
+ * alone ptxas squeezes some kernels into fewer registers with spills.
  *
  * FR_CUDA_MAXNREG=N (an experiment for bench/sweep-knobs.sh, not a default)
- * caps every kernel at N registers instead: at 80, three 8-warp blocks fit
- * an SM instead of two, paid for with spills to L1 (bench/RESULTS.md has
- * ptxas's counts).  nvcc does not accept both qualifiers on one kernel. */
+ * caps every kernel at N registers instead: fewer registers fit more blocks
+ * per SM, paid for with spills to L1.  nvcc does not accept both qualifiers
+ * on one kernel. */
 #ifdef FR_CUDA_MAXNREG
 #define FR_KERNEL_BOUNDS __maxnreg__(FR_CUDA_MAXNREG)
 #else
@@ -693,14 +692,16 @@ int sm_count(void)
 #else
     static int cached[64];
     int dev = 0, n = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) {
-        (void)cudaGetLastError();
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err != cudaSuccess) {
+        fr_cuda_forget(err);
         return 132;
     }
     if (dev >= 0 && dev < 64 && (n = __atomic_load_n(&cached[dev], __ATOMIC_RELAXED)) > 0)
         return n;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) {
-        (void)cudaGetLastError();
+    err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess || n <= 0) {
+        fr_cuda_forget(err);
         return 132;
     }
     if (dev >= 0 && dev < 64)
@@ -809,17 +810,15 @@ Shape choose_shape(int64_t tokens, int64_t heads, int64_t lanes, int sms)
     return sh;
 }
 
+/* The launch's own error (cuda_util.cuh: the caller's last error is left alone). */
 template <int DT, int MODE>
 cudaError_t launch_mode(const Shape &sh, const KParams &P, cudaStream_t stream)
 {
-#ifdef FR_CUDA_EMULATE
-    (void)stream;
-    fr_emu_launch(rope_kernel<DT, MODE>, sh.grid, sh.block, P);
-    return cudaSuccess;
-#else
-    rope_kernel<DT, MODE><<<sh.grid, sh.block, 0, stream>>>(P);
-    return cudaGetLastError();
-#endif
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = sh.grid;
+    cfg.blockDim = sh.block;
+    cfg.stream = stream;
+    return cudaLaunchKernelEx(&cfg, rope_kernel<DT, MODE>, P);
 }
 
 template <int DT>

@@ -26,7 +26,7 @@ extern "C" int fr_cuda_device_present(void)
         cudaError_t err = cudaGetDeviceCount(&n);
         if (err != cudaSuccess) {
             /* No driver, no device, driver too old: all mean "no CUDA". */
-            (void)cudaGetLastError();
+            fr_cuda_forget(err);
             n = 0;
         }
         state = n > 0 ? 2 : 1;
@@ -51,11 +51,11 @@ extern "C" int fr_cuda_pointer_kind(const void *p)
     err = cudaPointerGetAttributes(&attr, p);
     if (err == cudaErrorInvalidValue) {
         /* Older runtimes report plain host memory this way. */
-        (void)cudaGetLastError();
+        fr_cuda_forget(err);
         return FR_PTR_HOST;
     }
     if (err != cudaSuccess) {
-        (void)cudaGetLastError();
+        fr_cuda_forget(err);
         fr_fail(FUSEDROPE_ERR_CUDA, "cudaPointerGetAttributes: %s", cudaGetErrorString(err));
         return FR_PTR_ERROR;
     }
@@ -80,8 +80,8 @@ static __global__ void build_table(const double *inv, double attn, int64_t posit
 static size_t round256(size_t n) { return n > SIZE_MAX - 255 ? 0 : (n + 255) & ~(size_t)255; }
 
 /*
- * The device half of a cache is one allocation (two 32 MiB cudaMallocs cost
- * more than building a 128k-position table, bench/RESULTS.md): the inverse
+ * The device half of a cache is one allocation (cudaMalloc of large blocks
+ * costs more than building the table in them, bench/RESULTS.md): the inverse
  * frequencies, then cos, then sin, each 256-byte aligned.  A user table is
  * copied in; a rope type's table is built in place by build_table, in
  * double, like the CPU's.  The range flag is a word of mapped pinned host
@@ -134,9 +134,13 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
     if (built_table) {
         const int64_t n = cache->max_positions * (int64_t)half;
         const int64_t blocks = (n + 255) / 256 < 65536 ? (n + 255) / 256 : 65536;
-        build_table<<<(unsigned)blocks, 256>>>(dinv, cache->attention_factor, cache->max_positions,
-                                               (int64_t)half, dcos, dsin);
-        if ((err = cudaGetLastError()) != cudaSuccess ||
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)blocks);
+        cfg.blockDim = dim3(256);
+        cfg.stream = 0;
+        if ((err = cudaLaunchKernelEx(&cfg, build_table, (const double *)dinv,
+                                      cache->attention_factor, cache->max_positions,
+                                      (int64_t)half, dcos, dsin)) != cudaSuccess ||
             (err = cudaStreamSynchronize(0)) != cudaSuccess) {
             st = fr_cuda_fail(err, "building the cos/sin table on the device");
             goto fail;
@@ -168,10 +172,9 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
 
 fail:
     if (block)
-        cudaFree(block);
+        fr_cuda_forget(cudaFree(block));
     if (flag)
-        cudaFreeHost(flag);
-    (void)cudaGetLastError();
+        fr_cuda_forget(cudaFreeHost(flag));
     return st;
 }
 
@@ -192,10 +195,9 @@ extern "C" fusedrope_status fr_cuda_cache_download(const fusedrope_cache *cache,
 extern "C" void fr_cuda_cache_release(fusedrope_cache *cache)
 {
     if (cache->dev_block)
-        cudaFree(cache->dev_block);
+        fr_cuda_forget(cudaFree(cache->dev_block));
     if (cache->range_flag)
-        cudaFreeHost(cache->range_flag);
-    (void)cudaGetLastError();
+        fr_cuda_forget(cudaFreeHost(cache->range_flag));
     cache->dev_block = NULL;
     cache->cos = cache->sin = NULL;
     cache->inv_freq_dev = NULL;

@@ -17,6 +17,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -32,8 +33,10 @@
 #define fr_cuda_apply fr_emu_cuda_apply
 
 /* The CUDA headers give a host compiler attribute spellings of these; here
- * they mean nothing.  (Their types, cudaStream_t and cudaError_t, stay; no
- * runtime function is called, so nothing links against the runtime.) */
+ * they mean nothing.  (Their types, cudaStream_t, cudaError_t and
+ * cudaLaunchConfig_t, stay; the one runtime function called,
+ * cudaLaunchKernelEx, is defined below, so nothing links against the
+ * runtime.) */
 #undef __global__
 #undef __device__
 #undef __forceinline__
@@ -57,31 +60,44 @@ static thread_local dim3 blockDim, gridDim;
  * other launch shapes (the real backend asks the device). */
 extern "C" int fr_emu_sms;
 
-/* kernel<<<grid, block>>>(P), one thread at a time.  A launch the device
- * would refuse (the limits of compute capability 8.0 and later, and the
- * kernels' 512-thread launch bounds) aborts instead of running. */
-template <typename Kernel, typename Params>
-static void fr_emu_launch(Kernel kernel, dim3 grid, dim3 block, const Params &P)
+/* The launch cuda_apply.cu uses, with the typed signature of cuda_runtime.h's
+ * cudaLaunchKernelEx (the arguments converted to the kernel's parameter
+ * types once, as the launch copies them): the kernel runs to the end, one
+ * thread at a time, before it returns.  A launch the device would refuse
+ * (the limits of compute capability 8.0 and later, and the kernels'
+ * 512-thread launch bounds) runs nothing and returns an error, as the
+ * device's launch does (the code is cudaErrorInvalidConfiguration here
+ * whatever the reason; a device may name some reasons otherwise).  Dynamic
+ * shared memory and launch attributes are not emulated: a launch with them
+ * is refused too.  The stream is ignored. */
+template <typename... ExpTypes, typename... ActTypes>
+static cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *config,
+                                      void (*kernel)(ExpTypes...), ActTypes &&...args)
 {
+    const dim3 grid = config->gridDim, block = config->blockDim;
     const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
     if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 512 ||
-        block.z > 64 || grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u) {
+        block.z > 64 || grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u ||
+        config->dynamicSmemBytes != 0 || config->numAttrs != 0) {
         fprintf(stderr, "cuda_emu: a launch the device would refuse: grid (%u, %u, %u), block "
                         "(%u, %u, %u)\n", grid.x, grid.y, grid.z, block.x, block.y, block.z);
-        abort();
+        return cudaErrorInvalidConfiguration;
     }
-    gridDim = grid;
-    blockDim = block;
-    for (unsigned bz = 0; bz < grid.z; bz++)
-        for (unsigned by = 0; by < grid.y; by++)
-            for (unsigned bx = 0; bx < grid.x; bx++)
-                for (unsigned tz = 0; tz < block.z; tz++)
-                    for (unsigned ty = 0; ty < block.y; ty++)
-                        for (unsigned tx = 0; tx < block.x; tx++) {
-                            blockIdx = make_uint3(bx, by, bz);
-                            threadIdx = make_uint3(tx, ty, tz);
-                            kernel(P);
-                        }
+    return [&](ExpTypes... params) {
+        gridDim = grid;
+        blockDim = block;
+        for (unsigned bz = 0; bz < grid.z; bz++)
+            for (unsigned by = 0; by < grid.y; by++)
+                for (unsigned bx = 0; bx < grid.x; bx++)
+                    for (unsigned tz = 0; tz < block.z; tz++)
+                        for (unsigned ty = 0; ty < block.y; ty++)
+                            for (unsigned tx = 0; tx < block.x; tx++) {
+                                blockIdx = make_uint3(bx, by, bz);
+                                threadIdx = make_uint3(tx, ty, tz);
+                                kernel(params...);
+                            }
+        return cudaSuccess;
+    }(std::forward<ActTypes>(args)...);
 }
 
 static inline fusedrope_status fr_cuda_fail(cudaError_t err, const char *what)

@@ -9,12 +9,30 @@
 
 #include "internal.h"
 
+/*
+ * The runtime records each failed call's error as the host thread's "last
+ * error" (what cudaGetLastError returns and clears), replacing whatever was
+ * recorded before.  That record belongs to the caller: the library takes
+ * each runtime call's own return value (kernels are launched with
+ * cudaLaunchKernelEx, whose return value is that launch's own, never
+ * checked with cudaGetLastError, which would report and erase a caller's
+ * earlier, unrelated error as the library's), and reports failures through
+ * its status.  Only right after one of its own calls has failed, when the
+ * record holds that call's error (the caller's earlier one already
+ * replaced), does it take the record back, so that no error of the
+ * library's is left behind for the caller's next cudaGetLastError.
+ */
+static inline void fr_cuda_forget(cudaError_t err)
+{
+    if (err != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
 /* Turns a failed runtime call into a library status: allocation failures
- * become FUSEDROPE_ERR_NOMEM, everything else FUSEDROPE_ERR_CUDA.  Clears the
- * runtime's (non-sticky) last error so the next call starts clean. */
+ * become FUSEDROPE_ERR_NOMEM, everything else FUSEDROPE_ERR_CUDA. */
 static inline fusedrope_status fr_cuda_fail(cudaError_t err, const char *what)
 {
-    (void)cudaGetLastError();
+    fr_cuda_forget(err);
     if (err == cudaErrorMemoryAllocation)
         return fr_fail(FUSEDROPE_ERR_NOMEM, "%s: out of device memory (%s)", what,
                        cudaGetErrorString(err));
