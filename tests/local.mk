@@ -73,3 +73,11 @@ tests/no-libcheck.sh:
 	  'echo "libcheck not found; install it (Debian: apt-get install check) and rerun configure" >&2' \
 	  'exit 1' > $@ && chmod +x $@
 endif
+
+# tests/digest: an FNV digest of a fixed set of calls' output bytes, to show
+# that a change kept every byte (run before and after; bench/RESULTS.md).
+# Built by make check, not run by it.
+check_PROGRAMS += tests/digest
+tests_digest_SOURCES = tests/digest.c
+tests_digest_LDADD = $(FUSEDROPE_LIBS)
+tests_digest_DEPENDENCIES = libfusedrope.a
