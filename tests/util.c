@@ -24,23 +24,15 @@ const char *__asan_default_options(void)
 
 uint64_t tu_seed;
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 void tu_rng_init(tu_rng *r, uint64_t stream)
 {
     uint64_t s = tu_seed ^ (stream * 0xd1342543de82ef95ull);
-    r->s = splitmix(&s);
+    r->s = ref_splitmix(&s);
 }
 
 uint64_t tu_next(tu_rng *r)
 {
-    return splitmix(&r->s);
+    return ref_splitmix(&r->s);
 }
 
 double tu_uniform(tu_rng *r, double lo, double hi)
