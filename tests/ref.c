@@ -302,7 +302,9 @@ int ref_inv_freq(const fusedrope_cache_config *cfg, double *inv, double *attn)
                 ramp = 0;
             if (ramp > 1)
                 ramp = 1;
-            inv[i] = (1.0 - ramp) * ext + ramp * (ext / cfg->factor);
+            /* left to right as DESIGN writes it: ramp * ext / factor is 0,
+             * not 0 * Inf, where ramp is 0 and ext / factor overflows */
+            inv[i] = (1.0 - ramp) * ext + ramp * ext / cfg->factor;
         }
         return 0;
     }
