@@ -559,6 +559,41 @@ static void test_interleaved_xy_views_body(int _i)
 }
 GROUPED_TEST(test_interleaved_xy_views, 3)
 
+/* The same at the bound of the overlap sweep: x and y of 2^19 heads each
+ * (2^20 in all, the largest count the library still sweeps) interleaved
+ * without sharing a byte: allowed, not refused as overlapping. */
+START_TEST(test_interleaved_views_heads_limit)
+{
+    fusedrope_dtype dt = dtypes[_i % 3];
+    cache_pair cp;
+    tu_rng r;
+    tu_buf b, snap;
+    fusedrope_tensor x, y, xorig;
+    int64_t *positions, H = (int64_t)1 << 19, D = 2;
+    fusedrope_status st;
+    char what[128];
+    tu_rng_init(&r, 9150 + (uint64_t)_i);
+    make_cache(&cp, K_DEFAULT, 2, &r);
+    b = tu_buf_new(dt, H * 2 * D);
+    tu_fill_random(&b, &r, -2, 2);
+    snap = tu_buf_copy(&b);
+    x = tu_view(LAY_SBHD, &b, 1, 1, H, D);
+    x.stride_head = 2 * D;
+    x.stride_batch = x.stride_seq = H * 2 * D;
+    y = x;
+    y.data = (unsigned char *)x.data + (size_t)D * ref_dtype_size(dt);
+    xorig = tu_rebase(&x, &b, &snap);
+    positions = tu_positions(NULL, 1, 1);
+    snprintf(what, sizeof what, "x/y of 2^19 heads each, interleaved, %s [seed %llu]",
+             ref_dtype_name(dt), (unsigned long long)tu_seed);
+    st = fusedrope_forward(cp.cache, FUSEDROPE_NEOX, NULL, &x, &y, NULL);
+    ck_assert_msg(st == FUSEDROPE_OK, "%s: %s (%s)", what, fusedrope_status_string(st),
+                  fusedrope_last_error());
+    verify(what, &cp.ref, FUSEDROPE_NEOX, positions, &xorig, &y, &b, &snap, 0);
+    end_test();
+}
+END_TEST
+
 /* -------------------------------------------------------------- round trip */
 
 /* forward then backward gives attn^2 x, within the bound applied twice. */
@@ -1150,6 +1185,42 @@ START_TEST(test_large)
 }
 END_TEST
 
+/* Out of place, 16-byte aligned output rows padded to a multiple of 16
+ * bytes whose elements are not one (head_dim 20 of 24; 40 or 80 bytes of 48
+ * or 96), >= 4 MiB in all: whatever bulk-store path serves large outputs
+ * must write each row's elements and not the padding between them. */
+START_TEST(test_large_padded_rows)
+{
+    fusedrope_dtype dt = dtypes[_i % 3];
+    fusedrope_style style = (fusedrope_style)((_i / 3) % 2);
+    cache_pair cp;
+    tu_rng r;
+    tu_buf xb, yb, ysnap;
+    fusedrope_tensor x, y;
+    int64_t *positions, S = 1024, H = 103, D = 20, P = 24;
+    char what[128];
+    tu_rng_init(&r, 9900 + (uint64_t)_i);
+    table_rows = 1024;
+    make_cache(&cp, K_DEFAULT, 16, &r);
+    x = tu_tensor(LAY_SBHD, dt, S, 1, H, D, &xb);
+    tu_fill_random(&xb, &r, -2, 2);
+    yb = tu_buf_new(dt, S * H * P);
+    y = tu_view(LAY_SBHD, &yb, S, 1, H, D);
+    y.stride_head = P;
+    y.stride_batch = y.stride_seq = H * P;
+    ck_assert_msg((uintptr_t)y.data % 16 == 0, "test bug: output not 16-byte aligned");
+    ysnap = tu_buf_copy(&yb);
+    positions = tu_positions(NULL, S, 1);
+    snprintf(what, sizeof what, "padded %lld-byte rows %s %s [seed %llu]",
+             (long long)(D * (int64_t)ref_dtype_size(dt)), ref_dtype_name(dt),
+             style_name(style), (unsigned long long)tu_seed);
+    tu_threads(0);
+    ck_assert_int_eq(call1(cp.cache, style, NULL, &x, &y, 0), FUSEDROPE_OK);
+    verify(what, &cp.ref, style, positions, &x, &y, &yb, &ysnap, 0);
+    end_test();
+}
+END_TEST
+
 /* A large THD _qk call (GQA), through the threaded path. */
 START_TEST(test_large_qk_thd)
 {
@@ -1284,6 +1355,8 @@ static Suite *apply_suite(void)
     tcase_add_loop_test(tc, test_many_heads, 0, 2 * 3 * 2 * 2 * 4 / 4);
     tcase_add_loop_test(tc, test_large, 0, 6);
     tcase_add_loop_test(tc, test_large_qk_thd, 0, 6);
+    tcase_add_loop_test(tc, test_large_padded_rows, 0, 6);
+    tcase_add_loop_test(tc, test_interleaved_views_heads_limit, 0, 3);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("qk");
