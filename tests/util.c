@@ -63,6 +63,12 @@ void tu_threads(int n)
 #endif
 }
 
+int tu_under_valgrind(void)
+{
+    const char *v = getenv("VALGRIND");
+    return v && *v;
+}
+
 int tu_main(Suite *s, const char *name)
 {
     const char *env = getenv("FUSEDROPE_TEST_SEED");
@@ -221,11 +227,16 @@ fusedrope_tensor tu_tensor(int kind, fusedrope_dtype dt, int64_t s, int64_t b, i
     return tu_view(kind, buf, s, b, h, d);
 }
 
+void tu_fill(void *p, int64_t n, fusedrope_dtype dt, tu_rng *r, double lo, double hi)
+{
+    int64_t i;
+    for (i = 0; i < n; i++)
+        ref_store(p, dt, i, tu_uniform(r, lo, hi));
+}
+
 void tu_fill_random(tu_buf *b, tu_rng *r, double lo, double hi)
 {
-    int64_t i, n = (int64_t)(b->nbytes / ref_dtype_size(b->dt));
-    for (i = 0; i < n; i++)
-        ref_store(b->p, b->dt, i, tu_uniform(r, lo, hi));
+    tu_fill(b->p, (int64_t)(b->nbytes / ref_dtype_size(b->dt)), b->dt, r, lo, hi);
 }
 
 void tu_fill_view(const fusedrope_tensor *t, tu_rng *r, double lo, double hi)
