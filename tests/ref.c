@@ -460,8 +460,7 @@ int64_t ref_offset(const fusedrope_tensor *t, int64_t s, int64_t b, int64_t h, i
     return s * t->stride_seq + b * t->stride_batch + h * t->stride_head + c;
 }
 
-/* The double result of one pair. */
-static void rot(double a, double b, double c, double s, int backward, double *ya, double *yb)
+void ref_rotate(double a, double b, double c, double s, int backward, double *ya, double *yb)
 {
     if (!backward) {
         *ya = a * c - b * s;
@@ -491,7 +490,7 @@ void ref_apply(const ref_rope *r, fusedrope_style style, const int64_t *position
                     ref_cos_sin(r, p, i, &cs, &sn);
                     a = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, ca));
                     bb = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, cb));
-                    rot(a, bb, cs, sn, backward, &o[ca], &o[cb]);
+                    ref_rotate(a, bb, cs, sn, backward, &o[ca], &o[cb]);
                 }
             }
         }
@@ -556,7 +555,7 @@ int64_t ref_check_apply(const ref_rope *r, fusedrope_style style, const int64_t 
                     ref_pair(style, r->rot_dim, i, &ca, &cb);
                     a = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, ca));
                     bb = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, cb));
-                    rot(a, bb, cs[i], sn[i], backward, &ra, &rb);
+                    ref_rotate(a, bb, cs[i], sn[i], backward, &ra, &rb);
                     for (k = 0; k < 2; k++) {
                         int64_t ch = k ? cb : ca;
                         double want = k ? rb : ra, tol;

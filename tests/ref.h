@@ -123,6 +123,9 @@ void ref_positions(const fusedrope_positions *pos, int64_t seq_len, int64_t batc
 /* Channels of pair i for a style. */
 void ref_pair(fusedrope_style style, int rot_dim, int i, int64_t *ca, int64_t *cb);
 
+/* The float64 rotation of one pair (a, b) by (c, s), forward or backward (the transpose). */
+void ref_rotate(double a, double b, double c, double s, int backward, double *ya, double *yb);
+
 /* Element offset of (s, b, h, c) in a tensor view. */
 int64_t ref_offset(const fusedrope_tensor *t, int64_t s, int64_t b, int64_t h, int64_t c);
 
