@@ -9,7 +9,7 @@ tests_test_cuda_SOURCES = tests/test_cuda.c
 tests_test_cuda_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_test_cuda_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) -pthread
 tests_test_cuda_LDFLAGS = -pthread
-tests_test_cuda_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_cuda_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_test_cuda_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_cuda_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 endif
 endif

@@ -11,19 +11,19 @@ TESTS += tests/test_threads tests/test_determinism tests/fuzz/test_regress
 tests_test_threads_SOURCES = tests/test_threads.c
 tests_test_threads_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) -pthread
 tests_test_threads_LDFLAGS = -pthread
-tests_test_threads_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_threads_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_test_threads_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_threads_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 tests_test_determinism_SOURCES = tests/test_determinism.c
 tests_test_determinism_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_determinism_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_determinism_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_test_determinism_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_determinism_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # Regression tests for library defects the hardening work found.
 tests_fuzz_test_regress_SOURCES = tests/fuzz/test_regress.c
 tests_fuzz_test_regress_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_fuzz_test_regress_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_fuzz_test_regress_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_fuzz_test_regress_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_fuzz_test_regress_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 endif
 
 # ------------------------------------------------------- allocation failure
@@ -34,8 +34,8 @@ check_PROGRAMS += tests/test_nomem
 TESTS += tests/test_nomem
 tests_test_nomem_SOURCES = tests/test_nomem.c
 tests_test_nomem_LDFLAGS = -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc -Wl,--wrap=free
-tests_test_nomem_LDADD = $(FUSEDROPE_LIBS)
-tests_test_nomem_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_test_nomem_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
+tests_test_nomem_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # ---------------------------------------------------------------- fuzzing
 # tests/fuzz/fuzz_apply.c is a libFuzzer target.  Every build runs it over
@@ -47,8 +47,8 @@ tests_test_nomem_DEPENDENCIES = $(FUSEDROPE_DEPS)
 check_PROGRAMS += tests/fuzz/fuzz_replay
 TESTS += tests/fuzz/fuzz_replay
 tests_fuzz_fuzz_replay_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c
-tests_fuzz_fuzz_replay_LDADD = $(FUSEDROPE_LIBS)
-tests_fuzz_fuzz_replay_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_fuzz_fuzz_replay_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
+tests_fuzz_fuzz_replay_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # The same replay with test_apply_emu's wrap (tests/local.mk): every
 # call of the corpus, the regression inputs and the pseudo-random inputs
@@ -58,18 +58,18 @@ if HAVE_CUDA_EMU
 check_PROGRAMS += tests/fuzz/fuzz_replay_emu
 TESTS += tests/fuzz/fuzz_replay_emu
 tests_fuzz_fuzz_replay_emu_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c \
-	tests/cuda_emu_wrap.c kernels/cuda_apply_emu.cc tests/ref.c tests/ref.h
+	tests/cuda_emu_wrap.c kernels/cuda_apply_emu.cc
 tests_fuzz_fuzz_replay_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_fuzz_fuzz_replay_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_fuzz_fuzz_replay_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
-tests_fuzz_fuzz_replay_emu_LDADD = $(FUSEDROPE_LIBS)
-tests_fuzz_fuzz_replay_emu_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_fuzz_fuzz_replay_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
+tests_fuzz_fuzz_replay_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 endif
 
 EXTRA_PROGRAMS = tests/fuzz/fuzz_apply
 tests_fuzz_fuzz_apply_SOURCES = tests/fuzz/fuzz_apply.c
-tests_fuzz_fuzz_apply_LDADD = $(FUSEDROPE_LIBS)
-tests_fuzz_fuzz_apply_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_fuzz_fuzz_apply_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
+tests_fuzz_fuzz_apply_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 CLEANFILES += tests/fuzz/fuzz_apply$(EXEEXT)
 
 EXTRA_DIST += tests/fuzz/corpus tests/fuzz/regress tests/fuzz/README

@@ -1,6 +1,19 @@
 # libcheck suites and the float64 reference they share.  Each suite is its own
 # program so that `make -j check` runs them in parallel.
-TEST_COMMON_SOURCES = tests/ref.c tests/ref.h tests/util.c tests/util.h
+#
+# tests/libfrtest.a: the test-support library of every test program, the
+# fuzz harness and fusedrope-bench: the float64 reference of every rope type,
+# the dtype codecs, the tolerance rule, the position model and the random
+# generator (tests/ref.c, never calling lib/), and, where libcheck is found,
+# the suites' helpers (tests/util.c).  Built once; a program links only the
+# members it uses, so fuzz and bench never need libcheck.
+noinst_LIBRARIES = tests/libfrtest.a
+tests_libfrtest_a_SOURCES = tests/ref.c tests/ref.h
+tests_libfrtest_a_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+if HAVE_CHECK
+tests_libfrtest_a_SOURCES += tests/util.c tests/util.h
+endif
+FRTEST_LIBS = tests/libfrtest.a
 
 # The tests that run the CUDA kernels on the CPU compile kernels/cuda_apply.cu
 # with the host C++ compiler (kernels/cuda_apply_emu.cc, kernels/cuda_emu.h).
@@ -14,21 +27,21 @@ if HAVE_CHECK
 check_PROGRAMS += tests/test_cache tests/test_apply tests/test_errors tests/test_cpu_rows
 TESTS += tests/test_cache tests/test_apply tests/test_errors tests/test_cpu_rows
 
-tests_test_cache_SOURCES = tests/test_cache.c $(TEST_COMMON_SOURCES)
+tests_test_cache_SOURCES = tests/test_cache.c
 tests_test_cache_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_cache_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_cache_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_test_cache_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_cache_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
-tests_test_apply_SOURCES = tests/test_apply.c $(TEST_COMMON_SOURCES)
+tests_test_apply_SOURCES = tests/test_apply.c
 tests_test_apply_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_apply_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_apply_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_test_apply_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_apply_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
-tests_test_errors_SOURCES = tests/test_errors.c $(TEST_COMMON_SOURCES)
+tests_test_errors_SOURCES = tests/test_errors.c
 tests_test_errors_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) -pthread
 tests_test_errors_LDFLAGS = -pthread
-tests_test_errors_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_errors_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_test_errors_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_errors_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # Every global symbol prefixed, the shared library's exports (nm).
 TESTS += tests/test_symbols.sh
@@ -39,13 +52,13 @@ check_PROGRAMS += tests/test_abi
 TESTS += tests/test_abi
 tests_test_abi_SOURCES = tests/test_abi.c $(TEST_COMMON_SOURCES)
 tests_test_abi_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_abi_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_abi_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_test_abi_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_abi_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
-tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c $(TEST_COMMON_SOURCES)
+tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c
 tests_test_cpu_rows_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_cpu_rows_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_cpu_rows_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_test_cpu_rows_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_cpu_rows_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # test_apply again, with the OpenMP backend's entry point wrapped so that
 # every call runs the CUDA launcher and kernels built for the host
@@ -54,25 +67,24 @@ if HAVE_CUDA_EMU
 check_PROGRAMS += tests/test_apply_emu
 TESTS += tests/test_apply_emu
 tests_test_apply_emu_SOURCES = tests/test_apply.c tests/cuda_emu_wrap.c \
-	kernels/cuda_apply_emu.cc $(TEST_COMMON_SOURCES)
+	kernels/cuda_apply_emu.cc
 tests_test_apply_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_apply_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_apply_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_test_apply_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
-tests_test_apply_emu_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_apply_emu_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_test_apply_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_apply_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # The kernels' own checks of device-side positions (NaN and the range flag),
 # on the same host build of the kernels.
 check_PROGRAMS += tests/test_kernel_emu
 TESTS += tests/test_kernel_emu
-tests_test_kernel_emu_SOURCES = tests/test_kernel_emu.c kernels/cuda_apply_emu.cc \
-	$(TEST_COMMON_SOURCES)
+tests_test_kernel_emu_SOURCES = tests/test_kernel_emu.c kernels/cuda_apply_emu.cc
 tests_test_kernel_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_kernel_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_kernel_emu_CXXFLAGS = $(EMU_CXXFLAGS)
-tests_test_kernel_emu_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_kernel_emu_DEPENDENCIES = $(FUSEDROPE_DEPS)
+tests_test_kernel_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_kernel_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 endif
 else
 check_SCRIPTS = tests/no-libcheck.sh
@@ -85,3 +97,11 @@ tests/no-libcheck.sh:
 	  'echo "libcheck not found; install it (Debian: apt-get install check) and rerun configure" >&2' \
 	  'exit 1' > $@ && chmod +x $@
 endif
+
+# tests/digest: an FNV digest of a fixed set of calls' output bytes, to show
+# that a change kept every byte (run before and after; bench/RESULTS.md).
+# Built by make check, not run by it.
+check_PROGRAMS += tests/digest
+tests_digest_SOURCES = tests/digest.c
+tests_digest_LDADD = $(FUSEDROPE_LIBS)
+tests_digest_DEPENDENCIES = $(FUSEDROPE_DEPS)

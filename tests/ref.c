@@ -14,6 +14,16 @@
 
 #define REF_PI 3.14159265358979323846
 
+/* ------------------------------------------------------------ random numbers */
+
+uint64_t ref_splitmix(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 /* ------------------------------------------------------------ dtype helpers */
 
 typedef struct {
@@ -203,6 +213,11 @@ double ref_tolerance(double ref, double a, double b, double attn, fusedrope_dtyp
     return ref_ulp(ref, dt) + ldexp(fabs(a) + fabs(b), -22) * m;
 }
 
+double ref_angle_slack(double angle)
+{
+    return ldexp(fabs(angle), -49);
+}
+
 int ref_within(double y, double ref, double a, double b, double attn, fusedrope_dtype dt,
                double *tol)
 {
@@ -287,7 +302,9 @@ int ref_inv_freq(const fusedrope_cache_config *cfg, double *inv, double *attn)
                 ramp = 0;
             if (ramp > 1)
                 ramp = 1;
-            inv[i] = (1.0 - ramp) * ext + ramp * (ext / cfg->factor);
+            /* left to right as DESIGN writes it: ramp * ext / factor is 0,
+             * not 0 * Inf, where ramp is 0 and ext / factor overflows */
+            inv[i] = (1.0 - ramp) * ext + ramp * ext / cfg->factor;
         }
         return 0;
     }
@@ -382,45 +399,47 @@ int64_t ref_cp_position(int64_t j, int64_t len, int cp_size, int cp_rank)
     chunk = len / 2;
     if (j < chunk)
         return cp_rank * chunk + j;
-    return (int64_t)(2 * cp_size - 1 - cp_rank) * chunk + (j - chunk);
+    /* in int64: 2 * cp_size overflows int for cp_size >= 2^30 */
+    return (2 * (int64_t)cp_size - 1 - cp_rank) * chunk + (j - chunk);
+}
+
+int ref_token_position(const fusedrope_positions *pos, int64_t ids_index, int64_t seq, int64_t j,
+                       int64_t len, int64_t *out)
+{
+    int64_t p;
+    if (!pos) {
+        *out = j;
+        return 0;
+    }
+    if (pos->ids) {
+        *out = pos->ids[ids_index];
+        return 0;
+    }
+    p = ref_cp_position(j, len, pos->cp_size < 1 ? 1 : pos->cp_size, pos->cp_rank);
+    if (!pos->offsets) {
+        *out = p;
+        return 0;
+    }
+    *out = (int64_t)((uint64_t)p + (uint64_t)pos->offsets[seq]);
+    return (pos->offsets[seq] > 0 && p > INT64_MAX - pos->offsets[seq]) ||
+           (pos->offsets[seq] < 0 && p < INT64_MIN - pos->offsets[seq]);
 }
 
 void ref_positions(const fusedrope_positions *pos, int64_t seq_len, int64_t batch,
                    int64_t *out)
 {
-    int64_t b, s;
-    int cp, rank;
-    if (!pos) {
-        for (b = 0; b < batch; b++)
-            for (s = 0; s < seq_len; s++)
-                out[b * seq_len + s] = s;
-        return;
-    }
-    cp = pos->cp_size < 1 ? 1 : pos->cp_size;
-    rank = pos->cp_rank;
-    if (pos->cu_seqlens) {
-        int64_t n;
+    int64_t b, s, n, j;
+    if (pos && pos->cu_seqlens) {
         for (n = 0; n < pos->num_seqs; n++) {
-            int64_t start = pos->cu_seqlens[n], len = pos->cu_seqlens[n + 1] - start, j;
-            for (j = 0; j < len; j++) {
-                int64_t t = start + j;
-                if (pos->ids)
-                    out[t] = pos->ids[t];
-                else
-                    out[t] = ref_cp_position(j, len, cp, rank) +
-                             (pos->offsets ? pos->offsets[n] : 0);
-            }
+            int64_t start = pos->cu_seqlens[n], len = pos->cu_seqlens[n + 1] - start;
+            for (j = 0; j < len; j++)
+                ref_token_position(pos, start + j, n, j, len, &out[start + j]);
         }
         return;
     }
     for (b = 0; b < batch; b++)
-        for (s = 0; s < seq_len; s++) {
-            if (pos->ids)
-                out[b * seq_len + s] = pos->ids[b * seq_len + s];
-            else
-                out[b * seq_len + s] = ref_cp_position(s, seq_len, cp, rank) +
-                                       (pos->offsets ? pos->offsets[b] : 0);
-        }
+        for (s = 0; s < seq_len; s++)
+            ref_token_position(pos, b * seq_len + s, b, s, seq_len, &out[b * seq_len + s]);
 }
 
 /* ----------------------------------------------------------------- rotation */
@@ -441,8 +460,7 @@ int64_t ref_offset(const fusedrope_tensor *t, int64_t s, int64_t b, int64_t h, i
     return s * t->stride_seq + b * t->stride_batch + h * t->stride_head + c;
 }
 
-/* The double result of one pair. */
-static void rot(double a, double b, double c, double s, int backward, double *ya, double *yb)
+void ref_rotate(double a, double b, double c, double s, int backward, double *ya, double *yb)
 {
     if (!backward) {
         *ya = a * c - b * s;
@@ -472,7 +490,7 @@ void ref_apply(const ref_rope *r, fusedrope_style style, const int64_t *position
                     ref_cos_sin(r, p, i, &cs, &sn);
                     a = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, ca));
                     bb = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, cb));
-                    rot(a, bb, cs, sn, backward, &o[ca], &o[cb]);
+                    ref_rotate(a, bb, cs, sn, backward, &o[ca], &o[cb]);
                 }
             }
         }
@@ -537,7 +555,7 @@ int64_t ref_check_apply(const ref_rope *r, fusedrope_style style, const int64_t 
                     ref_pair(style, r->rot_dim, i, &ca, &cb);
                     a = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, ca));
                     bb = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, cb));
-                    rot(a, bb, cs[i], sn[i], backward, &ra, &rb);
+                    ref_rotate(a, bb, cs[i], sn[i], backward, &ra, &rb);
                     for (k = 0; k < 2; k++) {
                         int64_t ch = k ? cb : ca;
                         double want = k ? rb : ra, tol;

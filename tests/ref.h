@@ -13,6 +13,12 @@
 
 #include "fusedrope.h"
 
+/* ------------------------------------------------------------ random numbers */
+
+/* splitmix64: the generator of every test, the fuzz harness and the benchmark
+ * (one step; *state advances). */
+uint64_t ref_splitmix(uint64_t *state);
+
 /* ------------------------------------------------------------ dtype helpers */
 
 /* Builds the reference's lookup tables (optional; call before forking to share them). */
@@ -51,6 +57,14 @@ void ref_store(void *base, fusedrope_dtype dt, int64_t index, double v);
 int ref_within(double y, double ref, double a, double b, double attn, fusedrope_dtype dt,
                double *tol);
 double ref_tolerance(double ref, double a, double b, double attn, fusedrope_dtype dt);
+/*
+ * What two double implementations of the same DESIGN formula for inv_i may
+ * differ by, seen in an angle p * inv_i: a few ulps of inv_i (the order of
+ * the operations differs), i.e. |angle| * 2^-49.  The fuzz harness, whose
+ * configs reach angles of 2^40 and more, adds it (times (|a|+|b|) * attn) to
+ * the bound; at the tests' angles it is far below it.
+ */
+double ref_angle_slack(double angle);
 
 /* ---------------------------------------------------------------- rope types */
 
@@ -87,6 +101,17 @@ void ref_cos_sin(const ref_rope *r, int64_t p, int i, double *c, double *s);
 int64_t ref_cp_position(int64_t j, int64_t len, int cp_size, int cp_rank);
 
 /*
+ * The position of one token (pos may be NULL): ids[ids_index] if ids are
+ * given, else its context-parallel position (local index j of a local
+ * sequence of length len) plus offsets[seq].  seq is the batch entry, or the
+ * THD sequence; ids_index is b * seq_len + s, or the packed token index.
+ * Returns 0, or 1 when the offset's sum overflows int64: *out then holds the
+ * sum wrapped modulo 2^64 (the true value is out of every table).
+ */
+int ref_token_position(const fusedrope_positions *pos, int64_t ids_index, int64_t seq, int64_t j,
+                       int64_t len, int64_t *out);
+
+/*
  * The position of every token of a (valid) call: out[b * seq_len + s] (for THD,
  * batch is 1 and s is the packed token index).  pos may be NULL.
  */
@@ -97,6 +122,9 @@ void ref_positions(const fusedrope_positions *pos, int64_t seq_len, int64_t batc
 
 /* Channels of pair i for a style. */
 void ref_pair(fusedrope_style style, int rot_dim, int i, int64_t *ca, int64_t *cb);
+
+/* The float64 rotation of one pair (a, b) by (c, s), forward or backward (the transpose). */
+void ref_rotate(double a, double b, double c, double s, int backward, double *ya, double *yb);
 
 /* Element offset of (s, b, h, c) in a tensor view. */
 int64_t ref_offset(const fusedrope_tensor *t, int64_t s, int64_t b, int64_t h, int64_t c);

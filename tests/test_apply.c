@@ -521,25 +521,23 @@ static void test_broadcast_input_body(int _i)
 }
 GROUPED_TEST(test_broadcast_input, 3)
 
-/* x and y interleaved in one buffer without sharing a byte: allowed. */
-static void test_interleaved_xy_views_body(int _i)
+/* x and y interleaved in one buffer without sharing a byte: allowed.  The
+ * views: [s][b][h][2][d], x = slot 0, y = slot 1. */
+static void interleaved_xy(fusedrope_dtype dt, fusedrope_style style, int64_t S, int64_t B,
+                           int64_t H, int64_t D, int rot_dim, uint64_t stream)
 {
-    int i = _i;
-    fusedrope_dtype dt = dtypes[i % 3];
-    fusedrope_style style = (fusedrope_style)((i / 3) % 2);
     cache_pair cp;
     tu_rng r;
     tu_buf b, snap;
     fusedrope_tensor x, y, xorig;
-    int64_t *positions, S = 5, B = 2, H = 3, D = 24;
+    int64_t *positions;
     fusedrope_status st;
-    char what[128];
-    tu_rng_init(&r, 9100 + (uint64_t)_i);
-    make_cache(&cp, K_DEFAULT, 24, &r);
+    char what[160];
+    tu_rng_init(&r, stream);
+    make_cache(&cp, K_DEFAULT, rot_dim, &r);
     b = tu_buf_new(dt, S * B * H * 2 * D);
     tu_fill_random(&b, &r, -2, 2);
     snap = tu_buf_copy(&b);
-    /* [s][b][h][2][d]: x = slot 0, y = slot 1 */
     x = tu_view(LAY_SBHD, &b, S, B, H, D);
     x.stride_head = 2 * D;
     x.stride_batch = H * 2 * D;
@@ -548,8 +546,8 @@ static void test_interleaved_xy_views_body(int _i)
     y.data = (unsigned char *)x.data + (size_t)D * ref_dtype_size(dt);
     xorig = tu_rebase(&x, &b, &snap);
     positions = tu_positions(NULL, S, B);
-    snprintf(what, sizeof what, "interleaved x/y views %s %s [seed %llu]", ref_dtype_name(dt),
-             style_name(style), (unsigned long long)tu_seed);
+    snprintf(what, sizeof what, "interleaved x/y views of %lld heads %s %s [seed %llu]",
+             (long long)H, ref_dtype_name(dt), style_name(style), (unsigned long long)tu_seed);
     st = fusedrope_forward(cp.cache, style, NULL, &x, &y, NULL);
     ck_assert_msg(st == FUSEDROPE_OK, "%s: %s (%s)", what, fusedrope_status_string(st),
                   fusedrope_last_error());
@@ -557,7 +555,23 @@ static void test_interleaved_xy_views_body(int _i)
     verify(what, &cp.ref, style, positions, &xorig, &y, &b, &snap, 0);
     end_test();
 }
+
+static void test_interleaved_xy_views_body(int _i)
+{
+    interleaved_xy(dtypes[_i % 3], (fusedrope_style)((_i / 3) % 2), 5, 2, 3, 24, 24,
+                   9100 + (uint64_t)_i);
+}
 GROUPED_TEST(test_interleaved_xy_views, 3)
+
+/* The same at the bound of the overlap sweep: x and y of 2^19 heads each
+ * (2^20 in all, the largest count the library still sweeps): allowed, not
+ * refused as overlapping. */
+START_TEST(test_interleaved_views_heads_limit)
+{
+    interleaved_xy(dtypes[_i % 3], FUSEDROPE_NEOX, 1, 1, (int64_t)1 << 19, 2, 2,
+                   9150 + (uint64_t)_i);
+}
+END_TEST
 
 /* -------------------------------------------------------------- round trip */
 
@@ -1150,6 +1164,42 @@ START_TEST(test_large)
 }
 END_TEST
 
+/* Out of place, 16-byte aligned output rows padded to a multiple of 16
+ * bytes whose elements are not one (head_dim 20 of 24; 40 or 80 bytes of 48
+ * or 96), >= 4 MiB in all: whatever bulk-store path serves large outputs
+ * must write each row's elements and not the padding between them. */
+START_TEST(test_large_padded_rows)
+{
+    fusedrope_dtype dt = dtypes[_i % 3];
+    fusedrope_style style = (fusedrope_style)((_i / 3) % 2);
+    cache_pair cp;
+    tu_rng r;
+    tu_buf xb, yb, ysnap;
+    fusedrope_tensor x, y;
+    int64_t *positions, S = 1024, H = 103, D = 20, P = 24;
+    char what[128];
+    tu_rng_init(&r, 9900 + (uint64_t)_i);
+    table_rows = 1024;
+    make_cache(&cp, K_DEFAULT, 16, &r);
+    x = tu_tensor(LAY_SBHD, dt, S, 1, H, D, &xb);
+    tu_fill_random(&xb, &r, -2, 2);
+    yb = tu_buf_new(dt, S * H * P);
+    y = tu_view(LAY_SBHD, &yb, S, 1, H, D);
+    y.stride_head = P;
+    y.stride_batch = y.stride_seq = H * P;
+    ck_assert_msg((uintptr_t)y.data % 16 == 0, "test bug: output not 16-byte aligned");
+    ysnap = tu_buf_copy(&yb);
+    positions = tu_positions(NULL, S, 1);
+    snprintf(what, sizeof what, "padded %lld-byte rows %s %s [seed %llu]",
+             (long long)(D * (int64_t)ref_dtype_size(dt)), ref_dtype_name(dt),
+             style_name(style), (unsigned long long)tu_seed);
+    tu_threads(0);
+    ck_assert_int_eq(call1(cp.cache, style, NULL, &x, &y, 0), FUSEDROPE_OK);
+    verify(what, &cp.ref, style, positions, &x, &y, &yb, &ysnap, 0);
+    end_test();
+}
+END_TEST
+
 /* A large THD _qk call (GQA), through the threaded path. */
 START_TEST(test_large_qk_thd)
 {
@@ -1284,6 +1334,8 @@ static Suite *apply_suite(void)
     tcase_add_loop_test(tc, test_many_heads, 0, 2 * 3 * 2 * 2 * 4 / 4);
     tcase_add_loop_test(tc, test_large, 0, 6);
     tcase_add_loop_test(tc, test_large_qk_thd, 0, 6);
+    tcase_add_loop_test(tc, test_large_padded_rows, 0, 6);
+    tcase_add_loop_test(tc, test_interleaved_views_heads_limit, 0, 3);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("qk");

@@ -202,6 +202,12 @@ static table_case tcases[] = {
      0},
     {"yarn betas 64/2 truncate 0", FUSEDROPE_ROPE_YARN, 128, 512, 1000000, 8, 8192, 0, 0, 64,
      2, 0, 0, 0, 1, 4, 0},
+    /* corr(beta_slow) past the last pair (15.3 for d 16, theta 10, original 512):
+     * high is clamped to d - 1 = 15 while low (3) still lies inside the pairs */
+    {"yarn theta 10 high clamped", FUSEDROPE_ROPE_YARN, 16, 512, 10, 4, 512, 0, 0, 32, 1, 0, 0,
+     1, 1, 4, 0},
+    {"yarn theta 10 high clamped truncate 0", FUSEDROPE_ROPE_YARN, 16, 512, 10, 4, 512, 0, 0, 32,
+     1, 0, 0, 0, 1, 4, 0},
     {"llama3.1", FUSEDROPE_ROPE_LLAMA3, 128, 512, 500000, 8, 8192, 0, 0, 32, 1, 0, 0, 1, 1, 4,
      1},
     {"llama3 d16 131072 rows", FUSEDROPE_ROPE_LLAMA3, 16, 131072, 500000, 8, 8192, 0, 0, 32, 1,
@@ -344,6 +350,12 @@ START_TEST(test_yarn_range)
     cfg.beta_slow = 11;
     ref_yarn_range(&cfg, &lo, &hi);
     ck_assert(lo == 0.0 && hi == 0.001);
+    /* the clamp of high to d - 1: corr(1) = 16 ln(512/(2 pi)) / (2 ln 10) = 15.29.. */
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_YARN, 16, 16, 10);
+    cfg.factor = 4;
+    cfg.original_max_positions = 512;
+    ref_yarn_range(&cfg, &lo, &hi);
+    ck_assert(lo == 3.0 && hi == 15.0);
 }
 END_TEST
 

@@ -41,13 +41,6 @@
 #ifdef FR_HAVE_AVX2
 
 
-static uint64_t next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static uint32_t bits(float f)
 {
@@ -171,11 +164,11 @@ START_TEST(test_every_value)
         /* cos/sin: random in (-1.5, 1.5) (attention factors above 1), with
          * exact 1, 0, -0 and -1 salted in */
         static const float special[] = { 1.0f, 0.0f, -0.0f, -1.0f };
-        const uint64_t q = next(&st);
+        const uint64_t q = ref_splitmix(&st);
         v[i] = (uint16_t)i;
         r[i] = (uint16_t)(q >> 8);
         cs[i] = q % 11 == 0 ? special[(q >> 40) & 3] : (float)((double)(q >> 11) * 0x1p-53 * 3.0 - 1.5);
-        sn[i] = q % 13 == 0 ? special[(q >> 44) & 3] : (float)((double)(next(&st) >> 11) * 0x1p-53 * 3.0 - 1.5);
+        sn[i] = q % 13 == 0 ? special[(q >> 44) & 3] : (float)((double)(ref_splitmix(&st) >> 11) * 0x1p-53 * 3.0 - 1.5);
     }
     for (int inter = 0; inter < 2; inter++)
         for (int nt = 0; nt < 2; nt++)
@@ -219,14 +212,14 @@ START_TEST(test_narrow_rounding_patterns)
             for (uint32_t hi = hi0; hi < hi0 + BLOCK; hi++)
                 for (int k = 0; k < NLOW; k++)
                     cs[n++] = from_bits(hi << t->dropped |
-                                        (k < NLOW - 1 ? low[k] : (uint32_t)next(&s) & all));
+                                        (k < NLOW - 1 ? low[k] : (uint32_t)ref_splitmix(&s) & all));
             avx2_rotate(t, inter, xa, xb, ya, yb, cs, sn, M, 1.0f, 0, x2, y2);
             check_pairs(t, inter ? "interleaved, rounding" : "rows, rounding", xa, xb, ya, yb,
                         cs, sn, M, 1.0f);
         }
         /* random floats, in a length that leaves a scalar tail */
         for (int64_t i = 0; i < M; i++)
-            cs[i] = from_bits((uint32_t)next(&s));
+            cs[i] = from_bits((uint32_t)ref_splitmix(&s));
         avx2_rotate(t, inter, xa, xb, ya, yb, cs, sn, M - 5, 1.0f, 0, x2, y2);
         check_pairs(t, "random floats", xa, xb, ya, yb, cs, sn, M - 5, 1.0f);
     }
@@ -246,7 +239,7 @@ static void fill(const row_type *t, uint16_t *x, int64_t n, uint64_t *s)
                                  0x8001, (uint16_t)(e - 1u), (uint16_t)(0x8000u | (e - 1u)),
                                  0x0000, 0x8000 };
     for (int64_t i = 0; i < n; i++) {
-        const uint64_t r = next(s);
+        const uint64_t r = ref_splitmix(s);
         x[i] = r % 17 == 0 ? special[(r >> 8) % (sizeof special / sizeof special[0])]
                            : (uint16_t)(r >> 16);
     }

@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include "fusedrope.h"
+#include "util.h"
 
 #define CUDA_OK(call)                                                                     \
     do {                                                                                  \
@@ -40,70 +41,8 @@
                       fusedrope_last_error());                                            \
     } while (0)
 
-/* ------------------------------------------------------------------ random */
-
-static uint64_t seed = 1;
-
-typedef struct { uint64_t s; } rng_t;
-
-static uint64_t rng_next(rng_t *r)
-{
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void rng_init(rng_t *r, uint64_t stream)
-{
-    r->s = seed * 0x2545f4914f6cdd1dull + stream;
-    (void)rng_next(r);
-}
-
-static int64_t rng_int(rng_t *r, int64_t lo, int64_t hi) /* inclusive */
-{
-    return lo + (int64_t)(rng_next(r) % (uint64_t)(hi - lo + 1));
-}
-
-/* ------------------------------------------------------------------ dtypes */
-
-static size_t dt_size(fusedrope_dtype dt)
-{
-    return dt == FUSEDROPE_FLOAT32 ? 4 : 2;
-}
-
-static const char *dt_name(fusedrope_dtype dt)
-{
-    return dt == FUSEDROPE_FLOAT32 ? "f32" : dt == FUSEDROPE_FLOAT16 ? "f16" : "bf16";
-}
-
-static float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static double half_value(uint16_t h)
-{
-    int e = (h >> 10) & 31, m = h & 1023;
-    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
-    return (h & 0x8000) ? -v : v;
-}
-
-/* Element i of a buffer as a double. */
-static double elem_value(const unsigned char *p, fusedrope_dtype dt, size_t i)
-{
-    if (dt == FUSEDROPE_FLOAT32) {
-        uint32_t u;
-        memcpy(&u, p + 4 * i, 4);
-        return u2f(u);
-    } else {
-        uint16_t h;
-        memcpy(&h, p + 2 * i, 2);
-        return dt == FUSEDROPE_BFLOAT16 ? u2f((uint32_t)h << 16) : half_value(h);
-    }
-}
+/* The generator, dtype sizes, names and loads are the test library's
+ * (tests/util.h, tests/ref.h); the run's seed is tu_seed. */
 
 /* Bit pattern of element i mapped to a monotonic integer line. */
 static int64_t elem_ordinal(const unsigned char *p, fusedrope_dtype dt, size_t i)
@@ -122,10 +61,10 @@ static int64_t elem_ordinal(const unsigned char *p, fusedrope_dtype dt, size_t i
 /* Random finite values of moderate size, |v| < 8; or, with `extreme`, any
  * finite bit pattern of the dtype (subnormals and values near the largest
  * included, so results also underflow and overflow). */
-static void fill_values(unsigned char *p, fusedrope_dtype dt, size_t n, rng_t *r, int extreme)
+static void fill_values(unsigned char *p, fusedrope_dtype dt, size_t n, tu_rng *r, int extreme)
 {
     for (size_t i = 0; i < n; i++) {
-        uint64_t x = rng_next(r);
+        uint64_t x = tu_next(r);
         if (extreme) {
             if (dt == FUSEDROPE_FLOAT32) {
                 uint32_t u = (uint32_t)x;
@@ -160,7 +99,7 @@ static void fill_values(unsigned char *p, fusedrope_dtype dt, size_t n, rng_t *r
     }
 }
 
-static void fill_random(unsigned char *p, fusedrope_dtype dt, size_t n, rng_t *r)
+static void fill_random(unsigned char *p, fusedrope_dtype dt, size_t n, tu_rng *r)
 {
     fill_values(p, dt, n, r, 0);
 }
@@ -242,7 +181,7 @@ static void free_caches(void)
 /* -------------------------------------------------------------- the cases */
 
 enum { OP_FWD, OP_BWD, OP_FWD_QK, OP_BWD_QK, OP_NUM };
-enum { LAY_SBHD, LAY_BSHD, LAY_THD, LAY_NUM };
+enum { CL_SBHD, CL_BSHD, CL_THD, CL_NUM };
 enum { PM_NONE, PM_OFFSETS, PM_IDS, PM_CP0, PM_CP1, PM_CP_OFFSETS, PM_NUM };
 
 static const char *const op_names[] = { "forward", "backward", "forward_qk", "backward_qk" };
@@ -267,7 +206,7 @@ static void describe(const tcase *c, char *buf, size_t n)
 {
     snprintf(buf, n,
              "%s %s %s %s%s pos=%s %s rot=%d/%lld s=%lld b=%lld hq=%lld hk=%lld%s%s type=%d",
-             op_names[c->op], dt_name(c->dt), c->style == FUSEDROPE_NEOX ? "neox" : "interleaved",
+             op_names[c->op], ref_dtype_name(c->dt), c->style == FUSEDROPE_NEOX ? "neox" : "interleaved",
              lay_names[c->layout], c->qkv ? "+qkv-views" : "", pm_names[c->pm],
              c->in_place ? "in-place" : "out-of-place", c->rot_dim, (long long)c->head_dim,
              (long long)c->s, (long long)c->b, (long long)c->hq, (long long)c->hk,
@@ -303,10 +242,10 @@ typedef struct {
     int pos_null;
 } tsetup;
 
-static int add_buf(tsetup *u, const tcase *c, int64_t heads, int is_input, rng_t *r)
+static int add_buf(tsetup *u, const tcase *c, int64_t heads, int is_input, tu_rng *r)
 {
     tbuf *b = &u->bufs[u->nb];
-    size_t es = dt_size(c->dt);
+    size_t es = ref_dtype_size(c->dt);
     b->heads = heads;
     b->nel = (c->misalign ? 1 : 0) + c->s * c->b * heads * c->head_dim + GUARD;
     b->is_input = is_input;
@@ -326,11 +265,11 @@ static void layout_strides(const tcase *c, int64_t H, int64_t *ss, int64_t *sb)
 {
     const int64_t d = c->head_dim;
     switch (c->layout) {
-    case LAY_SBHD:
+    case CL_SBHD:
         *ss = c->b * H * d;
         *sb = H * d;
         break;
-    case LAY_BSHD:
+    case CL_BSHD:
         *ss = H * d;
         *sb = c->s * H * d;
         break;
@@ -344,7 +283,7 @@ static void layout_strides(const tcase *c, int64_t H, int64_t *ss, int64_t *sb)
 static fusedrope_tensor make_view(const tsetup *u, const tcase *c, const tview *v, int on_gpu)
 {
     const tbuf *b = &u->bufs[v->buf];
-    const size_t es = dt_size(c->dt);
+    const size_t es = ref_dtype_size(c->dt);
     unsigned char *base = on_gpu ? (unsigned char *)b->dev : b->cpu;
     fusedrope_tensor t;
     memset(&t, 0, sizeof t);
@@ -361,7 +300,7 @@ static fusedrope_tensor make_view(const tsetup *u, const tcase *c, const tview *
 
 /* Sequence lengths of a THD case: num_seqs sequences (one of them empty)
  * adding up to `total`; even lengths when `even`. */
-static void thd_lengths(int32_t *cu, int64_t num_seqs, int64_t total, int even, rng_t *r)
+static void thd_lengths(int32_t *cu, int64_t num_seqs, int64_t total, int even, tu_rng *r)
 {
     const int64_t unit = even ? 2 : 1, units = total / unit;
     int64_t left = units;
@@ -373,7 +312,7 @@ static void thd_lengths(int32_t *cu, int64_t num_seqs, int64_t total, int even, 
         else if (i == 1)
             n = 0;
         else
-            n = rng_int(r, 0, left);
+            n = tu_int(r, 0, left);
         left -= n;
         cu[i + 1] = cu[i] + (int32_t)(n * unit);
     }
@@ -390,9 +329,9 @@ static void *to_device(const void *h, size_t bytes)
     return d;
 }
 
-static void setup_positions(tsetup *u, const tcase *c, int64_t max_positions, rng_t *r)
+static void setup_positions(tsetup *u, const tcase *c, int64_t max_positions, tu_rng *r)
 {
-    const int thd = c->layout == LAY_THD;
+    const int thd = c->layout == CL_THD;
     const int cp = c->pm == PM_CP0 || c->pm == PM_CP1 || c->pm == PM_CP_OFFSETS;
     memset(&u->pos_h, 0, sizeof u->pos_h);
     u->pos_h.cp_size = 1;
@@ -408,19 +347,19 @@ static void setup_positions(tsetup *u, const tcase *c, int64_t max_positions, rn
         u->n_ids = c->s * c->b;
         u->ids = malloc((size_t)u->n_ids * sizeof(int64_t));
         for (int64_t i = 0; i < u->n_ids; i++)
-            u->ids[i] = rng_int(r, 0, (max_positions > 0 ? max_positions : 1 << 20) - 1);
+            u->ids[i] = tu_int(r, 0, (max_positions > 0 ? max_positions : 1 << 20) - 1);
         u->pos_h.ids = u->ids;
     }
     if (c->pm == PM_OFFSETS || c->pm == PM_CP_OFFSETS) {
         u->n_off = u->num_seqs;
         u->offsets = malloc((size_t)u->n_off * sizeof(int64_t));
         for (int64_t i = 0; i < u->n_off; i++)
-            u->offsets[i] = rng_int(r, 0, 100);
+            u->offsets[i] = tu_int(r, 0, 100);
         u->pos_h.offsets = u->offsets;
     }
     if (cp) {
         u->pos_h.cp_size = 2;
-        u->pos_h.cp_rank = c->pm == PM_CP1 ? 1 : c->pm == PM_CP0 ? 0 : (int)rng_int(r, 0, 1);
+        u->pos_h.cp_rank = c->pm == PM_CP1 ? 1 : c->pm == PM_CP0 ? 0 : (int)tu_int(r, 0, 1);
     }
     u->pos_d = u->pos_h;
     u->d_ids = to_device(u->ids, (size_t)u->n_ids * sizeof(int64_t));
@@ -431,7 +370,7 @@ static void setup_positions(tsetup *u, const tcase *c, int64_t max_positions, rn
     u->pos_d.cu_seqlens = u->d_cu;
 }
 
-static void setup_case(tsetup *u, const tcase *c, int64_t max_positions, rng_t *r)
+static void setup_case(tsetup *u, const tcase *c, int64_t max_positions, tu_rng *r)
 {
     const int qk = c->op == OP_FWD_QK || c->op == OP_BWD_QK;
     memset(u, 0, sizeof *u);
@@ -515,7 +454,7 @@ static fusedrope_status call_op(const tcase *c, const tsetup *u, const fusedrope
 static fusedrope_status run_gpu(const tcase *c, tsetup *u, const fusedrope_cache *gpu,
                                 cudaStream_t stream)
 {
-    const size_t es = dt_size(c->dt);
+    const size_t es = ref_dtype_size(c->dt);
     fusedrope_status st;
     for (int i = 0; i < u->nb; i++) {
         tbuf *b = &u->bufs[i];
@@ -539,7 +478,7 @@ static fusedrope_status run_gpu(const tcase *c, tsetup *u, const fusedrope_cache
 
 static void run_cpu(const tcase *c, tsetup *u, const fusedrope_cache *cpu)
 {
-    const size_t es = dt_size(c->dt);
+    const size_t es = ref_dtype_size(c->dt);
     for (int i = 0; i < u->nb; i++)
         memcpy(u->bufs[i].cpu, u->bufs[i].init, (size_t)u->bufs[i].nel * es);
     FR_OK(call_op(c, u, cpu, 0, NULL));
@@ -548,7 +487,7 @@ static void run_cpu(const tcase *c, tsetup *u, const fusedrope_cache *cpu)
 /* Compares every buffer, CPU against GPU. */
 static void compare(const tcase *c, const tsetup *u)
 {
-    const size_t es = dt_size(c->dt);
+    const size_t es = ref_dtype_size(c->dt);
     char desc[512];
     for (int i = 0; i < u->nb; i++) {
         const tbuf *b = &u->bufs[i];
@@ -558,8 +497,8 @@ static void compare(const tcase *c, const tsetup *u)
             double vc, vg, tol;
             if (memcmp(b->cpu + k * (int64_t)es, b->gpu + k * (int64_t)es, es) == 0)
                 continue;
-            vc = elem_value(b->cpu, c->dt, (size_t)k);
-            vg = elem_value(b->gpu, c->dt, (size_t)k);
+            vc = ref_load(b->cpu, c->dt, k);
+            vg = ref_load(b->gpu, c->dt, k);
             /* Inf - Inf (extreme inputs): a NaN on both, but x86's default
              * NaN is negative and the GPU's canonical one positive. */
             if (isnan(vc) && isnan(vg))
@@ -584,12 +523,12 @@ static void run_case(const tcase *c, cudaStream_t stream)
 {
     const int64_t max_positions = c->tableless ? 0 : c->max_positions ? c->max_positions : 512;
     cache_pair *cp = get_caches(c->type, c->rot_dim, max_positions);
-    rng_t r;
+    tu_rng r;
     tsetup u;
     fusedrope_status st;
     char desc[512];
 
-    rng_init(&r, (uint64_t)c->op * 1000003u + (uint64_t)c->pm * 7919u + (uint64_t)c->s);
+    tu_rng_init(&r, (uint64_t)c->op * 1000003u + (uint64_t)c->pm * 7919u + (uint64_t)c->s);
     setup_case(&u, c, max_positions, &r);
     run_cpu(c, &u, cp->cpu);
     st = run_gpu(c, &u, cp->gpu, stream);
@@ -624,7 +563,7 @@ START_TEST(test_grid)
     cudaStream_t stream;
     int n = 0;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    for (int lay = 0; lay < LAY_NUM; lay++)
+    for (int lay = 0; lay < CL_NUM; lay++)
         for (int qkv = 0; qkv < 2; qkv++)
             for (int pm = 0; pm < PM_NUM; pm++)
                 for (int v = 0; v < 4; v++, n++) {
@@ -647,7 +586,7 @@ START_TEST(test_grid)
                         c.type = FUSEDROPE_ROPE_DEFAULT;
                     c.hq = 4;
                     c.hk = 2;
-                    if (lay == LAY_THD) {
+                    if (lay == CL_THD) {
                         c.b = 1;
                         c.s = 30 + (pm >= PM_CP0 ? 0 : k % 2);
                     } else {
@@ -675,7 +614,7 @@ START_TEST(test_shapes)
     c.dt = FUSEDROPE_BFLOAT16;
     c.style = FUSEDROPE_NEOX;
     c.op = OP_FWD_QK;
-    c.layout = LAY_BSHD;
+    c.layout = CL_BSHD;
     c.pm = PM_OFFSETS;
     c.in_place = 1;
     c.rot_dim = 128;
@@ -696,7 +635,7 @@ START_TEST(test_shapes)
     c.dt = FUSEDROPE_BFLOAT16;
     c.style = FUSEDROPE_NEOX;
     c.op = OP_FWD_QK;
-    c.layout = LAY_SBHD;
+    c.layout = CL_SBHD;
     c.pm = PM_IDS;
     c.in_place = 1;
     c.rot_dim = 128;
@@ -712,7 +651,7 @@ START_TEST(test_shapes)
     c.dt = FUSEDROPE_FLOAT32;
     c.style = FUSEDROPE_INTERLEAVED;
     c.op = OP_BWD_QK;
-    c.layout = LAY_THD;
+    c.layout = CL_THD;
     c.qkv = 1;
     c.pm = PM_CP_OFFSETS;
     c.in_place = 0;
@@ -728,7 +667,7 @@ START_TEST(test_shapes)
     c.dt = FUSEDROPE_FLOAT16;
     c.style = FUSEDROPE_NEOX;
     c.op = OP_FWD_QK;
-    c.layout = LAY_BSHD;
+    c.layout = CL_BSHD;
     c.qkv = 0;
     c.pm = PM_NONE;
     c.tableless = 1;
@@ -744,7 +683,7 @@ START_TEST(test_shapes)
     c.dt = FUSEDROPE_FLOAT32;
     c.style = FUSEDROPE_NEOX;
     c.op = OP_FWD;
-    c.layout = LAY_SBHD;
+    c.layout = CL_SBHD;
     c.pm = PM_OFFSETS;
     c.rot_dim = 4096;
     c.head_dim = 4100;
@@ -780,7 +719,7 @@ START_TEST(test_extreme_values)
                     c.dt = dts[d];
                     c.style = style ? FUSEDROPE_INTERLEAVED : FUSEDROPE_NEOX;
                     c.op = op;
-                    c.layout = op % 2 ? LAY_SBHD : LAY_BSHD;
+                    c.layout = op % 2 ? CL_SBHD : CL_BSHD;
                     c.qkv = op >= OP_FWD_QK;
                     c.pm = PM_IDS;
                     c.in_place = op % 2;
@@ -872,10 +811,10 @@ static void out_of_table_case(int64_t S, int64_t B, int64_t H, fusedrope_cache *
     void *dx, *dy, *dids;
     fusedrope_positions ph, pd;
     fusedrope_tensor tx, ty;
-    rng_t r;
+    tu_rng r;
 
     ck_assert(ids && ids_ok && x && yc && yg);
-    rng_init(&r, 77 + (uint64_t)T);
+    tu_rng_init(&r, 77 + (uint64_t)T);
     fill_random(x, FUSEDROPE_BFLOAT16, (size_t)n, &r);
     for (int64_t i = 0; i < T; i++) {
         ids[i] = (i * 3) % 64;
@@ -1224,13 +1163,13 @@ START_TEST(test_threads)
     void *d_ids;
     worker_arg ref, args[NTHREADS];
     pthread_t th[NTHREADS];
-    rng_t r;
+    tu_rng r;
 
-    rng_init(&r, 4242);
+    tu_rng_init(&r, 4242);
     fill_random(q, FUSEDROPE_BFLOAT16, nq / 2, &r);
     fill_random(k, FUSEDROPE_BFLOAT16, nk / 2, &r);
     for (int64_t i = 0; i < S * B; i++)
-        ids[i] = rng_int(&r, 0, 4095);
+        ids[i] = tu_int(&r, 0, 4095);
     d_ids = to_device(ids, (size_t)(S * B) * sizeof(int64_t));
 
     /* one thread, twice: repeatable to the bit */
@@ -1326,9 +1265,9 @@ int main(void)
         printf("test_cuda: no CUDA device, skipping\n");
         return 77;
     }
-    if (env && *env)
-        seed = strtoull(env, NULL, 0);
-    printf("test_cuda: seed %llu (FUSEDROPE_TEST_SEED)\n", (unsigned long long)seed);
+    tu_seed = env && *env ? strtoull(env, NULL, 0) : 1;
+    printf("test_cuda: seed %llu (FUSEDROPE_TEST_SEED)\n", (unsigned long long)tu_seed);
+    ref_init();
 
     s = suite_create("cuda");
     tc = tcase_create("backend");

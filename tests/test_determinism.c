@@ -21,6 +21,7 @@
 #endif
 
 #include "fusedrope.h"
+#include "util.h"
 
 enum { POS_IMPLICIT, POS_OFFSETS, POS_IDS, POS_CU, POS_CP, POS_TABLELESS, POS_N };
 static const char *const pos_name[POS_N] = { "implicit", "offsets", "ids", "cu_seqlens", "cp",
@@ -32,40 +33,12 @@ static fusedrope_cache *cache_table, *cache_free;
 static int64_t S, B, H;       /* B tokens per batch entry x S (thd: S*B tokens, batch 1) */
 enum { D = 128, ROT = 96 };   /* channels past rot_dim are copied */
 
-static int under_valgrind(void)
+/* Values in [-4, 4] from the run's seed (FUSEDROPE_TEST_SEED), stream `stream`. */
+static void fill(unsigned char *p, size_t bytes, fusedrope_dtype dt, uint64_t stream)
 {
-    const char *v = getenv("VALGRIND");
-    return v && *v;
-}
-
-static void set_threads(int n)
-{
-#ifdef _OPENMP
-    omp_set_num_threads(n);
-#else
-    (void)n;
-#endif
-}
-
-static size_t esize(fusedrope_dtype dt)
-{
-    return dt == FUSEDROPE_FLOAT32 ? 4 : 2;
-}
-
-static void fill(unsigned char *p, size_t bytes, fusedrope_dtype dt, uint64_t seed)
-{
-    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-    for (size_t i = 0; i < bytes; i += esize(dt)) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        if (dt == FUSEDROPE_FLOAT32) {
-            float f = (float)((double)(x >> 40) / (1 << 24) * 8.0 - 4.0);
-            memcpy(p + i, &f, 4);
-        } else {
-            uint16_t v = dt == FUSEDROPE_FLOAT16 ? (uint16_t)(0x3000 | (x & 0x8fff))
-                                                 : (uint16_t)(0x3e00 | (x & 0x81ff));
-            memcpy(p + i, &v, 2);
-        }
-    }
+    tu_rng r;
+    tu_rng_init(&r, stream);
+    tu_fill(p, (int64_t)(bytes / ref_dtype_size(dt)), dt, &r, -4, 4);
 }
 
 typedef struct {
@@ -158,7 +131,7 @@ static void call(const ctx *c, int dir, void *x, void *y)
 static void setup(void)
 {
     fusedrope_cache_config cfg;
-    int small = under_valgrind();
+    int small = tu_under_valgrind();
     S = small ? 16 : 64;
     B = 2;
     H = small ? 2 : 8; /* 64 x 2 x 8 x 128 = 131072 elements: past the OpenMP threshold */
@@ -175,7 +148,7 @@ static void teardown(void)
     fusedrope_cache_destroy(cache_table);
     fusedrope_cache_destroy(cache_free);
     cache_table = cache_free = NULL;
-    set_threads(1);
+    tu_threads(1);
 }
 
 /* _i = dtype (0..2) x layout (0..2) */
@@ -183,7 +156,7 @@ START_TEST(thread_counts_and_reruns)
 {
     fusedrope_dtype dt = (fusedrope_dtype)(_i / 3);
     int lay = _i % 3;
-    size_t bytes = (size_t)(S * B * H * D) * esize(dt);
+    size_t bytes = (size_t)(S * B * H * D) * ref_dtype_size(dt);
     unsigned char *x = malloc(bytes), *ref = malloc(bytes), *y = malloc(bytes), *ip = malloc(bytes);
     ck_assert(x && ref && y && ip);
     fill(x, bytes, dt, (uint64_t)_i + 1);
@@ -193,12 +166,12 @@ START_TEST(thread_counts_and_reruns)
             continue; /* cu_seqlens needs the packed layout */
         make_ctx(&c, dt, lay, mode);
         for (int dir = 0; dir < 2; dir++) {
-            set_threads(1);
+            tu_threads(1);
             memset(ref, 0x5A, bytes);
             call(&c, dir, x, ref);
             for (size_t t = 0; t < sizeof thread_counts / sizeof thread_counts[0]; t++)
                 for (int rep = 0; rep < 2; rep++) {
-                    set_threads(thread_counts[t]);
+                    tu_threads(thread_counts[t]);
                     memset(y, rep ? 0x00 : 0xFF, bytes);
                     call(&c, dir, x, y);
                     ck_assert_msg(memcmp(y, ref, bytes) == 0,
@@ -228,7 +201,7 @@ START_TEST(qk_equals_two_calls)
     fusedrope_dtype dt = (fusedrope_dtype)(_i % 3);
     int lay = _i / 3;
     const int64_t hk = 2;
-    size_t bq = (size_t)(S * B * H * D) * esize(dt), bk = (size_t)(S * B * hk * D) * esize(dt);
+    size_t bq = (size_t)(S * B * H * D) * ref_dtype_size(dt), bk = (size_t)(S * B * hk * D) * ref_dtype_size(dt);
     unsigned char *q = malloc(bq), *k = malloc(bk), *q1 = malloc(bq), *k1 = malloc(bk);
     unsigned char *q2 = malloc(bq), *k2 = malloc(bk);
     ctx c;
@@ -241,7 +214,7 @@ START_TEST(qk_equals_two_calls)
             fusedrope_tensor tq = view(&c, q, H), tk = view(&c, k, hk);
             fusedrope_tensor tq1 = view(&c, q1, H), tk1 = view(&c, k1, hk);
             fusedrope_tensor tq2 = view(&c, q2, H), tk2 = view(&c, k2, hk);
-            set_threads(thread_counts[t]);
+            tu_threads(thread_counts[t]);
             if (dir) {
                 ck_assert_int_eq(fusedrope_backward_qk(c.cache, FUSEDROPE_INTERLEAVED, c.pp, &tq, &tq1,
                                                        &tk, &tk1, NULL), FUSEDROPE_OK);
@@ -275,7 +248,7 @@ END_TEST
 START_TEST(tableless_equals_table)
 {
     fusedrope_dtype dt = (fusedrope_dtype)_i;
-    size_t bytes = (size_t)(S * B * H * D) * esize(dt);
+    size_t bytes = (size_t)(S * B * H * D) * ref_dtype_size(dt);
     unsigned char *x = malloc(bytes), *y1 = malloc(bytes), *y2 = malloc(bytes);
     ctx c;
     ck_assert(x && y1 && y2);
@@ -300,7 +273,7 @@ END_TEST
  * for every thread count. */
 START_TEST(store_paths_agree)
 {
-    const int64_t s = under_valgrind() ? 128 : 512, b = 2, h = 8; /* 8 MiB of float32 */
+    const int64_t s = tu_under_valgrind() ? 128 : 512, b = 2, h = 8; /* 8 MiB of float32 */
     size_t n = (size_t)(s * b * h * D), bytes = n * 4;
     float *x = malloc(bytes), *ref = malloc(bytes);
     unsigned char *raw = malloc(bytes + 64);
@@ -311,7 +284,7 @@ START_TEST(store_paths_agree)
     for (int dir = 0; dir < 2; dir++) {
         fusedrope_tensor tx = fusedrope_tensor_sbhd(x, FUSEDROPE_FLOAT32, s, b, h, D);
         fusedrope_tensor tr = fusedrope_tensor_sbhd(ref, FUSEDROPE_FLOAT32, s, b, h, D);
-        set_threads(1);
+        tu_threads(1);
         ck_assert_int_eq(dir ? fusedrope_backward(cache_table, FUSEDROPE_NEOX, NULL, &tx, &tr, NULL)
                              : fusedrope_forward(cache_table, FUSEDROPE_NEOX, NULL, &tx, &tr, NULL),
                          FUSEDROPE_OK);
@@ -319,7 +292,7 @@ START_TEST(store_paths_agree)
             for (int a = 0; a < 2; a++) {
                 float *out = a ? shifted : aligned;
                 fusedrope_tensor ty = fusedrope_tensor_sbhd(out, FUSEDROPE_FLOAT32, s, b, h, D);
-                set_threads(thread_counts[t]);
+                tu_threads(thread_counts[t]);
                 memset(out, 0x77, bytes);
                 ck_assert_int_eq(dir ? fusedrope_backward(cache_table, FUSEDROPE_NEOX, NULL, &tx, &ty, NULL)
                                      : fusedrope_forward(cache_table, FUSEDROPE_NEOX, NULL, &tx, &ty, NULL),
@@ -340,18 +313,12 @@ int main(void)
 {
     Suite *s = suite_create("determinism");
     TCase *tc = tcase_create("bytes");
-    SRunner *sr;
-    int failed;
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, under_valgrind() ? 900 : 60);
+    tcase_set_timeout(tc, tu_under_valgrind() ? 900 : 60);
     tcase_add_loop_test(tc, thread_counts_and_reruns, 0, 9);
     tcase_add_loop_test(tc, qk_equals_two_calls, 0, 9);
     tcase_add_loop_test(tc, tableless_equals_table, 0, 3);
     tcase_add_test(tc, store_paths_agree);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return tu_main(s, "test_determinism");
 }

@@ -660,6 +660,66 @@ START_TEST(test_last_error_names_value)
 }
 END_TEST
 
+/* Some sentences word for word, values included (DESIGN: "a sentence naming
+ * the argument and value"; a sentence that prints the wrong entry's value
+ * passes any substring test that only looks for the name). */
+static void expect_sentence(fusedrope_status got, fusedrope_status want, const char *sentence)
+{
+    ck_assert_msg(got == want, "status %s (%s), want %s", fusedrope_status_string(got),
+                  fusedrope_last_error(), fusedrope_status_string(want));
+    ck_assert_msg(strcmp(fusedrope_last_error(), sentence) == 0, "last_error \"%s\", want \"%s\"",
+                  fusedrope_last_error(), sentence);
+}
+
+START_TEST(test_sentences_verbatim)
+{
+    ectx c;
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache = NULL;
+
+    setup(&c, V_THD); /* cu_seqlens 0 4 4 10 */
+    c.cu[0] = 3;
+    expect_sentence(do_call(&c, 0), INV, "pos->cu_seqlens[0] is 3; it must be 0");
+    setup(&c, V_THD);
+    c.cu[2] = 2;
+    expect_sentence(do_call(&c, 0), INV,
+                    "pos->cu_seqlens is not monotonic: cu_seqlens[2] = 2 < cu_seqlens[1] = 4");
+    setup(&c, V_THD);
+    c.cu[3] = 9;
+    expect_sentence(do_call(&c, 1), INV,
+                    "pos->cu_seqlens[num_seqs = 3] is 9 but the tensor has 10 tokens");
+    setup(&c, V_THD);
+    c.cu[1] = 3;
+    c.pos.cp_size = 2;
+    expect_sentence(do_call(&c, 0), INV,
+                    "sequence 0 has local length 3; context parallelism needs even lengths");
+    setup(&c, V_SBHD);
+    c.pos.ids = c.ids;
+    c.ids[1 * S0 + 5] = 4242;
+    expect_sentence(do_call(&c, 0), RNG,
+                    "token (batch 1, seq 5) has position 4242, outside the table's [0, 64)");
+
+    /* context parallelism: the second local half of rank 0 of 8 ends at the
+     * global position (2 * 8 - 1) * 4 + 3 = 63 (S0 = 8 local tokens, chunk 4),
+     * the table's last row; one row fewer and it is outside */
+    setup(&c, V_SBHD);
+    c.pos.cp_size = 8;
+    c.pos.cp_rank = 0;
+    ck_assert_int_eq(do_call(&c, 0), OK);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, ROT, ROWS - 1, 10000);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), OK);
+    c.cache = tu_track(cache);
+    expect_sentence(do_call(&c, 0), RNG,
+                    "the implicit positions reach 63, outside the table's [0, 63) "
+                    "(seq_len 8, cp_size 8, cp_rank 0)");
+
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, ROT, ROWS, 0.5);
+    expect_sentence(fusedrope_cache_create(&cfg, CPU, &cache), INV,
+                    "theta is 0.5 for rope type default; it must be finite and > 1");
+    tu_free_all();
+}
+END_TEST
+
 static Suite *errors_suite(void)
 {
     Suite *s = suite_create("errors");
@@ -668,6 +728,7 @@ static Suite *errors_suite(void)
     tcase_add_loop_test(tc, test_error_case, 0, 2 * E_NUM);
     tcase_add_test(tc, test_last_error_thread_local);
     tcase_add_test(tc, test_last_error_names_value);
+    tcase_add_test(tc, test_sentences_verbatim);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -59,8 +59,7 @@ static void fill(unsigned char *x, size_t n, fusedrope_dtype dt, uint64_t seed)
 {
     tu_rng r;
     tu_rng_init(&r, seed);
-    for (size_t i = 0; i < n; i++)
-        ref_store(x, dt, (int64_t)i, tu_uniform(&r, -2.0, 2.0));
+    tu_fill(x, (int64_t)n, dt, &r, -2.0, 2.0);
 }
 
 static fr_apply_args make_args(const kcase *k, const fusedrope_cache *cache, const void *x,

@@ -27,6 +27,7 @@
 #endif
 
 #include "fusedrope.h"
+#include "util.h"
 
 #define NTHREADS 8
 
@@ -53,17 +54,6 @@ static int njobs;
 static int iters;
 static int64_t ids_buf[256], offs_buf[4];
 static int32_t cu_buf[4] = { 0, 40, 40, 128 };
-
-static int under_valgrind(void)
-{
-    const char *v = getenv("VALGRIND");
-    return v && *v;
-}
-
-static size_t esize(fusedrope_dtype dt)
-{
-    return dt == FUSEDROPE_FLOAT32 ? 4 : 2;
-}
 
 static fusedrope_tensor view(const job *j, int k, void *data)
 {
@@ -93,33 +83,24 @@ static fusedrope_status run(const job *j, unsigned char *out[2])
 
 static void prepare(job *j)
 {
-    uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(j - jobs + 1);
     int n = j->kind >= J_FWD_QK ? 2 : 1;
+    tu_rng r;
+    tu_rng_init(&r, (uint64_t)(j - jobs + 1));
     for (int k = 0; k < n; k++) {
         int64_t h = k ? j->hk : j->hq;
-        j->bytes[k] = (size_t)(j->s * j->b * h * j->d) * esize(j->dt);
+        j->bytes[k] = (size_t)(j->s * j->b * h * j->d) * ref_dtype_size(j->dt);
         j->in[k] = malloc(j->bytes[k]);
         j->want[k] = malloc(j->bytes[k]);
         ck_assert(j->in[k] && j->want[k]);
-        for (size_t i = 0; i < j->bytes[k]; i += esize(j->dt)) {
-            /* finite values in [-2, 2) in every dtype */
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            if (j->dt == FUSEDROPE_FLOAT32) {
-                float f = (float)((double)(x >> 40) / (1 << 24) * 4.0 - 2.0);
-                memcpy(j->in[k] + i, &f, 4);
-            } else {
-                uint16_t v = j->dt == FUSEDROPE_FLOAT16 ? (uint16_t)(0x3800 | (x & 0x83ff))
-                                                        : (uint16_t)(0x3f00 | (x & 0x807f));
-                memcpy(j->in[k] + i, &v, 2);
-            }
-        }
+        /* values in [-2, 2] from the run's seed, a stream per job */
+        tu_fill(j->in[k], (int64_t)(j->bytes[k] / ref_dtype_size(j->dt)), j->dt, &r, -2, 2);
     }
 }
 
 static void setup(void)
 {
     fusedrope_cache_config cfg;
-    int big = !under_valgrind();
+    int big = !tu_under_valgrind();
     /* token counts: 64 x 2 (sbhd/bshd), 128 (thd); 8 q heads x 128 channels
      * = 131072 elements per tensor, past the OpenMP backend's threshold */
     int64_t s = big ? 64 : 16, hq = big ? 8 : 2;
@@ -339,17 +320,11 @@ int main(void)
 {
     Suite *s = suite_create("threads");
     TCase *tc = tcase_create("shared cache");
-    SRunner *sr;
-    int failed;
     tcase_add_checked_fixture(tc, setup, teardown);
-    tcase_set_timeout(tc, under_valgrind() ? 600 : 60);
+    tcase_set_timeout(tc, tu_under_valgrind() ? 600 : 60);
     tcase_add_test(tc, shared_cache_openmp);
     tcase_add_test(tc, shared_cache_one_omp_thread);
     tcase_add_test(tc, last_error_is_per_thread);
     suite_add_tcase(s, tc);
-    sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return tu_main(s, "test_threads");
 }

@@ -24,23 +24,15 @@ const char *__asan_default_options(void)
 
 uint64_t tu_seed;
 
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 void tu_rng_init(tu_rng *r, uint64_t stream)
 {
     uint64_t s = tu_seed ^ (stream * 0xd1342543de82ef95ull);
-    r->s = splitmix(&s);
+    r->s = ref_splitmix(&s);
 }
 
 uint64_t tu_next(tu_rng *r)
 {
-    return splitmix(&r->s);
+    return ref_splitmix(&r->s);
 }
 
 double tu_uniform(tu_rng *r, double lo, double hi)
@@ -69,6 +61,12 @@ void tu_threads(int n)
 #else
     (void)n;
 #endif
+}
+
+int tu_under_valgrind(void)
+{
+    const char *v = getenv("VALGRIND");
+    return v && *v;
 }
 
 int tu_main(Suite *s, const char *name)
@@ -229,11 +227,16 @@ fusedrope_tensor tu_tensor(int kind, fusedrope_dtype dt, int64_t s, int64_t b, i
     return tu_view(kind, buf, s, b, h, d);
 }
 
+void tu_fill(void *p, int64_t n, fusedrope_dtype dt, tu_rng *r, double lo, double hi)
+{
+    int64_t i;
+    for (i = 0; i < n; i++)
+        ref_store(p, dt, i, tu_uniform(r, lo, hi));
+}
+
 void tu_fill_random(tu_buf *b, tu_rng *r, double lo, double hi)
 {
-    int64_t i, n = (int64_t)(b->nbytes / ref_dtype_size(b->dt));
-    for (i = 0; i < n; i++)
-        ref_store(b->p, b->dt, i, tu_uniform(r, lo, hi));
+    tu_fill(b->p, (int64_t)(b->nbytes / ref_dtype_size(b->dt)), b->dt, r, lo, hi);
 }
 
 void tu_fill_view(const fusedrope_tensor *t, tu_rng *r, double lo, double hi)

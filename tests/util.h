@@ -29,6 +29,10 @@ int64_t tu_int(tu_rng *r, int64_t lo, int64_t hi); /* inclusive */
  * two, so that the threaded paths run.  A no-op without OpenMP. */
 void tu_threads(int n);
 
+/* Whether the run is under valgrind (make check-valgrind sets VALGRIND): tests
+ * then use smaller sizes and longer timeouts. */
+int tu_under_valgrind(void);
+
 /* Runs a suite (CK_FORK default) after printing the seed; returns the exit status. */
 int tu_main(Suite *s, const char *name);
 
@@ -71,6 +75,8 @@ int64_t tu_layout_elems(int kind, int64_t s, int64_t b, int64_t h, int64_t d);
 fusedrope_tensor tu_tensor(int kind, fusedrope_dtype dt, int64_t s, int64_t b, int64_t h,
                            int64_t d, tu_buf *buf);
 
+/* Fills n elements at p with random values of the dtype in [lo, hi]. */
+void tu_fill(void *p, int64_t n, fusedrope_dtype dt, tu_rng *r, double lo, double hi);
 /* Fills every element of a buffer with random values of the dtype in [lo, hi]. */
 void tu_fill_random(tu_buf *b, tu_rng *r, double lo, double hi);
 /* Fills the view's elements with random values (the rest of the buffer is kept). */

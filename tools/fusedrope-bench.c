@@ -2,9 +2,10 @@
  * fusedrope-bench - time libfusedrope's forward and backward and verify every
  * result against an independent float64 reference.
  *
- * For each shape: random input (never zeros), a poisoned output, one call
- * checked against the reference computed here (default rope, theta 10000,
- * cos/sin in double, the math of DESIGN.md), a scan of the whole output for
+ * For each shape: random input, a poisoned output, one call checked against
+ * the tests' float64 reference (tests/ref.c in tests/libfrtest.a: default
+ * rope, theta 10000, cos/sin in double, DESIGN.md's math and bound, the same
+ * position model), a scan of the whole output for
  * elements the call did not write, then a warm-up and N timed calls (median),
  * and a plain copy of the same number of bytes timed in the same run.
  *
@@ -31,6 +32,7 @@
 #endif
 
 #include "fusedrope.h"
+#include "../tests/ref.h"
 
 #define PROG "fusedrope-bench"
 #define MAX_SHAPES 64
@@ -85,10 +87,6 @@ static const char *layout_name(enum layout l)
     return l == L_SBHD ? "sbhd" : l == L_BSHD ? "bshd" : "thd";
 }
 
-static size_t dtype_size(fusedrope_dtype t)
-{
-    return t == FUSEDROPE_FLOAT32 ? 4 : 2;
-}
 
 static void die(const char *fmt, ...)
 {
@@ -156,14 +154,6 @@ static size_t align_up(size_t n)
     return (n + ALIGN - 1) / ALIGN * ALIGN;
 }
 
-/* splitmix64: a small, good, seedable generator. */
-static uint64_t rng_next(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
 
 /* ------------------------------------------- buffers on the run's device */
 
@@ -264,105 +254,23 @@ static void *stream_arg(void)
     return NULL;
 }
 
-/* --------------------------------------------------- element encode/decode */
+/* ------------------------------------------------------------ random input */
 
-static double half_to_double(uint16_t h)
-{
-    int e = (h >> 10) & 31, m = h & 1023;
-    double v;
-    if (e == 31)
-        v = m ? NAN : INFINITY;
-    else if (e == 0)
-        v = ldexp((double)m, -24);
-    else
-        v = ldexp((double)(m + 1024), e - 25);
-    return (h & 0x8000) ? -v : v;
-}
-
-/* v must be exactly representable in binary16 (the generator makes sure). */
-static uint16_t half_from_exact(double v)
-{
-    uint16_t sign = signbit(v) ? 0x8000 : 0;
-    int e;
-    double m;
-    v = fabs(v);
-    if (v == 0)
-        return sign;
-    m = frexp(v, &e); /* v = m * 2^e, m in [0.5, 1) */
-    if (e - 1 >= -14)
-        return (uint16_t)(sign | (unsigned)(e - 1 + 15) << 10 | (unsigned)((2 * m - 1) * 1024));
-    return (uint16_t)(sign | (unsigned)(v * 16777216.0)); /* subnormal: v / 2^-24 */
-}
-
-static double load_elem(const void *buf, size_t i)
-{
-    const char *p = buf;
-    switch (opt.dtype) {
-    case FUSEDROPE_FLOAT32: {
-        float f;
-        memcpy(&f, p + 4 * i, 4);
-        return f;
-    }
-    case FUSEDROPE_BFLOAT16: {
-        uint16_t h;
-        uint32_t u;
-        float f;
-        memcpy(&h, p + 2 * i, 2);
-        u = (uint32_t)h << 16;
-        memcpy(&f, &u, 4);
-        return f;
-    }
-    default: {
-        uint16_t h;
-        memcpy(&h, p + 2 * i, 2);
-        return half_to_double(h);
-    }
-    }
-}
-
-/* Uniform in [-1, 1), rounded to the dtype. */
+/* Uniform in [-1, 1), rounded to the dtype (fp16: to multiples of 2^-11). */
 static void fill_random(void *buf, size_t n, uint64_t seed)
 {
     uint64_t st = seed * 0x2545f4914f6cdd1dULL + 0x1234567ULL;
     for (size_t i = 0; i < n; i++) {
-        double x = (double)(rng_next(&st) >> 11) * 0x1p-53 * 2.0 - 1.0;
-        if (opt.dtype == FUSEDROPE_FLOAT32) {
-            float f = (float)x;
-            memcpy((char *)buf + 4 * i, &f, 4);
-        } else if (opt.dtype == FUSEDROPE_BFLOAT16) {
-            float f = (float)x;
-            uint32_t u;
-            uint16_t h;
-            memcpy(&u, &f, 4);
-            h = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-            memcpy((char *)buf + 2 * i, &h, 2);
-        } else {
-            uint16_t h = half_from_exact(nearbyint(x * 2048.0) / 2048.0);
-            memcpy((char *)buf + 2 * i, &h, 2);
-        }
+        double x = (double)(ref_splitmix(&st) >> 11) * 0x1p-53 * 2.0 - 1.0;
+        if (opt.dtype == FUSEDROPE_FLOAT16)
+            x = nearbyint(x * 2048.0) / 2048.0;
+        ref_store(buf, opt.dtype, (int64_t)i, x);
     }
 }
 
-/* Spacing of the dtype's values at |v| (the subnormal spacing below the
- * smallest normal). */
-static double ulp_of(double v)
+static double load_elem(const void *buf, size_t i)
 {
-    int p, emin, e;
-    switch (opt.dtype) {
-    case FUSEDROPE_FLOAT32: p = 24; emin = -126; break;
-    case FUSEDROPE_FLOAT16: p = 11; emin = -14; break;
-    default: p = 8; emin = -126; break;
-    }
-    v = fabs(v);
-    if (v == 0 || !isfinite(v)) {
-        e = emin;
-    } else {
-        frexp(v, &e);
-        e -= 1; /* v = m * 2^e, m in [1, 2) */
-        if (e < emin)
-            e = emin;
-    }
-    return ldexp(1.0, e - (p - 1));
+    return ref_load(buf, opt.dtype, (int64_t)i);
 }
 
 /* ------------------------------------------------------------------ a case */
@@ -386,7 +294,8 @@ typedef struct {
     int64_t *off_host, *off_dev; /* [batch], with --offsets */
     int64_t nseqs, max_len;
     int64_t table_rows;        /* the cache's max_positions */
-    double *inv_freq;          /* [rot/2] */
+    fusedrope_positions hpos;  /* the positions, host arrays (for the reference) */
+    ref_rope ref;              /* the reference's inv_freq and attention factor */
     void *h_in[2], *h_out[2];  /* host copies for verification */
     double bytes_moved;
     size_t copy_bytes;
@@ -451,19 +360,25 @@ static void make_offsets(bcase *c)
         c->off_host[b] = (b * OFFSET_STRIDE + 17) % span;
 }
 
-/* Position of token t, t counted in memory order over the S*B tokens. */
+/* Position of token t, t counted in memory order over the S*B tokens: the
+ * reference's model (ref_token_position) of this case's positions. */
 static int64_t token_position(const bcase *c, int64_t t)
 {
+    int64_t S = c->sh.s, B = c->sh.b, p;
     switch (opt.layout) {
     case L_SBHD: /* t = s*B + b */
-        return t / c->sh.b + (c->off_host ? c->off_host[t % c->sh.b] : 0);
+        ref_token_position(&c->hpos, (t % B) * S + t / B, t % B, t / B, S, &p);
+        return p;
     case L_BSHD: /* t = b*S + s */
-        return t % c->sh.s + (c->off_host ? c->off_host[t / c->sh.s] : 0);
+        ref_token_position(&c->hpos, t, t / S, t % S, S, &p);
+        return p;
     default: {
         int64_t k = 0;
         while (k + 1 < c->nseqs && c->cu_host[k + 1] <= t)
             k++;
-        return t - c->cu_host[k];
+        ref_token_position(&c->hpos, t, k, t - c->cu_host[k], c->cu_host[k + 1] - c->cu_host[k],
+                           &p);
+        return p;
     }
     }
 }
@@ -485,17 +400,15 @@ static size_t working_set_target(void)
 
 static void case_setup(bcase *c, shape sh)
 {
-    size_t es = dtype_size(opt.dtype), off = 0, target;
+    size_t es = ref_dtype_size(opt.dtype), off = 0, target;
     fusedrope_cache_config cfg;
     fusedrope_device dev = g_cuda ? FUSEDROPE_DEVICE_CUDA : FUSEDROPE_DEVICE_CPU;
     double moved = 0;
-    int64_t half;
 
     memset(c, 0, sizeof *c);
     c->sh = sh;
     c->tokens = sh.s * sh.b;
     c->rot = opt.rot_dim ? opt.rot_dim : (sh.d & ~(int64_t)1);
-    half = c->rot / 2;
     c->nparts = opt.qk ? 2 : 1;
     c->heads[0] = opt.qk ? opt.hq : sh.h;
     c->heads[1] = opt.qk ? opt.hk : 0;
@@ -597,10 +510,13 @@ static void case_setup(bcase *c, shape sh)
         die("fusedrope_cache_device() is %d, asked for %d", (int)fusedrope_cache_device(c->cache),
             (int)dev);
 
-    /* The reference's frequencies: inv_i = theta^(-2i/rot_dim), in double. */
-    c->inv_freq = xmalloc((size_t)half * sizeof(double));
-    for (int64_t i = 0; i < half; i++)
-        c->inv_freq[i] = pow(10000.0, -(double)(2 * i) / (double)c->rot);
+    /* The reference's frequencies and attention factor for the same config;
+     * its positions: the same as the call's, from the host arrays. */
+    if (ref_rope_from_config(&c->ref, &cfg) != 0)
+        die("no reference for the config");
+    c->hpos = c->pos;
+    c->hpos.cu_seqlens = c->cu_host;
+    c->hpos.offsets = c->off_host;
 }
 
 static void case_free(bcase *c)
@@ -615,7 +531,7 @@ static void case_free(bcase *c)
     free(c->off_host);
     free(c->tin);
     free(c->tout);
-    free(c->inv_freq);
+    ref_rope_free(&c->ref);
     for (int p = 0; p < c->nparts; p++) {
         free(c->h_in[p]);
         free(c->h_out[p]);
@@ -648,8 +564,8 @@ static void check_value(vstats *v, double y, double ref, double a, double b, con
                         int p, int64_t t, int64_t h, int64_t ch)
 {
     double err = isnan(y) ? INFINITY : fabs(y - ref);
-    double ulp = ulp_of(ref);
-    double tol = ulp + ldexp(fabs(a) + fabs(b), -22);
+    double ulp = ref_ulp(ref, opt.dtype);
+    double tol = ref_tolerance(ref, a, b, c->ref.attn, opt.dtype);
     double ulps = err / ulp, ratio = err / tol;
     v->checked++;
     if (ulps > v->max_ulp)
@@ -673,32 +589,24 @@ static void verify_part(const bcase *c, enum op op, int p, vstats *v)
     const int64_t H = c->heads[p], D = c->sh.d, R = c->rot, half = R / 2, T = c->tokens;
     const int64_t ns = T < MAX_SAMPLED_TOKENS ? T : MAX_SAMPLED_TOKENS;
     const void *in = c->h_in[p], *out = c->h_out[p];
-    const int interleaved = opt.style == FUSEDROPE_INTERLEAVED;
     double *cs = xmalloc((size_t)half * sizeof(double)), *sn = xmalloc((size_t)half * sizeof(double));
-    size_t es = dtype_size(opt.dtype);
+    size_t es = ref_dtype_size(opt.dtype);
 
     /* Sampled tokens: all heads, all channels. */
     for (int64_t k = 0; k < ns; k++) {
         int64_t t = ns == 1 ? 0 : k * (T - 1) / (ns - 1);
         double pos = (double)token_position(c, t);
-        for (int64_t i = 0; i < half; i++) {
-            double ang = pos * c->inv_freq[i];
-            cs[i] = cos(ang);
-            sn[i] = sin(ang);
-        }
+        for (int64_t i = 0; i < half; i++)
+            ref_cos_sin(&c->ref, (int64_t)pos, (int)i, &cs[i], &sn[i]);
         for (int64_t h = 0; h < H; h++) {
             size_t base = (size_t)((t * H + h) * D); /* every layout is token-major, dense */
             for (int64_t i = 0; i < half; i++) {
-                int64_t ca = interleaved ? 2 * i : i, cb = interleaved ? 2 * i + 1 : i + half;
-                double a = load_elem(in, base + (size_t)ca), b = load_elem(in, base + (size_t)cb);
-                double ra, rb;
-                if (op == OP_FWD) {
-                    ra = a * cs[i] - b * sn[i];
-                    rb = b * cs[i] + a * sn[i];
-                } else {
-                    ra = a * cs[i] + b * sn[i];
-                    rb = b * cs[i] - a * sn[i];
-                }
+                int64_t ca, cb;
+                double a, b, ra, rb;
+                ref_pair(opt.style, (int)R, (int)i, &ca, &cb);
+                a = load_elem(in, base + (size_t)ca);
+                b = load_elem(in, base + (size_t)cb);
+                ref_rotate(a, b, cs[i], sn[i], op != OP_FWD, &ra, &rb);
                 check_value(v, load_elem(out, base + (size_t)ca), ra, a, b, c, p, t, h, ca);
                 check_value(v, load_elem(out, base + (size_t)cb), rb, a, b, c, p, t, h, cb);
             }

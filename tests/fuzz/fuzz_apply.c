@@ -29,11 +29,14 @@
  *       |y - ref| <= ulp(ref) + 2^-22 (|a| + |b|) max(1, attention factor).
  * Any disagreement calls abort(), which libFuzzer reports as a crash.
  *
- * The reference's cos/sin: DESIGN's formula in double for the default and
- * linear rope types; the user's table for _create_from_table; the library's
- * own table (fusedrope_cache_copy_table, of a companion cache when the cache
- * under test has none) for the other types, whose formulas the cache suites
- * check.
+ * The reference is the tests' (tests/ref.c, in tests/libfrtest.a, written
+ * from DESIGN.md and sharing no code with lib/): cos/sin from ref_inv_freq in
+ * double for every rope type (default, linear, dynamic, yarn, longrope,
+ * llama3), the user's table for _create_from_table; its codecs, ulp and
+ * bound; its per-token position model (ref_token_position).  Since both the
+ * library and the reference compute inv_i in double by their own operation
+ * order, the bound gets ref_angle_slack(p * inv_i) on top (the fuzzed configs
+ * reach angles far past the tests').
  *
  * Environment: FUSEDROPE_FUZZ_LENIENT=1 steers around the library defects
  * listed in the KI_ enum below (all fixed now; each has a regression test in
@@ -56,6 +59,7 @@
 #include <string.h>
 
 #include "fusedrope.h"
+#include "../ref.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -211,15 +215,12 @@ typedef struct { uint64_t s; } rng_t;
 
 static uint64_t rnext(rng_t *r)
 {
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    return ref_splitmix(&r->s);
 }
 
 static size_t dtype_size(int dt)
 {
-    return dt == FUSEDROPE_FLOAT32 ? 4 : 2;
+    return ref_dtype_size((fusedrope_dtype)dt);
 }
 
 static int dtype_ok(int dt)
@@ -257,51 +258,9 @@ static void fill(unsigned char *p, size_t n, int dt, rng_t *r, int specials)
         p[i] = (unsigned char)rnext(r);
 }
 
-static double half_to_double(uint16_t h)
-{
-    int e = (h >> 10) & 31, m = h & 1023;
-    double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
-    return h & 0x8000 ? -v : v;
-}
-
 static double load(const unsigned char *p, int dt)
 {
-    if (dt == FUSEDROPE_FLOAT32) {
-        float f;
-        memcpy(&f, p, 4);
-        return f;
-    } else {
-        uint16_t h;
-        memcpy(&h, p, 2);
-        if (dt == FUSEDROPE_FLOAT16)
-            return half_to_double(h);
-        {
-            uint32_t u = (uint32_t)h << 16;
-            float f;
-            memcpy(&f, &u, 4);
-            return f;
-        }
-    }
-}
-
-/* Spacing of dtype numbers at |v| (at least the smallest subnormal). */
-static double ulp_of(double v, int dt)
-{
-    int e, prec = dt == FUSEDROPE_FLOAT32 ? 24 : dt == FUSEDROPE_FLOAT16 ? 11 : 8;
-    int emin = dt == FUSEDROPE_FLOAT32 ? -126 : dt == FUSEDROPE_FLOAT16 ? -14 : -126;
-    v = fabs(v);
-    if (v == 0)
-        return ldexp(1.0, emin - prec + 1);
-    frexp(v, &e); /* v = m 2^e, m in [0.5, 1) */
-    e -= 1;
-    if (e < emin)
-        e = emin;
-    return ldexp(1.0, e - prec + 1);
-}
-
-static double max_finite(int dt)
-{
-    return dt == FUSEDROPE_FLOAT32 ? FLT_MAX : dt == FUSEDROPE_FLOAT16 ? 65504.0 : 3.3895313892515355e38;
+    return ref_load(p, (fusedrope_dtype)dt, 0);
 }
 
 /* ------------------------------------------------------------------ cache */
@@ -311,9 +270,10 @@ typedef struct {
     int type;                 /* rope type, -1 for a user table */
     int rot_dim, half;
     int64_t max_positions;
-    double inv[FUSEDROPE_MAX_ROT_DIM / 2]; /* default / linear: DESIGN's inverse frequencies */
-    int formula;              /* 1: cos/sin from inv[] in double (default, linear) */
-    float *tcos, *tsin;       /* else: a float table [trows][half], or NULL (no value check) */
+    double inv[FUSEDROPE_MAX_ROT_DIM / 2]; /* ref_inv_freq's inverse frequencies */
+    double attn;              /* and attention factor */
+    int formula;              /* 1: cos/sin from inv[] and attn in double (every rope type) */
+    float *tcos, *tsin;       /* else: the user's float table [trows][half] */
     int64_t trows;
     fusedrope_cache_config cfg;
     double *sf, *lf;          /* longrope factors */
@@ -348,73 +308,23 @@ static int known_issue(int which)
  * refuse those. */
 static int derived_finite(const fusedrope_cache_config *c)
 {
-    const int d = c->rot_dim, n = d / 2, t = (int)c->type;
-    const double orig = (double)c->original_max_positions, pi = 3.14159265358979323846;
-    double base = c->theta, attn = 1.0, low = 0, high = 0;
+    static double inv[FUSEDROPE_MAX_ROT_DIM / 2];
+    double attn;
     int maybe = 0;
-    if (t == FUSEDROPE_ROPE_DYNAMIC) {
-        double len = (double)(c->seq_len ? c->seq_len : c->max_positions);
-        if (len < orig)
-            len = orig;
-        base *= pow(c->factor * len / orig - (c->factor - 1.0), (double)d / (d - 2));
-    }
-    if (t == FUSEDROPE_ROPE_YARN) {
-#define M(s, k) ((s) <= 1.0 ? 1.0 : 0.1 * (k) * log(s) + 1.0)
-        low = d * log(orig / (2 * pi * c->beta_fast)) / (2 * log(base));
-        high = d * log(orig / (2 * pi * c->beta_slow)) / (2 * log(base));
-        if (c->truncate) {
-            low = floor(low);
-            high = ceil(high);
-        }
-        if (low < 0)
-            low = 0;
-        if (high > d - 1)
-            high = d - 1;
-        if (low == high)
-            high += 0.001;
-        attn = c->attention_factor > 0 ? c->attention_factor
-               : c->mscale > 0 && c->mscale_all_dim > 0
-                   ? M(c->factor, c->mscale) / M(c->factor, c->mscale_all_dim)
-                   : M(c->factor, 1.0);
-#undef M
-    }
-    if (t == FUSEDROPE_ROPE_LONGROPE) {
-        double s = c->factor > 0 ? c->factor : (double)c->max_positions / orig;
-        attn = c->attention_factor > 0 ? c->attention_factor
-               : s <= 1.0 ? 1.0 : sqrt(1.0 + log(s) / log(orig));
-    }
+    if (ref_inv_freq(c, inv, &attn) != 0)
+        return 0;
     if (!(attn > 0 && attn <= FLT_MAX)) /* e.g. yarn m(s, k) / m(s, Inf) = 0 */
         return 0;
-    for (int i = 0; i < n; i++) {
-        double inv = pow(base, -(2.0 * i / d));
-        if (t == FUSEDROPE_ROPE_LINEAR)
-            inv /= c->factor;
-        else if (t == FUSEDROPE_ROPE_YARN) {
-            double r = (i - low) / (high - low);
-            r = r < 0 ? 0 : r > 1 ? 1 : r;
-            inv = (1 - r) * inv + r * inv / c->factor;
-        } else if (t == FUSEDROPE_ROPE_LONGROPE) {
-            inv /= c->max_positions > c->original_max_positions ? c->long_factor[i]
-                                                                 : c->short_factor[i];
-        } else if (t == FUSEDROPE_ROPE_LLAMA3) {
-            double w = 2 * pi / inv, lo = orig / c->low_freq_factor, hi = orig / c->high_freq_factor;
-            if (w > lo)
-                inv /= c->factor;
-            else if (w >= hi) {
-                double s = (orig / w - c->low_freq_factor) / (c->high_freq_factor - c->low_freq_factor);
-                inv = (1 - s) * inv / c->factor + s * inv;
-            }
-        }
+    for (int i = 0; i < c->rot_dim / 2; i++) {
         /* every angle p * inv the cache serves: p up to its last row, or any int64 */
-        if (!isfinite(inv) ||
-            !isfinite(inv * (c->max_positions > 0 ? (double)(c->max_positions - 1) : 0x1p63)))
+        if (!isfinite(inv[i]) ||
+            !isfinite(inv[i] * (c->max_positions > 0 ? (double)(c->max_positions - 1) : 0x1p63)))
             return 0;
-        if (!isfinite(inv * 0x1p63))
+        if (!isfinite(inv[i] * 0x1p63))
             maybe = 1;
     }
     return maybe ? 2 : 1;
 }
-
 
 /* The statuses a create may return for cfg/device, per the decisions. */
 static unsigned config_allowed(const fusedrope_cache_config *c, int device, int have_cfg,
@@ -728,15 +638,10 @@ static int make_cache(src_t *s, cache_t *ct, rng_t *r)
         ct->rot_dim = rot;
         ct->half = rot / 2;
         ct->max_positions = maxpos;
-        if (type == FUSEDROPE_ROPE_DEFAULT || type == FUSEDROPE_ROPE_LINEAR) {
-            ct->formula = 1;
-            for (int i = 0; i < ct->half; i++) {
-                double e = 2.0 * i / rot;
-                ct->inv[i] = pow(theta, -e);
-                if (type == FUSEDROPE_ROPE_LINEAR)
-                    ct->inv[i] /= cfg->factor;
-            }
-        }
+        /* a config the library accepted is one the reference can compute:
+         * config_allowed gave OK only where derived_finite did */
+        CHECK(ref_inv_freq(cfg, ct->inv, &ct->attn) == 0, "no reference for rope type %d", type);
+        ct->formula = 1;
     }
 
     /* getters, and the table itself */
@@ -765,62 +670,30 @@ static int make_cache(src_t *s, cache_t *ct, rng_t *r)
         if (!table_all_finite(c, sn, n))
             CHECK(known_issue(KI_NONFINITE_TABLE),
                   "an accepted config gave a table with non-finite entries");
-        if (ct->formula) {
-            /* the table against DESIGN's formula, on a sample of rows */
-            for (int64_t p = 0; p < ct->max_positions; p += 1 + ct->max_positions / 16)
-                for (int i = 0; i < ct->half; i++) {
-                    double a = (double)p * ct->inv[i];
-                    double ec = cos(a), es = sin(a);
-                    float gc = c[(size_t)p * ct->half + i], gs = sn[(size_t)p * ct->half + i];
-                    if (!isfinite(ec) || !isfinite(es)) {
-                        CHECK(known_issue(KI_NONFINITE_TABLE),
-                              "an accepted config has a non-finite angle at row %lld pair %d",
-                              (long long)p, i);
-                        continue;
-                    }
-                    CHECK(fabs(gc - ec) <= 0x1p-24 + 1e-300 && fabs(gs - es) <= 0x1p-24 + 1e-300,
-                          "table row %lld pair %d: cos %.9g sin %.9g, expected %.17g %.17g",
-                          (long long)p, i, gc, gs, ec, es);
+        /* the table against the reference, on a sample of rows: DESIGN's
+         * cos(p inv_i) a and sin(p inv_i) a rounded once to float32 */
+        for (int64_t p = 0; p < ct->max_positions; p += 1 + ct->max_positions / 16)
+            for (int i = 0; i < ct->half; i++) {
+                double a = (double)p * ct->inv[i];
+                double ec = cos(a) * ct->attn, es = sin(a) * ct->attn;
+                float gc = c[(size_t)p * ct->half + i], gs = sn[(size_t)p * ct->half + i];
+                double tol = ldexp(ref_ulp(ct->attn, FUSEDROPE_FLOAT32), -1) +
+                             ref_angle_slack(a) * ct->attn;
+                if (!isfinite(ec) || !isfinite(es)) {
+                    CHECK(known_issue(KI_NONFINITE_TABLE),
+                          "an accepted config has a non-finite angle at row %lld pair %d",
+                          (long long)p, i);
+                    continue;
                 }
-            free(c);
-            free(sn);
-        } else {
-            ct->tcos = c;
-            ct->tsin = sn;
-            ct->trows = ct->max_positions;
-        }
+                CHECK(fabs(gc - ec) <= tol && fabs(gs - es) <= tol,
+                      "table row %lld pair %d: cos %.9g sin %.9g, expected %.17g %.17g "
+                      "(tolerance %.3g)",
+                      (long long)p, i, gc, gs, ec, es, tol);
+            }
+        free(c);
+        free(sn);
     }
     return 1;
-}
-
-/* For a table-less cache of a type without a formula here: the table of a
- * companion cache with `rows` rows (the decisions: table-less angles equal
- * what the table would hold). */
-static void companion_table(cache_t *ct, int64_t rows)
-{
-    fusedrope_cache_config cfg = ct->cfg;
-    fusedrope_cache *c2 = NULL;
-    size_t n;
-    if (ct->formula || ct->type < 0 || ct->max_positions > 0 || rows < 1 ||
-        (i128)rows * ct->half > FZ_MAX_TABLE)
-        return;
-    cfg.max_positions = rows;
-    /* longrope picks long_factor when max_positions > original, and dynamic
-     * builds for max_positions when seq_len is 0: those depend on the row
-     * count, so no companion can stand in for them */
-    if (ct->type == FUSEDROPE_ROPE_LONGROPE ||
-        (ct->type == FUSEDROPE_ROPE_DYNAMIC && cfg.seq_len == 0))
-        return;
-    if (fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &c2) != FUSEDROPE_OK)
-        finding("the companion of an accepted table-less config was refused");
-    n = (size_t)rows * (size_t)ct->half;
-    ct->tcos = malloc(n * sizeof(float));
-    ct->tsin = malloc(n * sizeof(float));
-    if (!ct->tcos || !ct->tsin)
-        abort();
-    CHECK(fusedrope_cache_copy_table(c2, ct->tcos, ct->tsin) == FUSEDROPE_OK, "copy_table");
-    ct->trows = rows;
-    fusedrope_cache_destroy(c2);
 }
 
 /* --------------------------------------------------------------- tensors */
@@ -1089,23 +962,18 @@ static void gen_positions(src_t *s, pspec *ps, int64_t S, int64_t B, int thd, in
 }
 
 /* The global position of token (b, s) as the decisions define it, exactly
- * (128-bit).  THD: seq_of/j_of/len_of give the token's sequence. */
+ * (128-bit): the reference's model (ref_token_position), with an int64
+ * overflow of the offset's sum undone.  THD: seq, j and len give the token's
+ * sequence, index in it and length. */
 static i128 ref_position(const pspec *ps, int64_t S, int64_t b, int64_t s, int64_t seq, int64_t j,
                          int64_t len)
 {
-    int cp = ps->given && ps->p.cp_size > 1 ? ps->p.cp_size : 1, r = ps->given ? ps->p.cp_rank : 0;
-    i128 p;
-    if (ps->given && ps->p.ids)
-        return ps->p.ids[ps->p.cu_seqlens ? s : b * S + s];
-    if (cp > 1) {
-        i128 chunk = len / 2;
-        p = j < chunk ? (i128)r * chunk + j : (i128)(2 * (i128)cp - 1 - r) * chunk + (j - chunk);
-    } else {
-        p = j;
-    }
-    if (ps->given && ps->p.offsets)
-        p += ps->p.offsets[seq];
-    return p;
+    int64_t v;
+    int wrapped = ref_token_position(ps->given ? &ps->p : NULL, b * S + s, seq, j, len, &v);
+    if (!wrapped)
+        return v;
+    /* the true sum is v + 2^64 (positive overflow, v < 0) or v - 2^64 */
+    return v < 0 ? (i128)v + ((i128)1 << 64) : (i128)v - ((i128)1 << 64);
 }
 
 /* -------------------------------------------------------------- the call */
@@ -1226,14 +1094,16 @@ static void check_values(const cache_t *ct, const buf_t *bufs, const tspec *x, c
             int64_t ca = interleaved ? 2 * i : i, cb = interleaved ? 2 * i + 1 : i + half;
             double a = load(xi + ca * es, dt), bb = load(xi + cb * es, dt);
             double ya = load(yo + ca * es, dt), yb = load(yo + cb * es, dt);
-            double c, sn, attn = 1.0, ra, rb, ta, tb;
+            double c, sn, attn = 1.0, ra, rb, ta, tb, slack = 0;
             if (ct->formula) {
                 double ang;
                 if (p >= ((i128)1 << 40))
                     continue; /* the reference's angle is not exact enough there */
                 ang = (double)(int64_t)p * ct->inv[i];
-                c = cos(ang);
-                sn = sin(ang);
+                attn = ct->attn;
+                c = cos(ang) * attn;
+                sn = sin(ang) * attn;
+                slack = ref_angle_slack(ang) * attn * (fabs(a) + fabs(bb));
             } else {
                 if (!ct->tcos || p >= ct->trows)
                     return; /* no reference for this cache: status checks only */
@@ -1245,10 +1115,10 @@ static void check_values(const cache_t *ct, const buf_t *bufs, const tspec *x, c
                 continue;
             ra = a * c - sgn * bb * sn;
             rb = bb * c + sgn * a * sn;
-            if (fabs(ra) > max_finite(dt) / 2 || fabs(rb) > max_finite(dt) / 2)
+            if (fabs(ra) > ref_max_finite(dt) / 2 || fabs(rb) > ref_max_finite(dt) / 2)
                 continue;
-            ta = ulp_of(ra, dt) + 0x1p-22 * (fabs(a) + fabs(bb)) * (attn > 1 ? attn : 1);
-            tb = ulp_of(rb, dt) + 0x1p-22 * (fabs(a) + fabs(bb)) * (attn > 1 ? attn : 1);
+            ta = ref_tolerance(ra, a, bb, attn, dt) + slack;
+            tb = ref_tolerance(rb, a, bb, attn, dt) + slack;
             CHECK(fabs(ya - ra) <= ta && fabs(yb - rb) <= tb,
                   "%s: token (batch %lld, seq %lld) position %lld head %lld pair %d: "
                   "in (%.9g, %.9g) cos %.9g sin %.9g -> (%.9g, %.9g), reference (%.9g, %.9g), "
@@ -1810,8 +1680,6 @@ static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
             for (int64_t i = 0; i < ts[0].t.seq_len * ts[0].t.batch; i++)
                 if (tokpos[i] > maxp)
                     maxp = (int64_t)tokpos[i];
-            if (!ct->formula && !ct->tcos && maxp < 4096)
-                companion_table(ct, maxp + 1);
             for (int k = 0; k < count; k++)
                 if (mappable(&ts[2 * k]) && mappable(&ts[2 * k + 1]))
                     check_values(ct, bufs, &ts[2 * k], &ts[2 * k + 1], k ? "k" : "q", sgn,
