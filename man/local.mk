@@ -8,6 +8,7 @@ dist_man_MANS += \
 	man/fusedrope_cache_create_from_table.3 \
 	man/fusedrope_cache_destroy.3 \
 	man/fusedrope_cache_config_init.3 \
+	man/fusedrope_cache_config_init_sized.3 \
 	man/fusedrope_cache_copy_table.3 \
 	man/fusedrope_cache_rot_dim.3 \
 	man/fusedrope_cache_max_positions.3 \
@@ -17,12 +18,15 @@ dist_man_MANS += \
 	man/fusedrope_backward.3 \
 	man/fusedrope_forward_qk.3 \
 	man/fusedrope_backward_qk.3 \
+	man/fusedrope_positions_init.3 \
+	man/fusedrope_positions_init_sized.3 \
 	man/fusedrope_tensor_sbhd.3 \
 	man/fusedrope_tensor_bshd.3 \
 	man/fusedrope_tensor_thd.3 \
 	man/fusedrope_status_string.3 \
 	man/fusedrope_last_error.3 \
 	man/fusedrope_version.3 \
+	man/fusedrope_version_number.3 \
 	man/fusedrope_cuda_available.3
 
 # mandoc -Tlint on every page; skips (77) where mandoc is not installed.
