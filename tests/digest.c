@@ -184,7 +184,7 @@ int main(int argc, char **argv)
                 int64_t offsets[4] = {7, 3, 2, 5}, ids[256];
                 int32_t cu[3] = {0, 4, (int32_t)s};
                 fusedrope_positions pos;
-                memset(&pos, 0, sizeof pos);
+                fusedrope_positions_init(&pos);
                 pos.cp_size = 1;
                 if (lay == LAY_THD) {
                     pos.cu_seqlens = cu;
