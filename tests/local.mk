@@ -30,6 +30,13 @@ tests_test_errors_LDFLAGS = -pthread
 tests_test_errors_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_errors_DEPENDENCIES = libfusedrope.a
 
+check_PROGRAMS += tests/test_unit_dims
+TESTS += tests/test_unit_dims
+tests_test_unit_dims_SOURCES = tests/test_unit_dims.c $(TEST_COMMON_SOURCES)
+tests_test_unit_dims_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_unit_dims_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_unit_dims_DEPENDENCIES = libfusedrope.a
+
 tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c $(TEST_COMMON_SOURCES)
 tests_test_cpu_rows_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_cpu_rows_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
