@@ -39,6 +39,23 @@ static int tokens_empty(const fusedrope_tensor *t)
     return t->seq_len == 0 || t->batch == 0 || t->heads == 0;
 }
 
+/* The descriptor with the stride of every dimension of size 1 set to 0.  Such
+ * a stride never addresses memory (the one index is 0), so it must not decide
+ * anything either: a decode call's y may differ from its x only there and is
+ * still in place, and a stride there may be any value, negative or huge.
+ * Every rule below sees only these canonical strides. */
+static fusedrope_tensor canonical(const fusedrope_tensor *t)
+{
+    fusedrope_tensor c = *t;
+    if (c.seq_len == 1)
+        c.stride_seq = 0;
+    if (c.batch == 1)
+        c.stride_batch = 0;
+    if (c.heads == 1)
+        c.stride_head = 0;
+    return c;
+}
+
 /* Shape, strides, pointer and extent of one descriptor; *bytes gets the
  * number of bytes from data to one past its last element. */
 static fusedrope_status check_tensor(const fusedrope_tensor *t, const char *name, int rot_dim,
@@ -318,11 +335,13 @@ static fusedrope_status check_position_values(const fr_pos_args *pa, int64_t bat
 
 fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, float sgn,
                           const fusedrope_positions *pos, int count,
-                          const fusedrope_tensor *const in[2],
-                          const fusedrope_tensor *const out[2], const char *const names[4],
+                          const fusedrope_tensor *const user_in[2],
+                          const fusedrope_tensor *const user_out[2], const char *const names[4],
                           void *stream)
 {
     int64_t bytes_in[2] = { 0, 0 }, bytes_out[2] = { 0, 0 };
+    fusedrope_tensor canon[4];
+    const fusedrope_tensor *in[2] = { NULL, NULL }, *out[2] = { NULL, NULL };
     fr_apply_args args;
 
     if (!cache)
@@ -331,10 +350,17 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
         return fr_fail(FUSEDROPE_ERR_INVALID, "style is %d, not a fusedrope_style", (int)style);
 
     for (int k = 0; k < count; k++) {
+        if (!user_in[k] || !user_out[k])
+            return fr_fail(FUSEDROPE_ERR_INVALID, "%s is NULL",
+                           names[user_in[k] ? 2 * k + 1 : 2 * k]);
+        canon[2 * k] = canonical(user_in[k]);
+        canon[2 * k + 1] = canonical(user_out[k]);
+        in[k] = &canon[2 * k];
+        out[k] = &canon[2 * k + 1];
+    }
+    for (int k = 0; k < count; k++) {
         const fusedrope_tensor *x = in[k], *y = out[k];
         const char *xn = names[2 * k], *yn = names[2 * k + 1];
-        if (!x || !y)
-            return fr_fail(FUSEDROPE_ERR_INVALID, "%s is NULL", x ? yn : xn);
         TRY(check_tensor(x, xn, cache->rot_dim, &bytes_in[k]));
         TRY(check_tensor(y, yn, cache->rot_dim, &bytes_out[k]));
         if (x->dtype != y->dtype || x->seq_len != y->seq_len || x->batch != y->batch ||

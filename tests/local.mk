@@ -50,10 +50,17 @@ EXTRA_DIST += tests/test_symbols.sh
 # Version, enum values and the growing structs' sizes (tests/test_abi.c).
 check_PROGRAMS += tests/test_abi
 TESTS += tests/test_abi
-tests_test_abi_SOURCES = tests/test_abi.c $(TEST_COMMON_SOURCES)
+tests_test_abi_SOURCES = tests/test_abi.c
 tests_test_abi_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_abi_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_abi_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
+check_PROGRAMS += tests/test_unit_dims
+TESTS += tests/test_unit_dims
+tests_test_unit_dims_SOURCES = tests/test_unit_dims.c
+tests_test_unit_dims_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_unit_dims_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_unit_dims_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c
 tests_test_cpu_rows_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)

@@ -812,15 +812,17 @@ static i128 sat_mul(i128 a, i128 b)
 static void classify(tspec *ts)
 {
     const fusedrope_tensor *t = &ts->t;
+    /* the stride of a dimension of size 1 is ignored, whatever its value */
     ts->shape_ok = dtype_ok((int)t->dtype) && t->seq_len >= 0 && t->batch >= 0 && t->heads >= 0 &&
-                   t->head_dim >= 0 && t->stride_seq >= 0 && t->stride_batch >= 0 &&
-                   t->stride_head >= 0;
+                   t->head_dim >= 0 && (t->seq_len == 1 || t->stride_seq >= 0) &&
+                   (t->batch == 1 || t->stride_batch >= 0) && (t->heads == 1 || t->stride_head >= 0);
     ts->empty = t->seq_len == 0 || t->batch == 0 || t->heads == 0;
     ts->overflow = ts->oversize = 0;
     ts->ext = 0;
     if (!ts->present || !ts->shape_ok || ts->empty)
         return;
     {
+        /* (n - 1) * stride is 0 for a dimension of size 1, whatever the stride */
         i128 e = sat(sat((i128)(t->seq_len - 1) * t->stride_seq) +
                      sat((i128)(t->batch - 1) * t->stride_batch) +
                      sat((i128)(t->heads - 1) * t->stride_head) + t->head_dim);
@@ -1059,8 +1061,11 @@ static int shares(const buf_t *bufs, const tspec *a, unsigned ba, const tspec *b
 
 static int same_view(const tspec *x, const tspec *y)
 {
-    return x->t.data == y->t.data && x->t.stride_seq == y->t.stride_seq &&
-           x->t.stride_batch == y->t.stride_batch && x->t.stride_head == y->t.stride_head;
+    /* strides of dimensions of size 1 do not count (the sizes are equal here) */
+    return x->t.data == y->t.data &&
+           (x->t.seq_len == 1 || x->t.stride_seq == y->t.stride_seq) &&
+           (x->t.batch == 1 || x->t.stride_batch == y->t.stride_batch) &&
+           (x->t.heads == 1 || x->t.stride_head == y->t.stride_head);
 }
 
 /* The reference for pair k of an accepted call: checks every output element
