@@ -108,7 +108,7 @@ static void unit_case(int i)
              backward ? "backward" : "forward", tableless ? "table-less" : "table");
     make_cache(&c, rot_dim, tableless);
     if (S == 1) { /* decode: each batch entry at its own offset */
-        memset(&P, 0, sizeof P);
+        fusedrope_positions_init(&P);
         P.offsets = offsets;
         pos = &P;
     }
