@@ -189,6 +189,7 @@ static fusedrope_status check_pointer_device(const void *p, const char *name, fu
 /* The sizes fusedrope_positions has had (fr_struct_take). */
 static const size_t positions_layouts[] = {
     FR_LAYOUT_SIZE(fusedrope_positions, cp_rank), /* 0.1 */
+    FR_LAYOUT_SIZE(fusedrope_positions, range_status), /* 0.2 */
 };
 
 /* Position rules that need no look at the arrays' contents. */
@@ -204,6 +205,10 @@ static fusedrope_status check_positions(const fusedrope_positions *user_pos,
         return FUSEDROPE_OK;
     TRY(fr_struct_take(&pos_copy, sizeof pos_copy, user_pos, positions_layouts,
                        (int)(sizeof positions_layouts / sizeof positions_layouts[0]), "pos"));
+    if (pos->ids_axes > 1 || pos->ids_axis_stride || pos->range_status)
+        return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
+                       "pos->ids_axes, ids_axis_stride and range_status are not implemented "
+                       "yet in this build");
     pa->ids = pos->ids;
     pa->offsets = pos->offsets;
     pa->cu_seqlens = pos->cu_seqlens;

@@ -34,6 +34,7 @@ void fusedrope_cache_config_init_sized(fusedrope_cache_config *config, size_t st
 /* The sizes fusedrope_cache_config has had (fr_struct_take). */
 static const size_t config_layouts[] = {
     FR_LAYOUT_SIZE(fusedrope_cache_config, long_factor), /* 0.1 */
+    FR_LAYOUT_SIZE(fusedrope_cache_config, num_threads), /* 0.2 */
 };
 
 static const char *type_name(fusedrope_rope_type t)
@@ -318,6 +319,11 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
     TRY(fr_struct_take(&config_copy, sizeof config_copy, user_config, config_layouts,
                        (int)(sizeof config_layouts / sizeof config_layouts[0]), "config"));
     TRY(check_config(config));
+    if (config->axes != FUSEDROPE_AXES_NONE || config->freq_dim || config->num_threads ||
+        config->partial_rotary_factor != 0)
+        return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
+                       "axes, freq_dim, num_threads and partial_rotary_factor are not "
+                       "implemented yet in this build");
     TRY(resolve_device(&device));
     TRY(alloc_cache(config->rot_dim, config->max_positions, 1, device == FUSEDROPE_DEVICE_CPU, &c));
 
