@@ -200,7 +200,7 @@ START_TEST(test_unit_dims_qk)
     fusedrope_positions P;
     size_t first = 0;
 
-    memset(&P, 0, sizeof P);
+    fusedrope_positions_init(&P);
     P.offsets = offsets;
     tu_rng_init(&r, 900 + (uint64_t)_i);
     make_cache(&c, 64, 0);
