@@ -37,6 +37,15 @@ tests_test_unit_dims_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_unit_dims_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_unit_dims_DEPENDENCIES = libfusedrope.a
 
+# The CPU backend on 32 KiB thread stacks (workers and caller).
+check_PROGRAMS += tests/test_stack
+TESTS += tests/test_stack
+tests_test_stack_SOURCES = tests/test_stack.c $(TEST_COMMON_SOURCES)
+tests_test_stack_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) -pthread
+tests_test_stack_LDFLAGS = -pthread
+tests_test_stack_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_stack_DEPENDENCIES = libfusedrope.a
+
 tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c $(TEST_COMMON_SOURCES)
 tests_test_cpu_rows_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_cpu_rows_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
