@@ -260,6 +260,8 @@ void fr_cpu_apply(const fr_apply_args *args)
         _Alignas(16) char row[STREAM_ROW_BYTES];
         float frow[2 * ROW_PAIRS];    /* a 16-bit head's channels as floats */
         uint16_t hrow[2 * ROW_PAIRS]; /* an interleaved one's, in NeoX order */
+        fr_fpenv fpenv; /* this thread's, restored at the end (internal.h) */
+        fr_fpenv_enter(&fpenv);
 #ifdef _OPENMP
         threads = omp_get_num_threads();
         id = omp_get_thread_num();
@@ -363,5 +365,6 @@ void fr_cpu_apply(const fr_apply_args *args)
 #endif
         }
         FR_STREAM_FENCE();
+        fr_fpenv_leave(&fpenv);
     }
 }

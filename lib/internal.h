@@ -82,6 +82,61 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
                           const fusedrope_tensor *const out[2], const char *const names[4],
                           void *stream);
 
+/* ------------------------------------------------ floating-point environment
+ *
+ * The CPU computations run in one floating-point environment, whatever the
+ * calling thread's.  A caller that flushes subnormals (x86
+ * MXCSR FTZ/DAZ, as some inference engines set), rounds upward or unmasks
+ * an exception would otherwise get other bytes than DESIGN's promise, or a
+ * trap.  Every CPU entry that computes in floating point (the OpenMP
+ * backend, the cache build) brackets each thread's part with
+ * fr_fpenv_enter/fr_fpenv_leave: the IEEE default environment (round to
+ * nearest even, subnormals kept, exceptions masked), then the thread's own
+ * again, exactly as it was: its modes and its exception flags (flags raised
+ * by the library's arithmetic are dropped).  Once per thread per call, never
+ * per element: an MXCSR read and two writes on x86-64, fegetenv/fesetenv
+ * elsewhere.  OpenMP workers have their own registers, so the bracket goes
+ * inside the parallel region. */
+#if !defined(__cplusplus)
+#if defined(__x86_64__) && defined(__SSE2__)
+/* x86-64 does its float and double arithmetic (the library's and libm's) in
+ * SSE, under MXCSR alone; the x87 unit is not used. */
+#include <xmmintrin.h>
+#define FR_FPENV_MXCSR 1
+typedef struct { unsigned int mxcsr; } fr_fpenv;
+#else
+#include <fenv.h>
+typedef struct { fenv_t env; } fr_fpenv;
+#endif
+
+/* MXCSR's default: every exception masked, round to nearest, FTZ and DAZ
+ * clear, no flag raised. */
+#define FR_MXCSR_DEFAULT 0x1f80u
+
+static inline void fr_fpenv_enter(fr_fpenv *saved)
+{
+#ifdef FR_FPENV_MXCSR
+    saved->mxcsr = _mm_getcsr();
+    if (saved->mxcsr != FR_MXCSR_DEFAULT)
+        _mm_setcsr(FR_MXCSR_DEFAULT);
+#else
+    /* FE_DFL_ENV: round to nearest, exceptions masked, and (glibc, musl)
+     * flush-to-zero off where the architecture has it (AArch64 FPCR.FZ) */
+    fegetenv(&saved->env);
+    fesetenv(FE_DFL_ENV);
+#endif
+}
+
+static inline void fr_fpenv_leave(const fr_fpenv *saved)
+{
+#ifdef FR_FPENV_MXCSR
+    _mm_setcsr(saved->mxcsr);
+#else
+    fesetenv(&saved->env);
+#endif
+}
+#endif /* !__cplusplus: the kernels compute on the GPU */
+
 /* OpenMP backend (lib/cpu_apply.c). */
 void fr_cpu_apply(const fr_apply_args *args);
 

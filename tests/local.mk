@@ -46,6 +46,14 @@ tests_test_stack_LDFLAGS = -pthread
 tests_test_stack_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_stack_DEPENDENCIES = libfusedrope.a
 
+# Results independent of the caller's floating-point environment (x86 FTZ/DAZ, rounding).
+check_PROGRAMS += tests/test_fpenv
+TESTS += tests/test_fpenv
+tests_test_fpenv_SOURCES = tests/test_fpenv.c $(TEST_COMMON_SOURCES)
+tests_test_fpenv_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_fpenv_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_fpenv_DEPENDENCIES = libfusedrope.a
+
 tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c $(TEST_COMMON_SOURCES)
 tests_test_cpu_rows_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_cpu_rows_LDADD = $(FUSEDROPE_LIBS) $(CHECK_LIBS)
