@@ -10,6 +10,20 @@
 #include <config.h>
 #endif
 
+/* The precision contract (DESIGN.md; bit-identical backends, NaN and Inf
+ * kept, subnormals, signed zeros) rests on IEEE arithmetic as written: a*c
+ * and b*s rounded apart, no reassociation, no reciprocals, NaN tests that
+ * are not folded away.  Flags that give these up would break it without a
+ * word, so a build with them stops here.  (-ffp-contract=off is the build's
+ * own choice; -fno-trapping-math, which changes no result, is allowed.) */
+#if defined(__FAST_MATH__)
+#error "libfusedrope must not be built with -ffast-math: it breaks the precision contract (rounding, NaN/Inf, signed zeros); remove it from CFLAGS"
+#elif defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
+#error "libfusedrope must not be built with -ffinite-math-only: NaN and Inf inputs must give NaN and Inf; remove it from CFLAGS"
+#elif defined(__ASSOCIATIVE_MATH__) || defined(__RECIPROCAL_MATH__) || defined(__NO_SIGNED_ZEROS__)
+#error "libfusedrope must not be built with -funsafe-math-optimizations, -fassociative-math, -freciprocal-math or -fno-signed-zeros: they change results the precision contract fixes; remove them from CFLAGS"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 
