@@ -197,6 +197,7 @@ struct KParams {
     fr_pos_args pos;
     const float *cos, *sin;  /* device table, or NULL: angles from inv_freq */
     const double *inv_freq;
+    const int32_t *pair_map; /* device axes map (lib/axes.c), NULL for 1D rope */
     double attn;
     int *flag;               /* device address of the cache's range flag */
     int64_t tokens, seq_len, batch, max_positions;
@@ -265,29 +266,65 @@ __device__ __forceinline__ void load_row(const float *p, float *v)
     }
 }
 
-/* cos/sin of pairs [i0, i0 + N) at position p: table row, or computed in double. */
-template <int N>
-__device__ __forceinline__ void cos_sin(const KParams &P, int64_t p, int64_t i0, float *c,
+/* A token's position on each of the cache's axes (p[0] only for 1D rope). */
+struct TokPos {
+    int64_t p[FUSEDROPE_MAX_AXES];
+    /* by selects, not an index: an indexed array would live in local memory */
+    __device__ __forceinline__ int64_t on(int a) const
+    {
+        return a == 0 ? p[0] : a == 1 ? p[1] : a == 2 ? p[2] : p[3];
+    }
+};
+
+/* cos/sin of pairs [i0, i0 + N) of a token at tp: a table row, or computed
+ * in double; with position axes, each pair's entry at its axis's position
+ * and its frequency column (rope_math.h's map entry), as the CPU gathers. */
+template <int N, bool AX>
+__device__ __forceinline__ void cos_sin(const KParams &P, const TokPos &tp, int64_t i0, float *c,
                                         float *s)
 {
-    if (P.cos != nullptr) {
-        load_row<N>(P.cos + p * P.half + i0, c);
-        load_row<N>(P.sin + p * P.half + i0, s);
+    if constexpr (AX) {
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+            const int32_t e = __ldg(P.pair_map + i0 + k);
+            const int64_t p = tp.on(fr_map_axis(e)), col = fr_map_col(e);
+            if (P.cos != nullptr) {
+                c[k] = __ldg(P.cos + p * P.half + col);
+                s[k] = __ldg(P.sin + p * P.half + col);
+            } else {
+                fr_angle(p, __ldg(P.inv_freq + col), P.attn, &c[k], &s[k]);
+            }
+        }
+    } else if (P.cos != nullptr) {
+        load_row<N>(P.cos + tp.p[0] * P.half + i0, c);
+        load_row<N>(P.sin + tp.p[0] * P.half + i0, s);
     } else {
 #pragma unroll
         for (int k = 0; k < N; k++)
-            fr_angle(p, __ldg(P.inv_freq + i0 + k), P.attn, &c[k], &s[k]);
+            fr_angle(tp.p[0], __ldg(P.inv_freq + i0 + k), P.attn, &c[k], &s[k]);
     }
 }
 
-/* Position of token (b, s); 0 and the range flag raised when it has none in the table. */
-__device__ __forceinline__ int64_t token_position(const KParams &P, int64_t b, int64_t s,
-                                                  int *bad)
+/* Position of token (b, s) on each axis (AX: the cache has position axes;
+ * the 1D kernels are built without their code, which costs registers); the
+ * range flag is raised (by the caller) when one has none in the table. */
+template <bool AX>
+__device__ __forceinline__ TokPos token_position(const KParams &P, int64_t b, int64_t s, int *bad)
 {
-    int64_t p = fr_token_position(&P.pos, b, s, bad);
-    if (!*bad && P.max_positions > 0 && p >= P.max_positions)
+    TokPos tp;
+    tp.p[0] = fr_token_position(&P.pos, b, s, bad);
+    if (!*bad && P.max_positions > 0 && tp.p[0] >= P.max_positions)
         *bad = 1;
-    return p;
+#pragma unroll
+    for (int a = 1; a < FUSEDROPE_MAX_AXES; a++) {
+        tp.p[a] = tp.p[0];
+        if (AX && a < P.pos.num_axes) {
+            tp.p[a] = fr_token_axis_position(&P.pos, b, s, a, tp.p[0], bad);
+            if (P.max_positions > 0 && tp.p[a] >= P.max_positions)
+                *bad = 1;
+        }
+    }
+    return tp;
 }
 
 __device__ __forceinline__ void raise_flag(const KParams &P, int64_t lane, int64_t g)
@@ -394,7 +431,7 @@ __device__ __forceinline__ void neox_store(const KParams &P, int64_t h0, int64_t
  * same order costs registers, and with them resident blocks of a
  * prefill-sized call; as a kernel of its own (no loop, fewer registers) it
  * costs decode-sized calls nothing. */
-template <int DT, bool ONE_GROUP>
+template <int DT, bool ONE_GROUP, bool AX>
 __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                                 int64_t b, int64_t s, int64_t lane, int64_t g)
 {
@@ -408,7 +445,7 @@ __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtr
     fr_pair_channels(0, i0, P.half, &ca, &cb);
     if constexpr (ONE_GROUP)
         neox_load<DT>(P, t, g, ca, cb, va, vb, dst);
-    const int64_t p = token_position(P, b, s, &bad);
+    const TokPos p = token_position<AX>(P, b, s, &bad);
 
     if (bad) {
         nan_chunks<DT>(P, t, lane, g, ca, cb, 1);
@@ -416,7 +453,7 @@ __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtr
     }
 
     float c[E], sn[E];
-    cos_sin<E>(P, p, i0, c, sn);
+    cos_sin<E, AX>(P, p, i0, c, sn);
 
     if constexpr (ONE_GROUP) {
         neox_store<DT>(P, g, ca, cb, va, vb, dst, c, sn);
@@ -431,7 +468,7 @@ __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtr
 /* Vector interleaved: a chunk holds E/2 whole pairs.  Lane c owns chunk c
  * and, when there is one, chunk c + nc (nc = half the head's chunks, rounded
  * up), so it has two independent loads per head like a NeoX lane. */
-template <int DT>
+template <int DT, bool AX>
 __device__ __forceinline__ void rotary_inter_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                                  int64_t b, int64_t s, int64_t lane, int64_t g)
 {
@@ -446,7 +483,7 @@ __device__ __forceinline__ void rotary_inter_vec(const KParams &P, const TokenPt
 #pragma unroll
     for (int k = 0; k < K; k++) /* ca = 2*i0: the chunk's first channel */
         fr_pair_channels(1, (lane + k * P.nc) * NP, P.half, &ca[k], &cb);
-    const int64_t p = token_position(P, b, s, &bad);
+    const TokPos p = token_position<AX>(P, b, s, &bad);
 
     if (bad) {
         nan_chunks<DT>(P, t, lane, g, ca[0], ca[1], second);
@@ -454,9 +491,9 @@ __device__ __forceinline__ void rotary_inter_vec(const KParams &P, const TokenPt
     }
 
     float c[K][NP], sn[K][NP];
-    cos_sin<NP>(P, p, lane * NP, c[0], sn[0]);
+    cos_sin<NP, AX>(P, p, lane * NP, c[0], sn[0]);
     if (second)
-        cos_sin<NP>(P, p, (lane + P.nc) * NP, c[1], sn[1]);
+        cos_sin<NP, AX>(P, p, (lane + P.nc) * NP, c[1], sn[1]);
 
     for (int64_t h0 = g; h0 < P.heads; h0 += U * P.gtotal) {
         uint4 v[U][K];
@@ -494,7 +531,7 @@ __device__ __forceinline__ void rotary_inter_vec(const KParams &P, const TokenPt
 }
 
 /* Scalar: lane = pair index, either style. */
-template <int DT>
+template <int DT, bool AX>
 __device__ __forceinline__ void rotary_scalar(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                               int64_t b, int64_t s, int64_t lane, int64_t g)
 {
@@ -502,7 +539,7 @@ __device__ __forceinline__ void rotary_scalar(const KParams &P, const TokenPtrs<
     int64_t ca, cb;
     int bad;
     fr_pair_channels(P.interleaved, lane, P.half, &ca, &cb);
-    const int64_t p = token_position(P, b, s, &bad);
+    const TokPos p = token_position<AX>(P, b, s, &bad);
 
     if (bad) {
         /* the word's bytes, not its value ((float)0x7fc00000u is 2.1e9); a
@@ -522,7 +559,7 @@ __device__ __forceinline__ void rotary_scalar(const KParams &P, const TokenPtrs<
     }
 
     float c, sn;
-    cos_sin<1>(P, p, lane, &c, &sn);
+    cos_sin<1, AX>(P, p, lane, &c, &sn);
 
     for (int64_t h0 = g; h0 < P.heads; h0 += U * P.gtotal) {
         T va[U], vb[U];
@@ -633,7 +670,7 @@ enum { MODE_SCALAR, MODE_NEOX_VEC, MODE_INTER_VEC, MODE_NEOX_ONE };
 #else
 #define FR_KERNEL_BOUNDS __launch_bounds__(MAX_BLOCK, 1)
 #endif
-template <int DT, int MODE>
+template <int DT, int MODE, bool AX>
 __global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
 {
     constexpr bool VEC = MODE != MODE_SCALAR;
@@ -668,11 +705,11 @@ __global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
         for (int64_t lane = threadIdx.x; lane < P.lanes; lane += blockDim.x) {
             if (lane < P.nc) {
                 if (MODE == MODE_SCALAR)
-                    rotary_scalar<DT>(P, t, b, s, lane, g);
+                    rotary_scalar<DT, AX>(P, t, b, s, lane, g);
                 else if (MODE == MODE_INTER_VEC)
-                    rotary_inter_vec<DT>(P, t, b, s, lane, g);
+                    rotary_inter_vec<DT, AX>(P, t, b, s, lane, g);
                 else
-                    rotary_neox_vec<DT, MODE == MODE_NEOX_ONE>(P, t, b, s, lane, g);
+                    rotary_neox_vec<DT, MODE == MODE_NEOX_ONE, AX>(P, t, b, s, lane, g);
             } else {
                 pass_lane<DT, VEC>(P, t, lane - P.nc, g);
             }
@@ -818,7 +855,9 @@ cudaError_t launch_mode(const Shape &sh, const KParams &P, cudaStream_t stream)
     cfg.gridDim = sh.grid;
     cfg.blockDim = sh.block;
     cfg.stream = stream;
-    return cudaLaunchKernelEx(&cfg, rope_kernel<DT, MODE>, P);
+    if (P.pair_map != nullptr) /* position axes: the kernels that gather per pair */
+        return cudaLaunchKernelEx(&cfg, rope_kernel<DT, MODE, true>, P);
+    return cudaLaunchKernelEx(&cfg, rope_kernel<DT, MODE, false>, P);
 }
 
 template <int DT>
@@ -876,6 +915,7 @@ extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
     P.cos = cache->max_positions > 0 ? cache->cos : nullptr;
     P.sin = cache->max_positions > 0 ? cache->sin : nullptr;
     P.inv_freq = cache->inv_freq_dev;
+    P.pair_map = cache->pair_map_dev;
     P.attn = cache->attention_factor;
     P.flag = cache->range_flag_dev;
     P.tokens = tokens;

@@ -82,7 +82,7 @@ static size_t round256(size_t n) { return n > SIZE_MAX - 255 ? 0 : (n + 255) & ~
 /*
  * The device half of a cache is one allocation (cudaMalloc of large blocks
  * costs more than building the table in them, bench/RESULTS.md): the inverse
- * frequencies, then cos, then sin, each 256-byte aligned.  A user table is
+ * frequencies, then cos, then sin, then the axes map, each 256-byte aligned.  A user table is
  * copied in; a rope type's table is built in place by build_table, in
  * double, like the CPU's.  The range flag is a word of mapped pinned host
  * memory of its own, which the kernels raise and the host reads without a
@@ -96,18 +96,21 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
     const int built_table = cache->max_positions > 0 && cache->cos == NULL && cache->inv_freq != NULL;
     const size_t inv_bytes = cache->inv_freq != NULL ? round256(half * sizeof(double)) : 0;
     const size_t tab = user_table || built_table ? round256(table_bytes) : 0;
+    const size_t map_bytes = cache->pair_map != NULL ? round256(half * sizeof(int32_t)) : 0;
     char *block = NULL;
     float *dcos = NULL, *dsin = NULL;
     double *dinv = NULL;
+    int32_t *dmap = NULL;
     int *flag = NULL, *flag_dev = NULL;
     fusedrope_status st;
     cudaError_t err;
 
-    if ((user_table || built_table) && (tab == 0 || tab > (SIZE_MAX - inv_bytes) / 2))
+    if ((user_table || built_table) &&
+        (tab == 0 || tab > (SIZE_MAX - inv_bytes - map_bytes) / 2))
         return fr_fail(FUSEDROPE_ERR_RANGE, "a cos/sin table of %zu bytes does not fit in memory",
                        table_bytes);
-    if (inv_bytes + 2 * tab > 0) {
-        if ((err = cudaMalloc((void **)&block, inv_bytes + 2 * tab)) != cudaSuccess) {
+    if (inv_bytes + 2 * tab + map_bytes > 0) {
+        if ((err = cudaMalloc((void **)&block, inv_bytes + 2 * tab + map_bytes)) != cudaSuccess) {
             block = NULL;
             st = fr_cuda_fail(err, "cudaMalloc of the cache's device memory");
             goto fail;
@@ -118,6 +121,14 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
             dcos = (float *)(block + inv_bytes);
             dsin = (float *)(block + inv_bytes + tab);
         }
+        if (map_bytes)
+            dmap = (int32_t *)(block + inv_bytes + 2 * tab);
+    }
+    if (dmap != NULL &&
+        (err = cudaMemcpy(dmap, cache->pair_map, half * sizeof(int32_t), cudaMemcpyHostToDevice)) !=
+            cudaSuccess) {
+        st = fr_cuda_fail(err, "cudaMemcpy of the axes map to the device");
+        goto fail;
     }
     if (dinv != NULL &&
         (err = cudaMemcpy(dinv, cache->inv_freq, half * sizeof(double), cudaMemcpyHostToDevice)) !=
@@ -164,6 +175,7 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
     cache->cos = dcos;
     cache->sin = dsin;
     cache->inv_freq_dev = dinv;
+    cache->pair_map_dev = dmap;
     cache->range_flag = flag;
     cache->range_flag_dev = flag_dev;
     cache->device = FUSEDROPE_DEVICE_CUDA;

@@ -4,6 +4,7 @@
  * Forward and backward (and their _qk forms) differ only in `sgn`.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -194,21 +195,47 @@ static const size_t positions_layouts[] = {
 
 /* Position rules that need no look at the arrays' contents. */
 static fusedrope_status check_positions(const fusedrope_positions *user_pos,
-                                        const fusedrope_tensor *t, fr_pos_args *pa)
+                                        const fusedrope_tensor *t,
+                                        const fusedrope_cache *cache, fr_pos_args *pa)
 {
     fusedrope_positions pos_copy, *pos = &pos_copy;
 
     memset(pa, 0, sizeof *pa);
     pa->seq_len = t->seq_len;
     pa->cp_size = 1;
+    pa->num_axes = cache->num_axes;
+    pa->ids_rows = 1;
+    pa->negative_ok = cache->negative_ok;
     if (!user_pos)
         return FUSEDROPE_OK;
     TRY(fr_struct_take(&pos_copy, sizeof pos_copy, user_pos, positions_layouts,
                        (int)(sizeof positions_layouts / sizeof positions_layouts[0]), "pos"));
-    if (pos->ids_axes > 1 || pos->ids_axis_stride || pos->range_status)
+    if (pos->range_status)
         return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
-                       "pos->ids_axes, ids_axis_stride and range_status are not implemented "
-                       "yet in this build");
+                       "pos->range_status is not implemented yet in this build");
+    if (pos->ids_axes < 0 || pos->ids_axes > FUSEDROPE_MAX_AXES ||
+        (pos->ids_axes > 1 && pos->ids_axes != cache->num_axes))
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "pos->ids_axes is %d; it must be 0 or 1 (one position per token for "
+                       "every axis) or the cache's number of position axes, %d",
+                       pos->ids_axes, cache->num_axes);
+    if (pos->ids_axes > 1 && !pos->ids)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "pos->ids_axes is %d but pos->ids is NULL",
+                       pos->ids_axes);
+    if (pos->ids_axis_stride != 0 && pos->ids_axes <= 1)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "pos->ids_axis_stride is %lld but ids has one row (pos->ids_axes %d)",
+                       (ll)pos->ids_axis_stride, pos->ids_axes);
+    if (pos->ids_axes > 1) {
+        const int64_t row = t->batch * t->seq_len; /* tensor sizes are checked */
+        if (pos->ids_axis_stride != 0 && pos->ids_axis_stride < row)
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "pos->ids_axis_stride is %lld; rows of ids hold batch x seq_len = "
+                           "%lld positions, so it must be 0 (dense) or >= %lld",
+                           (ll)pos->ids_axis_stride, (ll)row, (ll)row);
+        pa->ids_rows = pos->ids_axes;
+        pa->ids_row_stride = pos->ids_axis_stride ? pos->ids_axis_stride : row;
+    }
     pa->ids = pos->ids;
     pa->offsets = pos->offsets;
     pa->cu_seqlens = pos->cu_seqlens;
@@ -271,20 +298,15 @@ static fusedrope_status check_position_array(const void *p, const char *name, si
 }
 
 /* Positions that come from no array (implicit, maybe context-parallel) are
- * known on the host whatever the device: the largest is at the end of one of
- * the two local halves. */
+ * known on the host whatever the device: the largest is the last local
+ * token's (rank r's second chunk, 2*cp_size-1-r, never precedes its first,
+ * r, since r < cp_size). */
 static fusedrope_status check_implicit_positions(const fr_pos_args *pa, int64_t max_positions)
 {
     int64_t last;
     if (pa->ids || pa->offsets || pa->cu_seqlens || max_positions == 0 || pa->seq_len == 0)
         return FUSEDROPE_OK;
     last = fr_cp_position(pa->seq_len - 1, pa->seq_len, pa->cp_size, pa->cp_rank);
-    if (pa->cp_size > 1) {
-        int64_t first_half_end =
-            fr_cp_position(pa->seq_len / 2 - 1, pa->seq_len, pa->cp_size, pa->cp_rank);
-        if (first_half_end > last)
-            last = first_half_end;
-    }
     if (last >= max_positions)
         return fr_fail(FUSEDROPE_ERR_RANGE,
                        "the implicit positions reach %lld, outside the table's [0, %lld) "
@@ -322,17 +344,24 @@ static fusedrope_status check_position_values(const fr_pos_args *pa, int64_t bat
     for (int64_t b = 0; b < batch; b++)
         for (int64_t s = 0; s < pa->seq_len; s++) {
             int bad = 0;
-            int64_t p = fr_token_position(pa, b, s, &bad);
-            if (bad || (max_positions > 0 && p >= max_positions)) {
+            const int64_t p0 = fr_token_position(pa, b, s, &bad);
+            /* each axis (one for 1D rope) */
+            for (int a = 0; a < pa->num_axes; a++) {
+                const int64_t p = fr_token_axis_position(pa, b, s, a, p0, &bad);
+                char axis[24] = "";
+                if (!bad && (max_positions == 0 || p < max_positions))
+                    continue;
+                if (pa->num_axes > 1)
+                    snprintf(axis, sizeof axis, " on axis %d", a);
                 if (max_positions > 0)
                     return fr_fail(FUSEDROPE_ERR_RANGE,
-                                   "token (batch %lld, seq %lld) has position %lld, outside the "
-                                   "table's [0, %lld)",
-                                   (ll)b, (ll)s, (ll)p, (ll)max_positions);
+                                   "token (batch %lld, seq %lld) has position %lld%s, outside "
+                                   "the table's [0, %lld)",
+                                   (ll)b, (ll)s, (ll)p, axis, (ll)max_positions);
                 return fr_fail(FUSEDROPE_ERR_RANGE,
-                               "token (batch %lld, seq %lld) has position %lld; positions must "
-                               "be >= 0",
-                               (ll)b, (ll)s, (ll)p);
+                               "token (batch %lld, seq %lld) has position %lld%s; positions "
+                               "must be >= 0",
+                               (ll)b, (ll)s, (ll)p, axis);
             }
         }
     return FUSEDROPE_OK;
@@ -386,7 +415,7 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
                        names[2], (ll)in[1]->seq_len, (ll)in[1]->batch, (int)in[1]->dtype);
 
     memset(&args, 0, sizeof args);
-    TRY(check_positions(pos, in[0], &args.pos));
+    TRY(check_positions(pos, in[0], cache, &args.pos));
     if (tokens_empty(in[0]) && (count == 1 || tokens_empty(in[1])))
         return FUSEDROPE_OK;
 
@@ -414,8 +443,19 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
             return fr_fail(FUSEDROPE_ERR_INVALID, "%s and %s overlap", names[1], names[3]);
     }
 
-    TRY(check_position_array(args.pos.ids, "pos->ids", sizeof(int64_t),
-                             in[0]->batch * in[0]->seq_len, out, bytes_out, count));
+    if (args.pos.ids) {
+        /* the last row starts rows-1 strides in */
+        int64_t n = in[0]->batch * in[0]->seq_len, lead = 0;
+        if (args.pos.ids_rows > 1 &&
+            (__builtin_mul_overflow((int64_t)(args.pos.ids_rows - 1), args.pos.ids_row_stride,
+                                    &lead) ||
+             __builtin_add_overflow(lead, n, &n)))
+            return fr_fail(FUSEDROPE_ERR_RANGE,
+                           "pos->ids: %d rows %lld apart span more memory than can be addressed",
+                           args.pos.ids_rows, (ll)args.pos.ids_row_stride);
+        TRY(check_position_array(args.pos.ids, "pos->ids", sizeof(int64_t), n, out, bytes_out,
+                                 count));
+    }
     TRY(check_position_array(args.pos.offsets, "pos->offsets", sizeof(int64_t),
                              args.pos.cu_seqlens ? args.pos.num_seqs : in[0]->batch, out,
                              bytes_out, count));

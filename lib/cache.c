@@ -46,6 +46,7 @@ static const char *type_name(fusedrope_rope_type t)
     case FUSEDROPE_ROPE_YARN: return "yarn";
     case FUSEDROPE_ROPE_LONGROPE: return "longrope";
     case FUSEDROPE_ROPE_LLAMA3: return "llama3";
+    case FUSEDROPE_ROPE_PROPORTIONAL: return "proportional";
     }
     return "?";
 }
@@ -69,12 +70,21 @@ static fusedrope_status check_real(const char *name, double value, double lo, in
     return FUSEDROPE_OK;
 }
 
+/* F, the dimension in every rope type's exponent 2i/F: freq_dim, or rot_dim
+ * (half of it for vision towers' 2D layout). */
+static int freq_dim(const fusedrope_cache_config *c)
+{
+    if (c->freq_dim)
+        return c->freq_dim;
+    return c->axes == FUSEDROPE_AXES_VISION_2D ? c->rot_dim / 2 : c->rot_dim;
+}
+
 static fusedrope_status check_config(const fusedrope_cache_config *c)
 {
     const char *tn = type_name(c->type);
     int uses_factor, uses_original;
 
-    if ((unsigned)c->type > FUSEDROPE_ROPE_LLAMA3)
+    if ((unsigned)c->type > FUSEDROPE_ROPE_PROPORTIONAL)
         return fr_fail(FUSEDROPE_ERR_INVALID, "config->type is %d, not a fusedrope_rope_type",
                        (int)c->type);
     TRY(check_rot_dim(c->rot_dim));
@@ -84,7 +94,17 @@ static fusedrope_status check_config(const fusedrope_cache_config *c)
     TRY(check_real("theta", c->theta, 1.0, 0, tn));
 
     uses_factor = c->type != FUSEDROPE_ROPE_DEFAULT;
-    uses_original = c->type != FUSEDROPE_ROPE_DEFAULT && c->type != FUSEDROPE_ROPE_LINEAR;
+    uses_original = c->type != FUSEDROPE_ROPE_DEFAULT && c->type != FUSEDROPE_ROPE_LINEAR &&
+                    c->type != FUSEDROPE_ROPE_PROPORTIONAL;
+    if (c->freq_dim < 0 || c->freq_dim == 1 || c->freq_dim > 2 * FUSEDROPE_MAX_ROT_DIM)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "freq_dim is %d; it must be 0 (rot_dim) or in [2, %d]", c->freq_dim,
+                       2 * FUSEDROPE_MAX_ROT_DIM);
+    if (c->type == FUSEDROPE_ROPE_PROPORTIONAL &&
+        !(c->partial_rotary_factor >= 0 && c->partial_rotary_factor <= 1))
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "partial_rotary_factor is %g for rope type proportional; it must be in "
+                       "(0, 1], or 0 for 1", c->partial_rotary_factor);
     if (uses_factor)
         TRY(check_real("factor", c->factor, 0.0, c->type == FUSEDROPE_ROPE_LONGROPE, tn));
     if (uses_original && c->original_max_positions <= 0)
@@ -94,9 +114,10 @@ static fusedrope_status check_config(const fusedrope_cache_config *c)
 
     switch (c->type) {
     case FUSEDROPE_ROPE_DYNAMIC:
-        if (c->rot_dim < 4)
+        if (freq_dim(c) < 4)
             return fr_fail(FUSEDROPE_ERR_INVALID,
-                           "rot_dim is %d for rope type dynamic; it must be >= 4", c->rot_dim);
+                           "rot_dim is %d (freq_dim %d) for rope type dynamic; the frequency "
+                           "dimension must be >= 4", c->rot_dim, c->freq_dim);
         if (c->seq_len < 0)
             return fr_fail(FUSEDROPE_ERR_INVALID, "seq_len is %lld; it must be >= 0",
                            (long long)c->seq_len);
@@ -111,6 +132,9 @@ static fusedrope_status check_config(const fusedrope_cache_config *c)
             return fr_fail(FUSEDROPE_ERR_INVALID, "truncate is %d; it must be 0 or 1", c->truncate);
         break;
     case FUSEDROPE_ROPE_LONGROPE:
+        if (c->seq_len < 0)
+            return fr_fail(FUSEDROPE_ERR_INVALID, "seq_len is %lld; it must be >= 0",
+                           (long long)c->seq_len);
         TRY(check_real("attention_factor", c->attention_factor, 0.0, 1, tn));
         if (!c->short_factor || !c->long_factor)
             return fr_fail(FUSEDROPE_ERR_INVALID,
@@ -154,10 +178,22 @@ static double yarn_corr(double rotations, int d, double base, double original)
     return d * log(original / (2.0 * FR_PI * rotations)) / (2.0 * log(base));
 }
 
+/* LongRoPE takes the long factors past the original context: for the
+ * sequence length seq_len when given (as Hugging Face switches on the
+ * current length), else for the table's length. */
+static int longrope_long(const fusedrope_cache_config *c)
+{
+    return (c->seq_len > 0 ? c->seq_len : c->max_positions) > c->original_max_positions;
+}
+
 /* inv[i] for i < d/2 and the attention factor, per DESIGN.md's formulas. */
 static void compute_frequencies(const fusedrope_cache_config *c, double *inv, double *attn)
 {
-    const int d = c->rot_dim, n = d / 2;
+    const int d = freq_dim(c), n = c->rot_dim / 2;
+    /* proportional: pairs from `rotated` on have angle 0 */
+    const int rotated = c->type != FUSEDROPE_ROPE_PROPORTIONAL ? n
+                        : c->partial_rotary_factor == 0 ? n
+                        : (int)floor(c->partial_rotary_factor * c->rot_dim / 2);
     const double orig = (double)c->original_max_positions;
     double base = c->theta;
     double low = 0, high = 0, s;
@@ -210,8 +246,10 @@ static void compute_frequencies(const fusedrope_cache_config *c, double *inv, do
             break;
         }
         case FUSEDROPE_ROPE_LONGROPE:
-            f /= c->max_positions > c->original_max_positions ? c->long_factor[i]
-                                                               : c->short_factor[i];
+            f /= longrope_long(c) ? c->long_factor[i] : c->short_factor[i];
+            break;
+        case FUSEDROPE_ROPE_PROPORTIONAL:
+            f = i < rotated ? f / c->factor : 0.0;
             break;
         case FUSEDROPE_ROPE_LLAMA3: {
             double w = 2.0 * FR_PI / f;
@@ -252,6 +290,7 @@ static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv
     c->rot_dim = rot_dim;
     c->max_positions = positions;
     c->attention_factor = 1.0;
+    c->num_axes = 1;
     if (positions > 0 && host_table) {
         c->cos = malloc((size_t)positions * half * sizeof(float));
         c->sin = malloc((size_t)positions * half * sizeof(float));
@@ -309,6 +348,9 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
 {
     fusedrope_cache_config config_copy, *config = &config_copy;
     fusedrope_cache *c;
+    fusedrope_status st;
+    int32_t *map;
+    int num_axes;
     size_t half;
 
     if (!out)
@@ -319,13 +361,21 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
     TRY(fr_struct_take(&config_copy, sizeof config_copy, user_config, config_layouts,
                        (int)(sizeof config_layouts / sizeof config_layouts[0]), "config"));
     TRY(check_config(config));
-    if (config->axes != FUSEDROPE_AXES_NONE || config->freq_dim || config->num_threads ||
-        config->partial_rotary_factor != 0)
+    if (config->num_threads)
         return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
-                       "axes, freq_dim, num_threads and partial_rotary_factor are not "
-                       "implemented yet in this build");
-    TRY(resolve_device(&device));
-    TRY(alloc_cache(config->rot_dim, config->max_positions, 1, device == FUSEDROPE_DEVICE_CPU, &c));
+                       "num_threads is not implemented yet in this build");
+    TRY(fr_axes_map(config, &map, &num_axes));
+    st = resolve_device(&device);
+    if (st == FUSEDROPE_OK)
+        st = alloc_cache(config->rot_dim, config->max_positions, 1,
+                         device == FUSEDROPE_DEVICE_CPU, &c);
+    if (st != FUSEDROPE_OK) {
+        free(map);
+        return st;
+    }
+    c->pair_map = map;
+    c->num_axes = num_axes;
+    c->negative_ok = map != NULL && config->max_positions == 0;
 
     {
         fr_fpenv fpenv; /* the thread's own environment must not change the table */
@@ -428,6 +478,7 @@ void fusedrope_cache_destroy(fusedrope_cache *cache)
         free(cache->sin);
     }
     free(cache->inv_freq);
+    free(cache->pair_map);
     free(cache);
 }
 

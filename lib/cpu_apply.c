@@ -145,6 +145,26 @@ enum {
     STREAM_MIN_BYTES = 1 << 22    /* outputs smaller than this stay in the cache */
 };
 
+/* cos/sin of pairs [i0, i0 + m) of a token whose position on axis a is
+ * pax[a]: pair j takes the table's entry (or the angle, table-less) at the
+ * position of its axis and its frequency column (rope_math.h's map entry;
+ * axis 0 and column j without axes). */
+static void token_angles(const fusedrope_cache *cache, const int64_t *pax, int64_t i0,
+                         int64_t m, float *c, float *s)
+{
+    const int64_t half = cache->rot_dim / 2;
+    for (int64_t i = 0; i < m; i++) {
+        const int32_t e = cache->pair_map ? cache->pair_map[i0 + i] : (int32_t)((i0 + i) << 2);
+        const int64_t p = pax[fr_map_axis(e)], col = fr_map_col(e);
+        if (cache->cos) {
+            c[i] = cache->cos[p * half + col];
+            s[i] = cache->sin[p * half + col];
+        } else {
+            fr_angle(p, cache->inv_freq[col], cache->attention_factor, &c[i], &s[i]);
+        }
+    }
+}
+
 /* Rotates pairs [i0, i0 + m) of one head whose pairs are `half` apart (NeoX)
  * or adjacent (interleaved); cs[j]/sn[j] belong to pair i0 + j.  rc: the
  * 16-bit type's row operations, NULL for float32; tmp: 2 * ROW_PAIRS floats,
@@ -236,6 +256,9 @@ void fr_cpu_apply(const fr_apply_args *args)
     int stream[2] = { 0, 0 }, direct[2] = { 0, 0 };
     const row_conv rows = pick_rows(args->dtype);
     const row_conv *rc = args->dtype == FUSEDROPE_FLOAT32 ? NULL : &rows;
+    /* a 1D table's row is used in place; otherwise each token's cos/sin are
+     * gathered per pair (axes) or computed (no table) into row_c/row_s */
+    const int gather = cache->max_positions == 0 || cache->pair_map != NULL;
 
     for (int k = 0; k < args->count; k++) {
         elems += tokens * args->io[k].heads * args->io[k].head_dim;
@@ -253,9 +276,10 @@ void fr_cpu_apply(const fr_apply_args *args)
 #pragma omp parallel if (elems > (1 << 16))
     {
         int threads = 1, id = 0;
-        int64_t n0, n1, base, rem, t, hh, b = 0, s = 0, p = 0, token = -1;
+        int64_t n0, n1, base, rem, t, hh, b = 0, s = 0, token = -1;
+        int64_t pax[FUSEDROPE_MAX_AXES] = { 0, 0, 0, 0 }; /* the token's position per axis */
         const float *cs = NULL, *sn = NULL;
-        /* Table-less caches: this token's cos/sin (ANGLE_PAIRS of them at a time). */
+        /* Gathered or computed: this token's cos/sin (ANGLE_PAIRS of them at a time). */
         float row_c[ANGLE_PAIRS], row_s[ANGLE_PAIRS];
         _Alignas(16) char row[STREAM_ROW_BYTES];
         float frow[2 * ROW_PAIRS];    /* a 16-bit head's channels as floats */
@@ -285,20 +309,20 @@ void fr_cpu_apply(const fr_apply_args *args)
                 int bad = 0;
                 b = t / args->seq_len;
                 s = t % args->seq_len;
-                p = fr_token_position(&args->pos, b, s, &bad);
+                pax[0] = fr_token_position(&args->pos, b, s, &bad);
+                for (int a = 1; a < args->pos.num_axes; a++)
+                    pax[a] = fr_token_axis_position(&args->pos, b, s, a, pax[0], &bad);
                 token = t;
-                if (cache->max_positions > 0) {
-                    cs = cache->cos + p * half;
-                    sn = cache->sin + p * half;
+                if (!gather) {
+                    cs = cache->cos + pax[0] * half;
+                    sn = cache->sin + pax[0] * half;
                 } else if (half <= ANGLE_PAIRS) {
-                    for (int64_t i = 0; i < half; i++)
-                        fr_angle(p, cache->inv_freq[i], cache->attention_factor, &row_c[i],
-                                 &row_s[i]);
+                    token_angles(cache, pax, 0, half, row_c, row_s);
                     cs = row_c;
                     sn = row_s;
                 }
             }
-            if (cache->max_positions == 0 && half > ANGLE_PAIRS) {
+            if (gather && half > ANGLE_PAIRS) {
                 /* A table-less cache with more angles than row_c holds: this
                  * thread's heads of the token, [hh, hh + run), are rotated
                  * ANGLE_PAIRS pairs at a time, each piece's angles computed
@@ -306,9 +330,7 @@ void fr_cpu_apply(const fr_apply_args *args)
                 const int64_t run = n1 - n < heads - hh ? n1 - n : heads - hh;
                 for (int64_t i0 = 0; i0 < half; i0 += ANGLE_PAIRS) {
                     const int64_t m = half - i0 < ANGLE_PAIRS ? half - i0 : ANGLE_PAIRS;
-                    for (int64_t i = 0; i < m; i++)
-                        fr_angle(p, cache->inv_freq[i0 + i], cache->attention_factor, &row_c[i],
-                                 &row_s[i]);
+                    token_angles(cache, pax, i0, m, row_c, row_s);
                     for (int64_t j = hh; j < hh + run; j++) {
                         const int kj = j >= heads0;
                         const fr_io *ioj = &args->io[kj];

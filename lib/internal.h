@@ -46,6 +46,11 @@ struct fusedrope_cache {
     double attention_factor;
     int *range_flag;          /* CUDA: mapped host word the kernels raise */
     int *range_flag_dev;      /* its device address */
+    /* Position axes (lib/axes.c): num_axes 1 and no map for 1D rope. */
+    int num_axes;
+    int32_t *pair_map;        /* [rot_dim/2] (col << 2) | axis on the host, or NULL */
+    int32_t *pair_map_dev;    /* the same on the GPU (in dev_block), or NULL */
+    int negative_ok;          /* table-less with axes: positions may be negative */
 };
 
 /* One tensor of a validated call: in and out views of the same shape. */
@@ -103,6 +108,11 @@ void fr_struct_give(void *dst, size_t dst_size, const void *full, size_t full_si
 #define FR_LAYOUT_SIZE(type, last)                                              \
     ((offsetof(type, last) + sizeof(((type *)0)->last) + _Alignof(type) - 1) / \
      _Alignof(type) * _Alignof(type))
+
+/* The per-pair axis map of a config (lib/axes.c): *map NULL and 1 axis
+ * for 1D rope, else rot_dim/2 words (col << 2) | axis (malloc'd) and the
+ * number of axes; FUSEDROPE_ERR_INVALID for a bad layout. */
+fusedrope_status fr_axes_map(const fusedrope_cache_config *config, int32_t **map, int *num_axes);
 
 /* Forward and backward modules both end here: checks every argument, then
  * runs the call on the cache's device.  names: in[0], out[0], in[1], out[1]

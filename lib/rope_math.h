@@ -130,7 +130,17 @@ typedef struct fr_pos_args {
     int64_t num_seqs;
     int64_t seq_len;           /* tokens per batch entry (THD: all tokens) */
     int cp_size, cp_rank;
+    int num_axes;              /* the cache's position axes: 1 for 1D rope */
+    int ids_rows;              /* rows of ids: 1 (every axis the same), or num_axes */
+    int64_t ids_row_stride;    /* elements from one row of ids to the next */
+    int negative_ok;           /* table-less cache with axes: negative positions are valid */
 } fr_pos_args;
+
+/* Index of token (b, s) in a row of ids ([batch][seq], THD: [tokens]). */
+FR_HD int64_t fr_ids_index(const fr_pos_args *pa, int64_t b, int64_t s)
+{
+    return pa->cu_seqlens ? s : b * pa->seq_len + s;
+}
 
 /*
  * Position of token (b, s); for THD, s is the packed token index.  Sets *bad
@@ -153,15 +163,36 @@ FR_HD int64_t fr_token_position(const fr_pos_args *pa, int64_t b, int64_t s, int
         }
     }
     if (pa->ids) {
-        p = pa->ids[pa->cu_seqlens ? s : b * pa->seq_len + s];
+        p = pa->ids[fr_ids_index(pa, b, s)];
     } else {
         p = fr_cp_position(j, len, pa->cp_size, pa->cp_rank);
         if (pa->offsets)
             p = (int64_t)((uint64_t)p + (uint64_t)pa->offsets[seq]);
     }
-    *bad = p < 0;
+    *bad = p < 0 && !pa->negative_ok;
     return p;
 }
+
+/*
+ * Position of token (b, s) on axis a of a cache with position axes, given
+ * p0, its position on axis 0 (fr_token_position): row a of ids when ids has
+ * a row per axis; else p0 (without ids, or with one row, every axis is at
+ * the 1D position).  Sets *bad for a negative position unless allowed.
+ */
+FR_HD int64_t fr_token_axis_position(const fr_pos_args *pa, int64_t b, int64_t s, int a,
+                                     int64_t p0, int *bad)
+{
+    int64_t p = p0;
+    if (a > 0 && pa->ids && pa->ids_rows > 1)
+        p = pa->ids[(int64_t)a * pa->ids_row_stride + fr_ids_index(pa, b, s)];
+    if (p < 0 && !pa->negative_ok)
+        *bad = 1;
+    return p;
+}
+
+/* A pair's entry in a cache's axes map (lib/axes.c): (col << 2) | axis. */
+FR_HD int fr_map_axis(int32_t m) { return (int)(m & 3); }
+FR_HD int64_t fr_map_col(int32_t m) { return (int64_t)((uint32_t)m >> 2); }
 
 /*
  * sin and cos of x in double, by the same operations on the CPU and the GPU,

@@ -17,6 +17,7 @@
 #define fr_dtype_size fusedrope__dtype_size
 #define fr_struct_take fusedrope__struct_take
 #define fr_struct_give fusedrope__struct_give
+#define fr_axes_map fusedrope__axes_map
 #define fr_cpu_apply fusedrope__cpu_apply
 #define fr_avx2_usable fusedrope__avx2_usable
 #define fr_avx2_off fusedrope__avx2_off

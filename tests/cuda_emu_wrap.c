@@ -68,6 +68,7 @@ static void run(const fr_apply_args *a, int sms)
     int flag = 0;
 
     c.inv_freq_dev = c.inv_freq;
+    c.pair_map_dev = c.pair_map;
     c.range_flag = c.range_flag_dev = &flag;
     e.cache = &c;
     fr_emu_sms = sms;

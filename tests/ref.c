@@ -241,9 +241,18 @@ static double yarn_corr(double d, double orig, double base, double r)
     return d * log(orig / (2.0 * REF_PI * r)) / (2.0 * log(base));
 }
 
+/* The dimension F of the exponents 2i/F: freq_dim if set, else rot_dim,
+ * whose half for the vision towers' 2D layout. */
+int ref_freq_dim(const fusedrope_cache_config *cfg)
+{
+    if (cfg->freq_dim)
+        return cfg->freq_dim;
+    return cfg->axes == FUSEDROPE_AXES_VISION_2D ? cfg->rot_dim / 2 : cfg->rot_dim;
+}
+
 void ref_yarn_range(const fusedrope_cache_config *cfg, double *low, double *high)
 {
-    double d = cfg->rot_dim, orig = (double)cfg->original_max_positions;
+    double d = ref_freq_dim(cfg), orig = (double)cfg->original_max_positions;
     double lo = yarn_corr(d, orig, cfg->theta, cfg->beta_fast);
     double hi = yarn_corr(d, orig, cfg->theta, cfg->beta_slow);
     if (cfg->truncate) {
@@ -262,7 +271,7 @@ void ref_yarn_range(const fusedrope_cache_config *cfg, double *low, double *high
 
 int ref_inv_freq(const fusedrope_cache_config *cfg, double *inv, double *attn)
 {
-    int d = cfg->rot_dim, half = d / 2, i;
+    int d = ref_freq_dim(cfg), half = cfg->rot_dim / 2, i;
     double base = cfg->theta;
     double orig = (double)cfg->original_max_positions;
     *attn = 1.0;
@@ -309,8 +318,10 @@ int ref_inv_freq(const fusedrope_cache_config *cfg, double *inv, double *attn)
         return 0;
     }
     case FUSEDROPE_ROPE_LONGROPE: {
-        const double *f = cfg->max_positions > cfg->original_max_positions ? cfg->long_factor
-                                                                           : cfg->short_factor;
+        /* long factors past the original context: the config's seq_len, or
+         * the table's length when seq_len is 0 */
+        const int64_t L = cfg->seq_len > 0 ? cfg->seq_len : cfg->max_positions;
+        const double *f = L > cfg->original_max_positions ? cfg->long_factor : cfg->short_factor;
         double s = cfg->factor != 0 ? cfg->factor : (double)cfg->max_positions / orig;
         for (i = 0; i < half; i++)
             inv[i] = pow(base, -(2.0 * i) / d) / f[i];
@@ -337,6 +348,15 @@ int ref_inv_freq(const fusedrope_cache_config *cfg, double *inv, double *attn)
                 inv[i] = (1.0 - t) * v / cfg->factor + t * v;
             }
         }
+        return 0;
+    }
+    case FUSEDROPE_ROPE_PROPORTIONAL: {
+        /* Gemma 4: the first floor(partial * rot_dim / 2) pairs rotate
+         * (partial 0 means 1), the others keep angle 0 */
+        double part = cfg->partial_rotary_factor != 0 ? cfg->partial_rotary_factor : 1.0;
+        int rotated = (int)floor(part * cfg->rot_dim / 2.0);
+        for (i = 0; i < half; i++)
+            inv[i] = i < rotated ? pow(base, -(2.0 * i) / d) / cfg->factor : 0.0;
         return 0;
     }
     }

@@ -71,6 +71,8 @@ double ref_angle_slack(double angle);
 /* YaRN's m(s, k) = 1 if s <= 1 else 0.1 k ln s + 1. */
 double ref_yarn_mscale(double s, double k);
 /* YaRN's correction range (low, high) after clamping and the +0.001 rule. */
+/* F in every rope type's exponent 2i/F (freq_dim, or rot_dim; vision 2D: rot_dim/2). */
+int ref_freq_dim(const fusedrope_cache_config *cfg);
 void ref_yarn_range(const fusedrope_cache_config *cfg, double *low, double *high);
 
 /*

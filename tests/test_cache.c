@@ -766,7 +766,7 @@ static const bad_case bad_cases[] = {
     {"llama3 high Inf", L3, F_HIGHF, INFINITY, INV, "high_freq_factor"},
     {"llama3 high NaN", L3, F_HIGHF, NAN, INV, "high_freq_factor"},
     /* enums */
-    {"type 6", D, F_TYPE, 6, INV, "type"},
+    {"type 7", D, F_TYPE, 7, INV, "type"},
     {"type -1", D, F_TYPE, -1, INV, "type"},
     {"device 3", D, F_DEVICE, 3, INV, "device"},
     {"device -1", D, F_DEVICE, -1, INV, "device"},

@@ -151,7 +151,7 @@ static void apply_case(int i)
     tu_rng_init(&r, 300 + (uint64_t)i);
     tiny_config(&cfg, rot_dim, tableless ? 0 : S + 41);
     ck_assert_int_eq(ref_rope_from_config(&ref, &cfg), 0);
-    memset(&P, 0, sizeof P);
+    fusedrope_positions_init(&P);
     P.offsets = offsets;
     positions = tu_positions(&P, S, B);
     x = tu_tensor(LAY_SBHD_PAD, dt, S, B, H, D, &xb);

@@ -128,6 +128,7 @@ static void run_case(const kcase *k, const char *name, uint64_t seed)
             memset(y, 0xa5, bytes);
         emu = *cache;
         emu.inv_freq_dev = emu.inv_freq;
+        emu.pair_map_dev = emu.pair_map;
         flag = 0;
         emu.range_flag = emu.range_flag_dev = &flag;
         a = make_args(k, &emu, k->in_place ? y : x, y);

@@ -335,7 +335,7 @@ static unsigned config_allowed(const fusedrope_cache_config *c, int device, int 
 #define FIN(x) isfinite(x)
     if (!have_out || !have_cfg)
         return 1u << FUSEDROPE_ERR_INVALID;
-    if (t < 0 || t > FUSEDROPE_ROPE_LLAMA3)
+    if (t < 0 || t > FUSEDROPE_ROPE_PROPORTIONAL)
         bad = 1;
     if (d < 2 || d > FUSEDROPE_MAX_ROT_DIM || d % 2)
         bad = 1;
@@ -345,14 +345,20 @@ static unsigned config_allowed(const fusedrope_cache_config *c, int device, int 
         bad = 1;
     if (!bad) {
         if (t == FUSEDROPE_ROPE_LINEAR || t == FUSEDROPE_ROPE_DYNAMIC || t == FUSEDROPE_ROPE_YARN ||
-            t == FUSEDROPE_ROPE_LLAMA3)
+            t == FUSEDROPE_ROPE_LLAMA3 || t == FUSEDROPE_ROPE_PROPORTIONAL)
             if (!(FIN(c->factor) && c->factor > 0))
                 bad = 1;
+        if (t == FUSEDROPE_ROPE_PROPORTIONAL &&
+            !(c->partial_rotary_factor >= 0 && c->partial_rotary_factor <= 1))
+            bad = 1;
         if (t == FUSEDROPE_ROPE_LONGROPE && !(FIN(c->factor) && c->factor >= 0))
             bad = 1;
-        if (t >= FUSEDROPE_ROPE_DYNAMIC && c->original_max_positions <= 0)
+        if (t >= FUSEDROPE_ROPE_DYNAMIC && t != FUSEDROPE_ROPE_PROPORTIONAL &&
+            c->original_max_positions <= 0)
             bad = 1;
         if (t == FUSEDROPE_ROPE_DYNAMIC && (d < 4 || c->seq_len < 0))
+            bad = 1;
+        if (t == FUSEDROPE_ROPE_LONGROPE && c->seq_len < 0)
             bad = 1;
         if (t == FUSEDROPE_ROPE_YARN &&
             (!(FIN(c->beta_fast) && c->beta_fast > 0) || !(FIN(c->beta_slow) && c->beta_slow > 0) ||
