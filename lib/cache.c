@@ -327,7 +327,12 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
     TRY(resolve_device(&device));
     TRY(alloc_cache(config->rot_dim, config->max_positions, 1, device == FUSEDROPE_DEVICE_CPU, &c));
 
-    compute_frequencies(config, c->inv_freq, &c->attention_factor);
+    {
+        fr_fpenv fpenv; /* the thread's own environment must not change the table */
+        fr_fpenv_enter(&fpenv);
+        compute_frequencies(config, c->inv_freq, &c->attention_factor);
+        fr_fpenv_leave(&fpenv);
+    }
     /* Parameters that each pass their own range can still combine into
      * nonsense (a longrope scale with original_max_positions 1 divides by
      * ln 1; a dynamic base that goes negative; an attention factor whose
@@ -357,11 +362,17 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
     /* fr_angle is the same arithmetic on both devices, so a CUDA cache builds
      * its table on the GPU (fr_cuda_cache_upload) and still equals this one. */
     if (c->cos) {
-#pragma omp parallel for schedule(static) if ((uint64_t)c->max_positions * half > 65536)
-    for (int64_t p = 0; p < c->max_positions; p++)
-        for (size_t i = 0; i < half; i++)
-            fr_angle(p, c->inv_freq[i], c->attention_factor, &c->cos[(size_t)p * half + i],
-                     &c->sin[(size_t)p * half + i]);
+#pragma omp parallel if ((uint64_t)c->max_positions * half > 65536)
+        {
+            fr_fpenv fpenv; /* each thread's, as in cpu_apply.c */
+            fr_fpenv_enter(&fpenv);
+#pragma omp for schedule(static)
+            for (int64_t p = 0; p < c->max_positions; p++)
+                for (size_t i = 0; i < half; i++)
+                    fr_angle(p, c->inv_freq[i], c->attention_factor,
+                             &c->cos[(size_t)p * half + i], &c->sin[(size_t)p * half + i]);
+            fr_fpenv_leave(&fpenv);
+        }
     }
     return place(c, device, out);
 }

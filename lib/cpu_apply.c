@@ -40,12 +40,13 @@
 #define FR_CLONES
 #endif
 
-/* Rotates the rot_dim leading channels of one float head; x may equal y. */
+/* Rotates m float pairs by cs[i]/sn[i]: interleaved (x[2i], x[2i+1]), else
+ * NeoX (x[i], x[bofs + i]); x may equal y. */
 FR_CLONES static void rotate_f32(const float *x, float *y, const float *cs, const float *sn,
-                                 int64_t half, int interleaved, float sgn)
+                                 int64_t m, int64_t bofs, int interleaved, float sgn)
 {
     if (interleaved) {
-        FR_IVDEP for (int64_t i = 0; i < half; i++)
+        FR_IVDEP for (int64_t i = 0; i < m; i++)
         {
             float a, b;
             fr_rotate(x[2 * i], x[2 * i + 1], cs[i], sn[i], sgn, &a, &b);
@@ -53,12 +54,12 @@ FR_CLONES static void rotate_f32(const float *x, float *y, const float *cs, cons
             y[2 * i + 1] = b;
         }
     } else {
-        FR_IVDEP for (int64_t i = 0; i < half; i++)
+        FR_IVDEP for (int64_t i = 0; i < m; i++)
         {
             float a, b;
-            fr_rotate(x[i], x[half + i], cs[i], sn[i], sgn, &a, &b);
+            fr_rotate(x[i], x[bofs + i], cs[i], sn[i], sgn, &a, &b);
             y[i] = a;
-            y[half + i] = b;
+            y[bofs + i] = b;
         }
     }
 }
@@ -122,59 +123,74 @@ static row_conv pick_rows(fusedrope_dtype dt)
     return r;
 }
 
-/* A 16-bit head on the portable path is converted and rotated ROW_PAIRS
- * pairs at a time, so the scratch rows stay small whatever rot_dim is (up
- * to FUSEDROPE_MAX_ROT_DIM): the backend runs on the caller's thread too,
- * whose stack may be small. */
-enum { ROW_PAIRS = 512 };
+/*
+ * Every OpenMP thread, the caller's included, holds its scratch on its own
+ * stack, whose size the embedding program chooses (OMP_STACKSIZE, its
+ * threads' attributes): the deepest frame chain of the parallel region stays
+ * under 16 KiB (man/fusedrope_forward.3, NOTES), whatever rot_dim and
+ * head_dim are.  Hence scratch rows of bounded length, larger heads going
+ * through them piece by piece:
+ *   ROW_PAIRS: a 16-bit head on the portable path is converted and rotated
+ *     this many pairs at a time (1.5 KiB of rows);
+ *   ANGLE_PAIRS: a table-less cache's angles are computed this many pairs
+ *     at a time (2 KiB), once per token for every head of it the thread has;
+ *   STREAM_ROW_BYTES: the largest head assembled in a row buffer (8 KiB)
+ *     before its non-temporal store.
+ */
+enum {
+    ROW_PAIRS = 128,
+    ANGLE_PAIRS = 256,
+    STREAM_ROW_BYTES = 8192,      /* heads streamed without cpu_avx2.c: up to this */
+    STREAM_DIRECT_BYTES = 16384,  /* heads streamed straight from cpu_avx2.c: up to this */
+    STREAM_MIN_BYTES = 1 << 22    /* outputs smaller than this stay in the cache */
+};
 
-/* rc: the 16-bit type's row operations, NULL for float32; tmp: 2 * ROW_PAIRS
- * floats, tmp16: 2 * ROW_PAIRS 16-bit values of scratch.  nt_stores: y is streamed
+/* Rotates pairs [i0, i0 + m) of one head whose pairs are `half` apart (NeoX)
+ * or adjacent (interleaved); cs[j]/sn[j] belong to pair i0 + j.  rc: the
+ * 16-bit type's row operations, NULL for float32; tmp: 2 * ROW_PAIRS floats,
+ * tmp16: 2 * ROW_PAIRS 16-bit values of scratch.  nt_stores: y is streamed
  * (non-temporal stores; only with cpu_avx2.c's rotations). */
 static void rotate_head(const row_conv *rc, const void *x, void *y, const float *cs,
-                        const float *sn, int64_t half, int interleaved, float sgn, int nt_stores,
-                        float *tmp, uint16_t *tmp16)
+                        const float *sn, int64_t half, int64_t i0, int64_t m, int interleaved,
+                        float sgn, int nt_stores, float *tmp, uint16_t *tmp16)
 {
     const uint16_t *x16 = x;
     uint16_t *y16 = y;
 
     if (rc == NULL) {
-        rotate_f32(x, y, cs, sn, half, interleaved, sgn);
+        const int64_t o = interleaved ? 2 * i0 : i0;
+        rotate_f32((const float *)x + o, (float *)y + o, cs, sn, m, half, interleaved, sgn);
         return;
     }
     if (rc->rotate != NULL) {
         if (interleaved)
-            rc->rotate_pairs(x16, y16, cs, sn, half, sgn, nt_stores);
+            rc->rotate_pairs(x16 + 2 * i0, y16 + 2 * i0, cs, sn, m, sgn, nt_stores);
         else
-            rc->rotate(x16, x16 + half, y16, y16 + half, cs, sn, half, sgn, nt_stores);
+            rc->rotate(x16 + i0, x16 + half + i0, y16 + i0, y16 + half + i0, cs, sn, m, sgn,
+                       nt_stores);
         return;
     }
-    /* pairs [i, i + m): tmp holds their a values, then their b values, as
+    /* pairs [i, i + k): tmp holds their a values, then their b values, as
      * floats; an interleaved piece is put in NeoX order in tmp16 first */
-    for (int64_t i = 0; i < half; i += ROW_PAIRS) {
-        const int64_t m = half - i < ROW_PAIRS ? half - i : ROW_PAIRS;
+    for (int64_t j = 0; j < m; j += ROW_PAIRS) {
+        const int64_t i = i0 + j, k = m - j < ROW_PAIRS ? m - j : ROW_PAIRS;
         if (interleaved) {
-            split_pairs(x16 + 2 * i, tmp16, m);
-            rc->widen(tmp16, tmp, 2 * m);
+            split_pairs(x16 + 2 * i, tmp16, k);
+            rc->widen(tmp16, tmp, 2 * k);
         } else {
-            rc->widen(x16 + i, tmp, m);
-            rc->widen(x16 + half + i, tmp + m, m);
+            rc->widen(x16 + i, tmp, k);
+            rc->widen(x16 + half + i, tmp + k, k);
         }
-        rotate_f32(tmp, tmp, cs + i, sn + i, m, 0, sgn);
+        rotate_f32(tmp, tmp, cs + j, sn + j, k, k, 0, sgn);
         if (interleaved) {
-            rc->narrow(tmp, tmp16, 2 * m);
-            merge_pairs(tmp16, y16 + 2 * i, m);
+            rc->narrow(tmp, tmp16, 2 * k);
+            merge_pairs(tmp16, y16 + 2 * i, k);
         } else {
-            rc->narrow(tmp, y16 + i, m);
-            rc->narrow(tmp + m, y16 + half + i, m);
+            rc->narrow(tmp, y16 + i, k);
+            rc->narrow(tmp + k, y16 + half + i, k);
         }
     }
 }
-
-enum {
-    STREAM_ROW_BYTES = 16384,     /* largest head written through a row buffer */
-    STREAM_MIN_BYTES = 1 << 22    /* outputs smaller than this stay in the cache */
-};
 
 #ifdef __SSE2__
 /* Out of place, a large output is written with non-temporal stores: a plain
@@ -191,17 +207,18 @@ static void stream_row(void *dst, const void *src, size_t bytes)
 #define FR_STREAM_FENCE() ((void)0)
 #endif
 
-/* Whether every output row of io can go through stream_row. */
-static int streamable(const fr_io *io, size_t es, int64_t tokens)
+/* Whether every output row of io can be written with non-temporal stores
+ * (rows of up to max_row bytes). */
+static int streamable(const fr_io *io, size_t es, int64_t tokens, size_t max_row)
 {
 #ifdef __SSE2__
     const size_t row = (size_t)io->head_dim * es;
-    return !io->in_place && row % 16 == 0 && row <= STREAM_ROW_BYTES &&
+    return !io->in_place && row % 16 == 0 && row <= max_row &&
            (uintptr_t)io->out % 16 == 0 && (io->out_ss * es) % 16 == 0 &&
            (io->out_sb * es) % 16 == 0 && (io->out_sh * es) % 16 == 0 &&
            (uint64_t)tokens * (uint64_t)io->heads * row >= STREAM_MIN_BYTES;
 #else
-    (void)io, (void)es, (void)tokens;
+    (void)io, (void)es, (void)tokens, (void)max_row;
     return 0;
 #endif
 }
@@ -222,25 +239,29 @@ void fr_cpu_apply(const fr_apply_args *args)
 
     for (int k = 0; k < args->count; k++) {
         elems += tokens * args->io[k].heads * args->io[k].head_dim;
-        stream[k] = streamable(&args->io[k], es, tokens);
         /* a streamed head goes from the AVX2 rotations straight to memory,
          * without the row buffer, when its stores fall on 16 bytes: both
-         * halves of a NeoX head, the pass-through channels of either style */
-        direct[k] = stream[k] && rc != NULL && rc->rotate != NULL &&
-                    ((size_t)(args->interleaved ? cache->rot_dim : half) * es) % 16 == 0;
+         * halves of a NeoX head, the pass-through channels of either style;
+         * others through the row buffer, if they fit */
+        direct[k] = rc != NULL && rc->rotate != NULL &&
+                    ((size_t)(args->interleaved ? cache->rot_dim : half) * es) % 16 == 0 &&
+                    streamable(&args->io[k], es, tokens, STREAM_DIRECT_BYTES);
+        stream[k] = direct[k] || streamable(&args->io[k], es, tokens, STREAM_ROW_BYTES);
     }
     (void)direct; /* read only where there is SSE2, as on every CPU with AVX2 */
 
 #pragma omp parallel if (elems > (1 << 16))
     {
         int threads = 1, id = 0;
-        int64_t n0, n1, base, rem, t, hh, b = 0, s = 0, token = -1;
+        int64_t n0, n1, base, rem, t, hh, b = 0, s = 0, p = 0, token = -1;
         const float *cs = NULL, *sn = NULL;
-        /* Table-less caches: this token's cos/sin, computed once per token. */
-        float row_c[FUSEDROPE_MAX_ROT_DIM / 2], row_s[FUSEDROPE_MAX_ROT_DIM / 2];
+        /* Table-less caches: this token's cos/sin (ANGLE_PAIRS of them at a time). */
+        float row_c[ANGLE_PAIRS], row_s[ANGLE_PAIRS];
         _Alignas(16) char row[STREAM_ROW_BYTES];
         float frow[2 * ROW_PAIRS];    /* a 16-bit head's channels as floats */
         uint16_t hrow[2 * ROW_PAIRS]; /* an interleaved one's, in NeoX order */
+        fr_fpenv fpenv; /* this thread's, restored at the end (internal.h) */
+        fr_fpenv_enter(&fpenv);
 #ifdef _OPENMP
         threads = omp_get_num_threads();
         id = omp_get_thread_num();
@@ -262,7 +283,6 @@ void fr_cpu_apply(const fr_apply_args *args)
 
             if (t != token) {
                 int bad = 0;
-                int64_t p;
                 b = t / args->seq_len;
                 s = t % args->seq_len;
                 p = fr_token_position(&args->pos, b, s, &bad);
@@ -270,7 +290,7 @@ void fr_cpu_apply(const fr_apply_args *args)
                 if (cache->max_positions > 0) {
                     cs = cache->cos + p * half;
                     sn = cache->sin + p * half;
-                } else {
+                } else if (half <= ANGLE_PAIRS) {
                     for (int64_t i = 0; i < half; i++)
                         fr_angle(p, cache->inv_freq[i], cache->attention_factor, &row_c[i],
                                  &row_s[i]);
@@ -278,19 +298,64 @@ void fr_cpu_apply(const fr_apply_args *args)
                     sn = row_s;
                 }
             }
+            if (cache->max_positions == 0 && half > ANGLE_PAIRS) {
+                /* A table-less cache with more angles than row_c holds: this
+                 * thread's heads of the token, [hh, hh + run), are rotated
+                 * ANGLE_PAIRS pairs at a time, each piece's angles computed
+                 * once for all of them; plain stores. */
+                const int64_t run = n1 - n < heads - hh ? n1 - n : heads - hh;
+                for (int64_t i0 = 0; i0 < half; i0 += ANGLE_PAIRS) {
+                    const int64_t m = half - i0 < ANGLE_PAIRS ? half - i0 : ANGLE_PAIRS;
+                    for (int64_t i = 0; i < m; i++)
+                        fr_angle(p, cache->inv_freq[i0 + i], cache->attention_factor, &row_c[i],
+                                 &row_s[i]);
+                    for (int64_t j = hh; j < hh + run; j++) {
+                        const int kj = j >= heads0;
+                        const fr_io *ioj = &args->io[kj];
+                        const int64_t hj = j - (kj ? heads0 : 0);
+                        const size_t o =
+                            (size_t)(s * ioj->in_ss + b * ioj->in_sb + hj * ioj->in_sh) * es;
+                        const size_t oo =
+                            (size_t)(s * ioj->out_ss + b * ioj->out_sb + hj * ioj->out_sh) * es;
+                        rotate_head(rc, (const char *)ioj->in + o, (char *)ioj->out + oo, row_c,
+                                    row_s, half, i0, m, args->interleaved, args->sgn, 0, frow,
+                                    hrow);
+                    }
+                }
+                for (int64_t j = hh; j < hh + run; j++) {
+                    const int kj = j >= heads0;
+                    const fr_io *ioj = &args->io[kj];
+                    const int64_t hj = j - (kj ? heads0 : 0);
+                    const size_t rot = (size_t)cache->rot_dim * es;
+                    if (!ioj->in_place && ioj->head_dim > cache->rot_dim)
+                        memcpy((char *)ioj->out +
+                                   (size_t)(s * ioj->out_ss + b * ioj->out_sb + hj * ioj->out_sh) *
+                                       es + rot,
+                               (const char *)ioj->in +
+                                   (size_t)(s * ioj->in_ss + b * ioj->in_sb + hj * ioj->in_sh) *
+                                       es + rot,
+                               (size_t)(ioj->head_dim - cache->rot_dim) * es);
+                }
+                /* the loop's step moves on to item n + run */
+                n += run - 1;
+                hh += run - 1;
+                continue;
+            }
             x = (const char *)io->in + (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es;
             y = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es;
 #ifdef __SSE2__
             if (direct[k]) {
                 const size_t rot = (size_t)cache->rot_dim * es;
-                rotate_head(rc, x, y, cs, sn, half, args->interleaved, args->sgn, 1, frow, hrow);
+                rotate_head(rc, x, y, cs, sn, half, 0, half, args->interleaved, args->sgn, 1, frow,
+                            hrow);
                 stream_row(y + rot, x + rot, (size_t)io->head_dim * es - rot);
                 continue;
             }
 #endif
             /* A streamed head is assembled in `row`, then written past the cache. */
             dst = stream[k] ? row : y;
-            rotate_head(rc, x, dst, cs, sn, half, args->interleaved, args->sgn, 0, frow, hrow);
+            rotate_head(rc, x, dst, cs, sn, half, 0, half, args->interleaved, args->sgn, 0, frow,
+                        hrow);
             if (!io->in_place && io->head_dim > cache->rot_dim)
                 memcpy(dst + (size_t)cache->rot_dim * es, x + (size_t)cache->rot_dim * es,
                        (size_t)(io->head_dim - cache->rot_dim) * es);
@@ -300,5 +365,6 @@ void fr_cpu_apply(const fr_apply_args *args)
 #endif
         }
         FR_STREAM_FENCE();
+        fr_fpenv_leave(&fpenv);
     }
 }

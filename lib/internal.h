@@ -10,6 +10,20 @@
 #include <config.h>
 #endif
 
+/* The precision contract (DESIGN.md; bit-identical backends, NaN and Inf
+ * kept, subnormals, signed zeros) rests on IEEE arithmetic as written: a*c
+ * and b*s rounded apart, no reassociation, no reciprocals, NaN tests that
+ * are not folded away.  Flags that give these up would break it without a
+ * word, so a build with them stops here.  (-ffp-contract=off is the build's
+ * own choice; -fno-trapping-math, which changes no result, is allowed.) */
+#if defined(__FAST_MATH__)
+#error "libfusedrope must not be built with -ffast-math: it breaks the precision contract (rounding, NaN/Inf, signed zeros); remove it from CFLAGS"
+#elif defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
+#error "libfusedrope must not be built with -ffinite-math-only: NaN and Inf inputs must give NaN and Inf; remove it from CFLAGS"
+#elif defined(__ASSOCIATIVE_MATH__) || defined(__RECIPROCAL_MATH__) || defined(__NO_SIGNED_ZEROS__)
+#error "libfusedrope must not be built with -funsafe-math-optimizations, -fassociative-math, -freciprocal-math or -fno-signed-zeros: they change results the precision contract fixes; remove them from CFLAGS"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -98,6 +112,61 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
                           const fusedrope_tensor *const in[2],
                           const fusedrope_tensor *const out[2], const char *const names[4],
                           void *stream);
+
+/* ------------------------------------------------ floating-point environment
+ *
+ * The CPU computations run in one floating-point environment, whatever the
+ * calling thread's.  A caller that flushes subnormals (x86
+ * MXCSR FTZ/DAZ, as some inference engines set), rounds upward or unmasks
+ * an exception would otherwise get other bytes than DESIGN's promise, or a
+ * trap.  Every CPU entry that computes in floating point (the OpenMP
+ * backend, the cache build) brackets each thread's part with
+ * fr_fpenv_enter/fr_fpenv_leave: the IEEE default environment (round to
+ * nearest even, subnormals kept, exceptions masked), then the thread's own
+ * again, exactly as it was: its modes and its exception flags (flags raised
+ * by the library's arithmetic are dropped).  Once per thread per call, never
+ * per element: an MXCSR read and two writes on x86-64, fegetenv/fesetenv
+ * elsewhere.  OpenMP workers have their own registers, so the bracket goes
+ * inside the parallel region. */
+#if !defined(__cplusplus)
+#if defined(__x86_64__) && defined(__SSE2__)
+/* x86-64 does its float and double arithmetic (the library's and libm's) in
+ * SSE, under MXCSR alone; the x87 unit is not used. */
+#include <xmmintrin.h>
+#define FR_FPENV_MXCSR 1
+typedef struct { unsigned int mxcsr; } fr_fpenv;
+#else
+#include <fenv.h>
+typedef struct { fenv_t env; } fr_fpenv;
+#endif
+
+/* MXCSR's default: every exception masked, round to nearest, FTZ and DAZ
+ * clear, no flag raised. */
+#define FR_MXCSR_DEFAULT 0x1f80u
+
+static inline void fr_fpenv_enter(fr_fpenv *saved)
+{
+#ifdef FR_FPENV_MXCSR
+    saved->mxcsr = _mm_getcsr();
+    if (saved->mxcsr != FR_MXCSR_DEFAULT)
+        _mm_setcsr(FR_MXCSR_DEFAULT);
+#else
+    /* FE_DFL_ENV: round to nearest, exceptions masked, and (glibc, musl)
+     * flush-to-zero off where the architecture has it (AArch64 FPCR.FZ) */
+    fegetenv(&saved->env);
+    fesetenv(FE_DFL_ENV);
+#endif
+}
+
+static inline void fr_fpenv_leave(const fr_fpenv *saved)
+{
+#ifdef FR_FPENV_MXCSR
+    _mm_setcsr(saved->mxcsr);
+#else
+    fesetenv(&saved->env);
+#endif
+}
+#endif /* !__cplusplus: the kernels compute on the GPU */
 
 /* OpenMP backend (lib/cpu_apply.c). */
 void fr_cpu_apply(const fr_apply_args *args);

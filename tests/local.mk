@@ -68,6 +68,23 @@ tests_test_unit_dims_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_unit_dims_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_unit_dims_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
+# The CPU backend on 32 KiB thread stacks (workers and caller).
+check_PROGRAMS += tests/test_stack
+TESTS += tests/test_stack
+tests_test_stack_SOURCES = tests/test_stack.c
+tests_test_stack_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) -pthread
+tests_test_stack_LDFLAGS = -pthread
+tests_test_stack_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_stack_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
+# Results independent of the caller's floating-point environment (x86 FTZ/DAZ, rounding).
+check_PROGRAMS += tests/test_fpenv
+TESTS += tests/test_fpenv
+tests_test_fpenv_SOURCES = tests/test_fpenv.c
+tests_test_fpenv_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_fpenv_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_fpenv_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
 tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c
 tests_test_cpu_rows_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_cpu_rows_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)

@@ -1,0 +1,280 @@
+/*
+ * test_fpenv.c - results must not depend on the calling thread's
+ * floating-point environment.  A caller with x86 MXCSR's FTZ and DAZ set
+ * (subnormals flushed, as some inference engines run) and rounding upward
+ * (fesetround) must get the bytes of a caller in the default environment,
+ * within DESIGN's bound of the float64 reference, from the apply calls and
+ * from the cache build; and must find its environment as it left it.
+ *
+ * The OpenMP workers have their own MXCSR, inherited when the runtime
+ * starts them, at a process's first parallel region: each test runs in
+ * both orders, the workers born in the altered environment (the calling
+ * thread's environment reaches them) or in the default one (only the
+ * calling thread's share of the work sees it).
+ *
+ * x86-64 only (MXCSR); elsewhere the program skips (exit status 77).
+ */
+#include <fenv.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+#if defined(__x86_64__) && defined(__SSE2__)
+#include <xmmintrin.h>
+
+#define CPU FUSEDROPE_DEVICE_CPU
+#define MSG 2048
+#define MXCSR_DAZ 0x0040u
+#define MXCSR_FTZ 0x8000u
+
+static const fusedrope_dtype dtypes[3] = {FUSEDROPE_FLOAT32, FUSEDROPE_FLOAT16,
+                                          FUSEDROPE_BFLOAT16};
+
+/* The environment under test: subnormals flushed (FTZ) and read as zero
+ * (DAZ), rounding toward +Inf.  Returns the MXCSR the call must leave. */
+static unsigned int set_hostile(void)
+{
+    ck_assert_int_eq(fesetround(FE_UPWARD), 0);
+    _mm_setcsr(_mm_getcsr() | MXCSR_FTZ | MXCSR_DAZ);
+    return _mm_getcsr();
+}
+
+static void set_default(void)
+{
+    ck_assert_int_eq(fesetround(FE_TONEAREST), 0);
+    _mm_setcsr(_mm_getcsr() & ~(MXCSR_FTZ | MXCSR_DAZ));
+}
+
+/* Checks the caller's environment is what it set before the call. */
+static void check_restored(const char *what, unsigned int mxcsr)
+{
+    const unsigned int now = _mm_getcsr();
+    /* the exception flags (bits 0-5) may be anything: compare the controls */
+    ck_assert_msg((now & ~0x3fu) == (mxcsr & ~0x3fu),
+                  "%s: MXCSR is 0x%04x after the call, was 0x%04x", what, now, mxcsr);
+    ck_assert_msg(fegetround() == FE_UPWARD, "%s: the rounding mode was not restored", what);
+}
+
+/* Random values of the dtype in three classes: its subnormals, its
+ * smallest normals (rotated, they often give subnormals), and ordinary
+ * values.  Stored through ref_store in the default environment. */
+static void fill_tiny(tu_buf *b, tu_rng *r)
+{
+    const fusedrope_dtype dt = b->dt;
+    const int64_t n = (int64_t)(b->nbytes / ref_dtype_size(dt));
+    /* smallest normal of the dtype: 2^-126 (float32, bfloat16), 2^-14 (fp16) */
+    const double min_normal = dt == FUSEDROPE_FLOAT16 ? 0x1p-14 : 0x1p-126;
+    const double min_sub = dt == FUSEDROPE_FLOAT32 ? 0x1p-149
+                           : dt == FUSEDROPE_FLOAT16 ? 0x1p-24 : 0x1p-133;
+    for (int64_t i = 0; i < n; i++) {
+        const int cls = (int)tu_int(r, 0, 2);
+        const double sign = tu_int(r, 0, 1) ? -1.0 : 1.0;
+        double v;
+        if (cls == 0)
+            v = min_sub * (double)tu_int(r, 1, (int64_t)(min_normal / min_sub) - 1);
+        else if (cls == 1)
+            v = min_normal * tu_uniform(r, 1.0, 64.0);
+        else
+            v = tu_uniform(r, 0.0, 4.0);
+        ref_store(b->p, dt, i, sign * v);
+    }
+}
+
+/* A cache whose high pairs have tiny angles: theta 1e60 gives inverse
+ * frequencies down to 1e-58, so sin is subnormal in float (and their
+ * products smaller still). */
+static void tiny_config(fusedrope_cache_config *cfg, int rot_dim, int64_t rows)
+{
+    fusedrope_cache_config_init(cfg, FUSEDROPE_ROPE_DEFAULT, rot_dim, rows, 1e60);
+}
+
+typedef struct {
+    tu_buf out;
+    fusedrope_tensor y;
+} result;
+
+/* One forward/backward call of the case on x; the output's buffer. */
+static void run_call(const fusedrope_cache *cache, fusedrope_style style,
+                     const fusedrope_positions *pos, const fusedrope_tensor *x, int inplace,
+                     const tu_buf *xb, int backward, result *res)
+{
+    fusedrope_status st;
+    if (inplace) {
+        res->out = tu_buf_copy(xb);
+        res->y = tu_rebase(x, xb, &res->out);
+    } else {
+        res->y = tu_tensor(LAY_BSHD_PAD, x->dtype, x->seq_len, x->batch, x->heads, x->head_dim,
+                           &res->out);
+    }
+    {
+        const fusedrope_tensor *in = inplace ? &res->y : x;
+        st = backward ? fusedrope_backward(cache, style, pos, in, &res->y, NULL)
+                      : fusedrope_forward(cache, style, pos, in, &res->y, NULL);
+    }
+    ck_assert_msg(st == FUSEDROPE_OK, "call: %s (%s)", fusedrope_status_string(st),
+                  fusedrope_last_error());
+}
+
+/* _i: order (workers born hostile or default), dtype, style, direction,
+ * table or table-less, in place or not. */
+static void apply_case(int i)
+{
+    const int hostile_first = i % 2, dti = i / 2 % 3, style_i = i / 6 % 2, backward = i / 12 % 2,
+              tableless = i / 24 % 2, inplace = (i / 2 + i / 48) % 2;
+    const fusedrope_dtype dt = dtypes[dti];
+    const fusedrope_style style = style_i ? FUSEDROPE_INTERLEAVED : FUSEDROPE_NEOX;
+    const int64_t S = 67, B = 2, H = 5, D = 136; /* 91120 elements: the threaded path */
+    const int rot_dim = 128;
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    ref_rope ref;
+    tu_rng r;
+    tu_buf xb, xsnap;
+    fusedrope_tensor x, xorig;
+    int64_t offsets[2] = {0, 40};
+    fusedrope_positions P;
+    int64_t *positions;
+    result res[2]; /* [0] default environment, [1] hostile */
+    unsigned int mxcsr;
+    char what[256], msg[MSG];
+    size_t first = 0, n;
+
+    snprintf(what, sizeof what, "[seed %llu case %d] %s %s %s %s %s, workers born %s",
+             (unsigned long long)tu_seed, i, ref_dtype_name(dt),
+             style_i ? "interleaved" : "neox", backward ? "backward" : "forward",
+             tableless ? "table-less" : "table", inplace ? "in place" : "out of place",
+             hostile_first ? "FTZ/DAZ, upward" : "default");
+    tu_threads(3);
+    tu_rng_init(&r, 300 + (uint64_t)i);
+    tiny_config(&cfg, rot_dim, tableless ? 0 : S + 41);
+    ck_assert_int_eq(ref_rope_from_config(&ref, &cfg), 0);
+    memset(&P, 0, sizeof P);
+    P.offsets = offsets;
+    positions = tu_positions(&P, S, B);
+    x = tu_tensor(LAY_SBHD_PAD, dt, S, B, H, D, &xb);
+    fill_tiny(&xb, &r);
+    xsnap = tu_buf_copy(&xb);
+    xorig = tu_rebase(&x, &xb, &xsnap);
+
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+    tu_track(cache);
+    for (int pass = 0; pass < 2; pass++) {
+        const int hostile = pass == 0 ? hostile_first : !hostile_first;
+        if (hostile) {
+            mxcsr = set_hostile();
+            run_call(cache, style, &P, &x, inplace, &xb, backward, &res[1]);
+            check_restored(what, mxcsr);
+            set_default();
+        } else {
+            run_call(cache, style, &P, &x, inplace, &xb, backward, &res[0]);
+        }
+    }
+    n = tu_changed(&res[1].out, &res[0].out, &first);
+    ck_assert_msg(n == 0, "%s: %zu bytes differ between the default and the FTZ/DAZ/upward "
+                  "caller (first at byte %zu)", what, n, first);
+    {
+        int64_t bad = ref_check_apply(&ref, style, positions, &xorig, &res[0].y, backward, msg,
+                                      sizeof msg);
+        ck_assert_msg(bad == 0, "%s: %lld bad elements: %s", what, (long long)bad, msg);
+    }
+    ref_rope_free(&ref);
+    tu_free_all();
+}
+
+START_TEST(test_apply_fpenv)
+{
+    for (int v = 0; v < 4; v++)
+        apply_case(_i * 4 + v);
+}
+END_TEST
+
+/* The table built by a hostile caller (workers born hostile or not) equals
+ * the default caller's, subnormal entries included. */
+START_TEST(test_cache_fpenv)
+{
+    const int hostile_first = _i % 2;
+    fusedrope_cache_config cfg;
+    fusedrope_cache *c[2]; /* [0] default, [1] hostile */
+    const int rot_dim = 64;
+    const int64_t rows = 4096; /* 131072 entries: built by the threads */
+    const size_t n = (size_t)rows * (size_t)(rot_dim / 2);
+    float *cs[2], *sn[2];
+    size_t subnormal = 0;
+    unsigned int mxcsr;
+
+    tu_threads(3);
+    tiny_config(&cfg, rot_dim, rows);
+    for (int pass = 0; pass < 2; pass++) {
+        const int hostile = pass == 0 ? hostile_first : !hostile_first;
+        fusedrope_status st;
+        if (hostile)
+            mxcsr = set_hostile();
+        st = fusedrope_cache_create(&cfg, CPU, &c[hostile]);
+        if (hostile) {
+            check_restored("cache_create", mxcsr);
+            set_default();
+        }
+        ck_assert_int_eq(st, FUSEDROPE_OK);
+        tu_track(c[hostile]);
+    }
+    for (int k = 0; k < 2; k++) {
+        cs[k] = tu_alloc(n * sizeof(float));
+        sn[k] = tu_alloc(n * sizeof(float));
+        ck_assert_int_eq(fusedrope_cache_copy_table(c[k], cs[k], sn[k]), FUSEDROPE_OK);
+    }
+    for (size_t j = 0; j < n; j++)
+        subnormal += fpclassify(sn[0][j]) == FP_SUBNORMAL;
+    ck_assert_msg(subnormal > 0, "the table has no subnormal sin: the test checks nothing");
+    ck_assert_msg(memcmp(cs[0], cs[1], n * sizeof(float)) == 0,
+                  "cos tables differ between the default and the hostile caller");
+    ck_assert_msg(memcmp(sn[0], sn[1], n * sizeof(float)) == 0,
+                  "sin tables differ between the default and the hostile caller (%zu subnormal "
+                  "entries)", subnormal);
+    /* and against the reference's double values, rounded once to float */
+    {
+        ref_rope ref;
+        ck_assert_int_eq(ref_rope_from_config(&ref, &cfg), 0);
+        for (int64_t p = 0; p < rows; p += 37)
+            for (int i = 0; i < rot_dim / 2; i++) {
+                double rc, rs;
+                const size_t j = (size_t)p * (size_t)(rot_dim / 2) + (size_t)i;
+                ref_cos_sin(&ref, p, i, &rc, &rs);
+                ck_assert_msg(fabs(sn[0][j] - rs) <= ref_ulp(rs, FUSEDROPE_FLOAT32) &&
+                                  fabs(cs[0][j] - rc) <= ref_ulp(rc, FUSEDROPE_FLOAT32),
+                              "table (%lld, %d): %a %a, reference %a %a", (long long)p, i,
+                              cs[0][j], sn[0][j], rc, rs);
+            }
+        ref_rope_free(&ref);
+    }
+    tu_free_all();
+}
+END_TEST
+
+static Suite *fpenv_suite(void)
+{
+    Suite *s = suite_create("fpenv");
+    TCase *tc = tcase_create("fpenv");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_apply_fpenv, 0, 96 / 4);
+    tcase_add_loop_test(tc, test_cache_fpenv, 0, 2);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return tu_main(fpenv_suite(), "test_fpenv");
+}
+
+#else /* not x86-64 */
+
+int main(void)
+{
+    printf("test_fpenv: MXCSR (FTZ/DAZ) is x86-64's; skipped\n");
+    return 77;
+}
+
+#endif

@@ -1,0 +1,235 @@
+/*
+ * test_stack.c - the CPU backend on small thread stacks: every OpenMP worker
+ * runs with OMP_STACKSIZE=32K (the program re-executes itself with it, since
+ * the OpenMP runtime reads it at load), and some calls come from a thread of
+ * 32 KiB of stack.  man/fusedrope_forward.3 promises that 16 KiB of stack
+ * per thread is enough; a frame beyond 32 KiB crashes here.  The calls take
+ * the paths whose scratch is on the stack: table-less caches whose rot_dim
+ * exceeds one piece of angles (FUSEDROPE_MAX_ROT_DIM, 2050), 16-bit heads on
+ * the portable path (fr_avx2_off) and on cpu_avx2.c's, streamed outputs
+ * assembled in the row buffer or written directly.  Results are checked
+ * against the float64 reference, and table-less ones against the table's to
+ * the byte.
+ *
+ * Under sanitizers, whose frames are larger, the stacks stay the default
+ * (the results are still checked).
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "util.h"
+
+#define CPU FUSEDROPE_DEVICE_CPU
+#define MSG 2048
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define SANITIZED 1
+#endif
+#endif
+#ifndef SANITIZED
+#define SANITIZED 0
+#endif
+
+#define SMALL_STACK (32 * 1024)
+
+static const fusedrope_dtype dtypes[3] = {FUSEDROPE_FLOAT32, FUSEDROPE_FLOAT16,
+                                          FUSEDROPE_BFLOAT16};
+
+typedef struct {
+    int rot_dim;
+    int64_t S, B, H, D;
+    fusedrope_dtype dt;
+    fusedrope_style style;
+    int backward, inplace, tableless, portable;
+} stack_case;
+
+static void set_portable(int on)
+{
+#ifdef FR_HAVE_AVX2
+    __atomic_store_n(&fr_avx2_off, on, __ATOMIC_RELAXED);
+#else
+    (void)on;
+#endif
+}
+
+/* Runs one case with the table cache and the table-less one: both must be
+ * within the reference's bound, and equal to the byte. */
+static void run_case(const stack_case *c, uint64_t stream)
+{
+    fusedrope_cache_config cfg;
+    fusedrope_cache *ct, *cn;
+    ref_rope ref;
+    tu_rng r;
+    tu_buf xb, xsnap, yb[2];
+    fusedrope_tensor x, xorig, y[2];
+    int64_t offsets[4] = {3, 70, 64, 100};
+    fusedrope_positions P;
+    int64_t *positions;
+    char what[256], msg[MSG];
+
+    snprintf(what, sizeof what,
+             "[seed %llu stream %llu] rot %d S=%lld B=%lld H=%lld D=%lld %s %s %s %s%s",
+             (unsigned long long)tu_seed, (unsigned long long)stream, c->rot_dim,
+             (long long)c->S, (long long)c->B, (long long)c->H, (long long)c->D,
+             ref_dtype_name(c->dt), c->style ? "interleaved" : "neox",
+             c->backward ? "backward" : "forward", c->inplace ? "in place" : "out of place",
+             c->portable ? " portable rows" : "");
+    tu_rng_init(&r, stream);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, c->rot_dim, 101 + c->S, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &ct), FUSEDROPE_OK);
+    tu_track(ct);
+    cfg.max_positions = 0;
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cn), FUSEDROPE_OK);
+    tu_track(cn);
+    ck_assert_int_eq(ref_rope_from_config(&ref, &cfg), 0);
+
+    memset(&P, 0, sizeof P);
+    P.offsets = offsets;
+    positions = tu_positions(&P, c->S, c->B);
+    x = tu_tensor(LAY_SBHD, c->dt, c->S, c->B, c->H, c->D, &xb);
+    tu_fill_random(&xb, &r, -4, 4);
+    xsnap = tu_buf_copy(&xb);
+    xorig = tu_rebase(&x, &xb, &xsnap);
+    set_portable(c->portable);
+    for (int k = 0; k < 2; k++) {
+        const fusedrope_cache *cache = k ? cn : ct;
+        fusedrope_status st;
+        int64_t bad;
+        if (c->inplace) {
+            memcpy(xb.p, xsnap.p, xb.nbytes);
+            y[k] = x;
+        } else {
+            y[k] = tu_tensor(LAY_BSHD, c->dt, c->S, c->B, c->H, c->D, &yb[k]);
+        }
+        st = c->backward ? fusedrope_backward(cache, c->style, &P, &x, &y[k], NULL)
+                         : fusedrope_forward(cache, c->style, &P, &x, &y[k], NULL);
+        ck_assert_msg(st == FUSEDROPE_OK, "%s: %s (%s)", what, fusedrope_status_string(st),
+                      fusedrope_last_error());
+        bad = ref_check_apply(&ref, c->style, positions, &xorig, &y[k], c->backward, msg,
+                              sizeof msg);
+        ck_assert_msg(bad == 0, "%s, %s cache: %lld bad elements: %s", what,
+                      k ? "table-less" : "table", (long long)bad, msg);
+        if (c->inplace)
+            yb[k] = tu_buf_copy(&xb);
+    }
+    set_portable(0);
+    ck_assert_msg(yb[0].nbytes == yb[1].nbytes && memcmp(yb[0].p, yb[1].p, yb[0].nbytes) == 0,
+                  "%s: the table-less cache's output differs from the table's", what);
+    ref_rope_free(&ref);
+    tu_free_all();
+}
+
+/* Cases: i selects dtype, style, direction, placement and shape. */
+static void stack_case_of(int i, stack_case *c)
+{
+    static const struct { int rot; int64_t S, B, H, D; } shp[] = {
+        {FUSEDROPE_MAX_ROT_DIM, 3, 2, 3, FUSEDROPE_MAX_ROT_DIM}, /* 16 pieces of angles */
+        {2050, 5, 2, 7, 2056},                                   /* several, a 1-pair tail */
+        {128, 64, 4, 5, 136},      /* one piece; below the streaming threshold */
+        {128, 512, 2, 8, 128},     /* streamed out of place (>= 4 MiB in float32) */
+        {1024, 64, 2, 8, 2048},    /* streamed, 8 KiB float32 rows: the row buffer */
+    };
+    memset(c, 0, sizeof *c);
+    c->dt = dtypes[i % 3]; i /= 3;
+    c->style = (fusedrope_style)(i % 2); i /= 2;
+    c->backward = i % 2; i /= 2;
+    c->inplace = i % 2; i /= 2;
+    c->portable = i % 2; i /= 2;
+    c->rot_dim = shp[i % 5].rot;
+    c->S = shp[i % 5].S;
+    c->B = shp[i % 5].B;
+    c->H = shp[i % 5].H;
+    c->D = shp[i % 5].D;
+}
+#define NCASES (3 * 2 * 2 * 2 * 2 * 5)
+
+START_TEST(test_workers_small_stack)
+{
+    stack_case c;
+    tu_threads(3); /* items split inside tokens */
+    for (int v = 0; v < 4; v++) {
+        stack_case_of(_i * 4 + v, &c);
+        run_case(&c, 100 + (uint64_t)(_i * 4 + v));
+    }
+}
+END_TEST
+
+typedef struct {
+    int first;
+    int done;
+} thread_arg;
+
+static void *caller(void *p)
+{
+    thread_arg *a = p;
+    stack_case c;
+    tu_threads(2);
+    for (int v = 0; v < 6; v++) {
+        stack_case_of(a->first + v, &c);
+        run_case(&c, 5000 + (uint64_t)(a->first + v));
+    }
+    a->done = 1;
+    return NULL;
+}
+
+/* The caller's own thread has SMALL_STACK bytes of stack: it runs a share
+ * of the items as OpenMP's master thread. */
+START_TEST(test_caller_small_stack)
+{
+    pthread_attr_t attr;
+    pthread_t th;
+    thread_arg a = {_i * 6, 0};
+    int e;
+    ck_assert_int_eq(pthread_attr_init(&attr), 0);
+    if (!SANITIZED) {
+        e = pthread_attr_setstacksize(&attr, SMALL_STACK);
+        ck_assert_msg(e == 0, "pthread_attr_setstacksize(%d): %s", SMALL_STACK, strerror(e));
+    }
+    ck_assert_int_eq(pthread_create(&th, &attr, caller, &a), 0);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    pthread_attr_destroy(&attr);
+    ck_assert(a.done); /* a failed check in the thread exits the forked test */
+}
+END_TEST
+
+static Suite *stack_suite(void)
+{
+    Suite *s = suite_create("stack");
+    TCase *tc = tcase_create("stack");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, test_workers_small_stack, 0, NCASES / 4);
+    tcase_add_loop_test(tc, test_caller_small_stack, 0, NCASES / 6 / 4);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    /* The OpenMP runtime reads OMP_STACKSIZE when it loads: set it, then start
+     * this program again. */
+    if (!SANITIZED && !getenv("FUSEDROPE_TEST_STACK_CHILD")) {
+        setenv("OMP_STACKSIZE", "32K", 1);
+        setenv("FUSEDROPE_TEST_STACK_CHILD", "1", 1);
+        execv("/proc/self/exe", argv);
+        fprintf(stderr, "test_stack: cannot re-execute itself (%s); default stacks\n",
+                strerror(errno));
+    }
+    printf("test_stack: OMP_STACKSIZE=%s, caller threads of %s\n",
+           getenv("OMP_STACKSIZE") ? getenv("OMP_STACKSIZE") : "(default)",
+           SANITIZED ? "default stack (sanitizer build)" : "32 KiB");
+    return tu_main(stack_suite(), "test_stack");
+}
