@@ -121,6 +121,8 @@ static const spec specs[] = {
      {0, 10, 6, 4}, 40, 40, NEOX, 1e4, NULL, NULL, 0, 0, "1*10+2*6+3*4"},
     {"longrope [4,6,6] seq_len 256", FUSEDROPE_ROPE_LONGROPE, FUSEDROPE_AXES_SECTIONS,
      {4, 6, 6, 0}, 32, 36, NEOX, 1e4, NULL, NULL, 0, 0, "0*4+1*6+2*6"},
+    {"1D default rot 64/72 (no axes)", FUSEDROPE_ROPE_DEFAULT, FUSEDROPE_AXES_NONE,
+     {0, 0, 0, 0}, 64, 72, GPTJ, 1e4, NULL, NULL, 0, 0, "0*32"},
     {"vision 2D rot 64 freq_dim 40", FUSEDROPE_ROPE_DEFAULT, FUSEDROPE_AXES_VISION_2D,
      {0, 0, 0, 0}, 64, 64, NEOX, 1e4, NULL, NULL, 0, 40, "0*16+1*16"},
 };
