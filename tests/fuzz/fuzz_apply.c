@@ -538,7 +538,9 @@ static void gen_axes(src_t *s, fusedrope_cache_config *cfg, cache_t *ct, rng_t *
         }
     }
     if (tb & 1) {
-        static const double partial[] = { 0, 0.25, 0.5, 1, 0.3, 1.0 / 3 };
+        /* (shares whose floor(partial * rot_dim/2) no rounding can move
+         * for the harness's rot_dims, or 0.3) */
+        static const double partial[] = { 0, 0.25, 0.5, 1, 0.3, 0.75 };
         cfg->type = FUSEDROPE_ROPE_PROPORTIONAL;
         cfg->partial_rotary_factor = partial[(tb >> 1) % 6];
         cfg->factor = tb & 0x10 ? 1.0 : any_double(s, 1.0);
