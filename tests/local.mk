@@ -24,8 +24,9 @@ EMU_CXXFLAGS = -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wextra \
 	-Wno-unknown-pragmas
 
 if HAVE_CHECK
-check_PROGRAMS += tests/test_cache tests/test_apply tests/test_errors tests/test_cpu_rows
-TESTS += tests/test_cache tests/test_apply tests/test_errors tests/test_cpu_rows
+check_PROGRAMS += tests/test_cache tests/test_apply tests/test_errors tests/test_cpu_rows \
+	tests/test_axes
+TESTS += tests/test_cache tests/test_apply tests/test_errors tests/test_cpu_rows tests/test_axes
 
 tests_test_cache_SOURCES = tests/test_cache.c
 tests_test_cache_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
@@ -36,6 +37,11 @@ tests_test_apply_SOURCES = tests/test_apply.c
 tests_test_apply_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_apply_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_apply_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
+tests_test_axes_SOURCES = tests/test_axes.c
+tests_test_axes_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_axes_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_axes_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 tests_test_errors_SOURCES = tests/test_errors.c
 tests_test_errors_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) -pthread
@@ -98,6 +104,18 @@ tests_test_apply_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_test_apply_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
 tests_test_apply_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_apply_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
+# test_axes the same way: multimodal positions through the emulated kernels.
+check_PROGRAMS += tests/test_axes_emu
+TESTS += tests/test_axes_emu
+tests_test_axes_emu_SOURCES = tests/test_axes.c tests/cuda_emu_wrap.c \
+	kernels/cuda_apply_emu.cc
+tests_test_axes_emu_CPPFLAGS = $(EMU_CPPFLAGS)
+tests_test_axes_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_axes_emu_CXXFLAGS = $(EMU_CXXFLAGS)
+tests_test_axes_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
+tests_test_axes_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_axes_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # The kernels' own checks of device-side positions (NaN and the range flag),
 # on the same host build of the kernels.

@@ -241,13 +241,13 @@ static double yarn_corr(double d, double orig, double base, double r)
     return d * log(orig / (2.0 * REF_PI * r)) / (2.0 * log(base));
 }
 
-/* The dimension F of the exponents 2i/F: freq_dim if set, else rot_dim,
- * whose half for the vision towers' 2D layout. */
 int ref_freq_dim(const fusedrope_cache_config *cfg)
 {
-    if (cfg->freq_dim)
+    if (cfg->freq_dim > 0)
         return cfg->freq_dim;
-    return cfg->axes == FUSEDROPE_AXES_VISION_2D ? cfg->rot_dim / 2 : cfg->rot_dim;
+    if (cfg->axes == FUSEDROPE_AXES_VISION_2D)
+        return cfg->rot_dim / 2;
+    return cfg->rot_dim;
 }
 
 void ref_yarn_range(const fusedrope_cache_config *cfg, double *low, double *high)
@@ -271,6 +271,8 @@ void ref_yarn_range(const fusedrope_cache_config *cfg, double *low, double *high
 
 int ref_inv_freq(const fusedrope_cache_config *cfg, double *inv, double *attn)
 {
+    /* d is F, the exponent's denominator (rot_dim unless freq_dim or a vision
+     * layout says otherwise); there are always rot_dim/2 columns */
     int d = ref_freq_dim(cfg), half = cfg->rot_dim / 2, i;
     double base = cfg->theta;
     double orig = (double)cfg->original_max_positions;
@@ -318,9 +320,10 @@ int ref_inv_freq(const fusedrope_cache_config *cfg, double *inv, double *attn)
         return 0;
     }
     case FUSEDROPE_ROPE_LONGROPE: {
-        /* long factors past the original context: the config's seq_len, or
-         * the table's length when seq_len is 0 */
-        const int64_t L = cfg->seq_len > 0 ? cfg->seq_len : cfg->max_positions;
+        /* the long factors for a length past the original one: the length is
+         * seq_len where set (a table-less cache's way to say it), else the
+         * table's rows */
+        int64_t L = cfg->seq_len > 0 ? cfg->seq_len : cfg->max_positions;
         const double *f = L > cfg->original_max_positions ? cfg->long_factor : cfg->short_factor;
         double s = cfg->factor != 0 ? cfg->factor : (double)cfg->max_positions / orig;
         for (i = 0; i < half; i++)
@@ -351,14 +354,91 @@ int ref_inv_freq(const fusedrope_cache_config *cfg, double *inv, double *attn)
         return 0;
     }
     case FUSEDROPE_ROPE_PROPORTIONAL: {
-        /* Gemma 4: the first floor(partial * rot_dim / 2) pairs rotate
-         * (partial 0 means 1), the others keep angle 0 */
+        /* Gemma 4: the first floor(partial * rot_dim/2) columns rotate, the
+         * rest have frequency 0 (angle 0: their pairs pass unchanged) */
         double part = cfg->partial_rotary_factor != 0 ? cfg->partial_rotary_factor : 1.0;
-        int rotated = (int)floor(part * cfg->rot_dim / 2.0);
+        int nrot = (int)floor(part * half);
         for (i = 0; i < half; i++)
-            inv[i] = i < rotated ? pow(base, -(2.0 * i) / d) / cfg->factor : 0.0;
+            inv[i] = i < nrot ? pow(base, -(2.0 * i) / d) / cfg->factor : 0.0;
         return 0;
     }
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------- axes */
+
+int ref_axes_map(const fusedrope_cache_config *cfg, unsigned char *axis, int *col, int *naxes)
+{
+    const int half = cfg->rot_dim / 2, *s = cfg->sections;
+    int j, a, sum = 0, count[FUSEDROPE_MAX_AXES] = {0, 0, 0, 0};
+    *naxes = 1;
+    for (j = 0; j < half; j++) {
+        axis[j] = 0;
+        col[j] = j;
+    }
+    switch (cfg->axes) {
+    case FUSEDROPE_AXES_NONE:
+        return 0;
+    case FUSEDROPE_AXES_SECTIONS:
+    case FUSEDROPE_AXES_INTERLEAVED:
+    case FUSEDROPE_AXES_ALTERNATING:
+        for (a = 0; a < FUSEDROPE_MAX_AXES; a++) {
+            if (s[a] < 0 || s[a] > half)
+                return -1;
+            sum += s[a];
+        }
+        if (sum != half)
+            return -1;
+        if (cfg->axes != FUSEDROPE_AXES_SECTIONS && s[3] != 0)
+            return -1;
+        if (cfg->axes == FUSEDROPE_AXES_ALTERNATING && s[1] != s[2])
+            return -1;
+        for (j = 0; j < half; j++) {
+            if (cfg->axes == FUSEDROPE_AXES_SECTIONS) {
+                int end = 0;
+                for (a = 0; a < FUSEDROPE_MAX_AXES; a++) {
+                    end += s[a];
+                    if (j < end)
+                        break;
+                }
+                axis[j] = (unsigned char)a;
+            } else if (cfg->axes == FUSEDROPE_AXES_INTERLEAVED) {
+                axis[j] = j % 3 == 1 && j < 3 * s[1] ? 1 : j % 3 == 2 && j < 3 * s[2] ? 2 : 0;
+            } else {
+                axis[j] = j < 2 * s[1] ? (j % 2 == 0 ? 1 : 2) : 0;
+            }
+            count[axis[j]]++;
+        }
+        /* the preset must give each axis exactly its section */
+        for (a = 0; a < FUSEDROPE_MAX_AXES; a++)
+            if (count[a] != s[a])
+                return -1;
+        *naxes = s[3] > 0 ? 4 : 3;
+        return 0;
+    case FUSEDROPE_AXES_VISION_2D:
+        if (cfg->rot_dim % 4 != 0)
+            return -1;
+        for (j = 0; j < half; j++) {
+            axis[j] = j < cfg->rot_dim / 4 ? 0 : 1;
+            col[j] = j < cfg->rot_dim / 4 ? j : j - cfg->rot_dim / 4;
+        }
+        *naxes = 2;
+        return 0;
+    case FUSEDROPE_AXES_CUSTOM:
+        if (!cfg->pair_axis)
+            return -1;
+        for (j = 0; j < half; j++) {
+            if (cfg->pair_axis[j] >= FUSEDROPE_MAX_AXES)
+                return -1;
+            if (cfg->pair_col && (cfg->pair_col[j] < 0 || cfg->pair_col[j] >= half))
+                return -1;
+            axis[j] = cfg->pair_axis[j];
+            col[j] = cfg->pair_col ? cfg->pair_col[j] : j;
+            if (axis[j] + 1 > *naxes)
+                *naxes = axis[j] + 1;
+        }
+        return 0;
     }
     return -1;
 }
@@ -370,6 +450,14 @@ int ref_rope_from_config(ref_rope *r, const fusedrope_cache_config *cfg)
     r->inv_freq = malloc(sizeof(double) * (size_t)(cfg->rot_dim / 2 + 1));
     if (!r->inv_freq)
         return -1;
+    if (cfg->axes != FUSEDROPE_AXES_NONE) {
+        r->axis = malloc((size_t)(cfg->rot_dim / 2 + 1));
+        r->col = malloc(sizeof(int) * (size_t)(cfg->rot_dim / 2 + 1));
+        if (!r->axis || !r->col || ref_axes_map(cfg, r->axis, r->col, &r->naxes) != 0) {
+            ref_rope_free(r);
+            return -1;
+        }
+    }
     return ref_inv_freq(cfg, r->inv_freq, &r->attn);
 }
 
@@ -394,7 +482,11 @@ void ref_rope_from_table(ref_rope *r, const float *cos, const float *sin, int64_
 void ref_rope_free(ref_rope *r)
 {
     free(r->inv_freq);
+    free(r->axis);
+    free(r->col);
     r->inv_freq = NULL;
+    r->axis = NULL;
+    r->col = NULL;
 }
 
 void ref_cos_sin(const ref_rope *r, int64_t p, int i, double *c, double *s)
@@ -407,6 +499,19 @@ void ref_cos_sin(const ref_rope *r, int64_t p, int i, double *c, double *s)
         *c = r->tcos[p * (r->rot_dim / 2) + i];
         *s = r->tsin[p * (r->rot_dim / 2) + i];
     }
+}
+
+void ref_cos_sin_axes(const ref_rope *r, const int64_t *p, int64_t stride, int i, double *c,
+                      double *s)
+{
+    double ang;
+    if (!r->naxes || !r->inv_freq) {
+        ref_cos_sin(r, p[0], i, c, s);
+        return;
+    }
+    ang = (double)p[r->axis[i] * stride] * r->inv_freq[r->col[i]];
+    *c = cos(ang) * r->attn;
+    *s = sin(ang) * r->attn;
 }
 
 /* ---------------------------------------------------------------- positions */
@@ -462,6 +567,26 @@ void ref_positions(const fusedrope_positions *pos, int64_t seq_len, int64_t batc
             ref_token_position(pos, b * seq_len + s, b, s, seq_len, &out[b * seq_len + s]);
 }
 
+void ref_axis_positions(const fusedrope_positions *pos, int naxes, int64_t seq_len,
+                        int64_t batch, int64_t *out)
+{
+    const int64_t n = seq_len * batch;
+    int64_t k, a;
+    if (pos && pos->ids && pos->ids_axes > 1) {
+        /* rows of ids: [ids_axes][batch][seq] (THD: [ids_axes][tokens]) */
+        int64_t stride = pos->ids_axis_stride ? pos->ids_axis_stride : n;
+        for (a = 0; a < naxes; a++)
+            for (k = 0; k < n; k++)
+                out[a * n + k] = pos->ids[a * stride + k];
+        return;
+    }
+    /* one position per token, the same on every axis */
+    ref_positions(pos, seq_len, batch, out);
+    for (a = 1; a < naxes; a++)
+        for (k = 0; k < n; k++)
+            out[a * n + k] = out[k];
+}
+
 /* ----------------------------------------------------------------- rotation */
 
 void ref_pair(fusedrope_style style, int rot_dim, int i, int64_t *ca, int64_t *cb)
@@ -494,11 +619,11 @@ void ref_rotate(double a, double b, double c, double s, int backward, double *ya
 void ref_apply(const ref_rope *r, fusedrope_style style, const int64_t *positions,
                const fusedrope_tensor *x, int backward, double *out)
 {
-    int64_t s, b, h, c;
+    int64_t s, b, h, c, ntok = x->seq_len * x->batch;
     int i, half = r->rot_dim / 2;
     for (s = 0; s < x->seq_len; s++)
         for (b = 0; b < x->batch; b++) {
-            int64_t p = positions[b * x->seq_len + s];
+            const int64_t *p = &positions[b * x->seq_len + s];
             for (h = 0; h < x->heads; h++) {
                 double *o = out + ((s * x->batch + b) * x->heads + h) * x->head_dim;
                 for (c = r->rot_dim; c < x->head_dim; c++)
@@ -507,7 +632,7 @@ void ref_apply(const ref_rope *r, fusedrope_style style, const int64_t *position
                     int64_t ca, cb;
                     double cs, sn, a, bb;
                     ref_pair(style, r->rot_dim, i, &ca, &cb);
-                    ref_cos_sin(r, p, i, &cs, &sn);
+                    ref_cos_sin_axes(r, p, ntok, i, &cs, &sn);
                     a = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, ca));
                     bb = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, cb));
                     ref_rotate(a, bb, cs, sn, backward, &o[ca], &o[cb]);
@@ -534,7 +659,7 @@ int64_t ref_check_apply(const ref_rope *r, fusedrope_style style, const int64_t 
                         const fusedrope_tensor *x, const fusedrope_tensor *y, int backward,
                         char *msg, size_t msglen)
 {
-    int64_t s, b, h, c, bad = 0;
+    int64_t s, b, h, c, bad = 0, ntok = x->seq_len * x->batch;
     int i, half = r->rot_dim / 2;
     size_t es = ref_dtype_size(x->dtype);
     /* cos/sin per (token, pair), computed once per token */
@@ -550,9 +675,10 @@ int64_t ref_check_apply(const ref_rope *r, fusedrope_style style, const int64_t 
     }
     for (s = 0; s < x->seq_len; s++)
         for (b = 0; b < x->batch; b++) {
-            int64_t p = positions[b * x->seq_len + s];
+            const int64_t *pp = &positions[b * x->seq_len + s];
+            int64_t p = pp[0];
             for (i = 0; i < half; i++)
-                ref_cos_sin(r, p, i, &cs[i], &sn[i]);
+                ref_cos_sin_axes(r, pp, ntok, i, &cs[i], &sn[i]);
             for (h = 0; h < x->heads; h++) {
                 for (c = r->rot_dim; c < x->head_dim; c++) {
                     const unsigned char *px = (const unsigned char *)x->data +
@@ -583,11 +709,15 @@ int64_t ref_check_apply(const ref_rope *r, fusedrope_style style, const int64_t 
                         if (!ref_within(got, want, a, bb, r->attn, y->dtype, &tol)) {
                             if (bad++ < 4)
                                 appendf(msg, msglen,
-                                        "[s=%lld b=%lld h=%lld c=%lld pos=%lld pair=%d] "
+                                        "[s=%lld b=%lld h=%lld c=%lld pos=%lld pair=%d "
+                                        "axis=%d col=%d] "
                                         "got %.9g want %.12g (|err| %.3g > tol %.3g; a=%.9g "
                                         "b=%.9g); ",
                                         (long long)s, (long long)b, (long long)h,
-                                        (long long)ch, (long long)p, i, got, want,
+                                        (long long)ch,
+                                        (long long)(r->naxes ? pp[r->axis[i] * ntok] : p), i,
+                                        r->naxes ? r->axis[i] : 0, r->col ? r->col[i] : i,
+                                        got, want,
                                         fabs(got - want), tol, a, bb);
                         }
                     }

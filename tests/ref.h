@@ -68,6 +68,10 @@ double ref_angle_slack(double angle);
 
 /* ---------------------------------------------------------------- rope types */
 
+/* F, the denominator of every rope type's exponent 2c/F: freq_dim, or (0)
+ * rot_dim, or rot_dim/2 for the VISION_2D layout. */
+int ref_freq_dim(const fusedrope_cache_config *cfg);
+
 /* YaRN's m(s, k) = 1 if s <= 1 else 0.1 k ln s + 1. */
 double ref_yarn_mscale(double s, double k);
 /* YaRN's correction range (low, high) after clamping and the +0.001 rule. */
@@ -76,10 +80,33 @@ int ref_freq_dim(const fusedrope_cache_config *cfg);
 void ref_yarn_range(const fusedrope_cache_config *cfg, double *low, double *high);
 
 /*
- * inv_freq[rot_dim/2] and the attention factor of a (valid) configuration,
- * following DESIGN.md "Rope types".  Returns 0, or -1 for an unknown type.
+ * inv_freq[rot_dim/2] (one per frequency column c, exponent 2c/F) and the
+ * attention factor of a (valid) configuration, following DESIGN.md "Rope
+ * types" (PROPORTIONAL: columns past floor(partial_rotary_factor * rot_dim/2)
+ * have frequency 0; LONGROPE: the long factors when seq_len, or max_positions
+ * where seq_len is 0, exceeds original_max_positions).  Returns 0, or -1 for
+ * an unknown type.
  */
 int ref_inv_freq(const fusedrope_cache_config *cfg, double *inv_freq, double *attn);
+
+/*
+ * Position axes (multimodal rope): pair j of rot_dim/2 takes the position of
+ * axis[j] and the frequency of column col[j]; *naxes receives the number of
+ * position axes (3 for the section layouts, 4 when sections[3] > 0, 2 for
+ * VISION_2D, the largest pair_axis + 1 for CUSTOM, 1 for NONE).  Written
+ * from the layouts' formulas:
+ *   SECTIONS     the a with s0+..+s(a-1) <= j < s0+..+sa
+ *   INTERLEAVED  1 if j%3 == 1 && j < 3*s1; 2 if j%3 == 2 && j < 3*s2; else 0
+ *   ALTERNATING  j < 2*s1: 1 for even j, 2 for odd j; else 0
+ *   VISION_2D    j < rot_dim/4: (0, j); else (1, j - rot_dim/4)
+ *   CUSTOM       (pair_axis[j], pair_col[j] or j)
+ * Returns 0, or -1 where the library must refuse the configuration
+ * (INVALID): sections negative or not summing to rot_dim/2, a preset that
+ * does not give each axis exactly its section, sections[3] for INTERLEAVED
+ * or ALTERNATING, s1 != s2 for ALTERNATING, rot_dim % 4 for VISION_2D, a
+ * missing or out-of-range CUSTOM map.
+ */
+int ref_axes_map(const fusedrope_cache_config *cfg, unsigned char *axis, int *col, int *naxes);
 
 /* Where cos/sin come from: a rope configuration or a user table. */
 typedef struct ref_rope {
@@ -88,6 +115,10 @@ typedef struct ref_rope {
     double *inv_freq;     /* [rot_dim/2], or NULL for a user table */
     const float *tcos, *tsin; /* user table [rows][rot_dim/2] */
     int64_t rows;
+    /* position axes (a config with axes != NONE), else naxes 0 and NULL */
+    int naxes;
+    unsigned char *axis;  /* [rot_dim/2] */
+    int *col;             /* [rot_dim/2] */
 } ref_rope;
 
 int ref_rope_from_config(ref_rope *r, const fusedrope_cache_config *cfg);
@@ -96,6 +127,10 @@ void ref_rope_from_table(ref_rope *r, const float *cos, const float *sin, int64_
 void ref_rope_free(ref_rope *r);
 /* cos(p * inv_i) * attn and sin(p * inv_i) * attn in double (or the table's values). */
 void ref_cos_sin(const ref_rope *r, int64_t p, int i, double *c, double *s);
+/* The same for pair i of a rope with axes: the position p[axis[i] * stride]
+ * and column col[i] (without axes: ref_cos_sin(r, p[0], i)). */
+void ref_cos_sin_axes(const ref_rope *r, const int64_t *p, int64_t stride, int i, double *c,
+                      double *s);
 
 /* ---------------------------------------------------------------- positions */
 
@@ -120,6 +155,16 @@ int ref_token_position(const fusedrope_positions *pos, int64_t ids_index, int64_
 void ref_positions(const fusedrope_positions *pos, int64_t seq_len, int64_t batch,
                    int64_t *out);
 
+/*
+ * The position of every token on every axis: out[a * batch * seq_len + k],
+ * k = b * seq_len + s (THD: the packed token index).  With ids rows
+ * (pos->ids_axes > 1) axis a of token k is ids[a * stride + k], stride =
+ * ids_axis_stride or (0) batch * seq_len; otherwise every axis holds the
+ * token's one position (ref_positions).
+ */
+void ref_axis_positions(const fusedrope_positions *pos, int naxes, int64_t seq_len,
+                        int64_t batch, int64_t *out);
+
 /* ----------------------------------------------------------------- rotation */
 
 /* Channels of pair i for a style. */
@@ -134,6 +179,9 @@ int64_t ref_offset(const fusedrope_tensor *t, int64_t s, int64_t b, int64_t h, i
 /*
  * The float64 result of forward (backward = 0) or backward (1) applied to x:
  * out[((s * batch + b) * heads + h) * head_dim + c], channels >= rot_dim copied.
+ * positions: [batch * seq_len], or for a rope with axes (r->naxes > 0)
+ * [naxes][batch * seq_len] as ref_axis_positions writes them (also for
+ * ref_check_apply).
  */
 void ref_apply(const ref_rope *r, fusedrope_style style, const int64_t *positions,
                const fusedrope_tensor *x, int backward, double *out);

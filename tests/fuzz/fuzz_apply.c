@@ -16,6 +16,15 @@
  * a reason the contract names (a position below 0 through offsets, or a bad
  * style), so any accepted call touches only memory the harness allocated.
  *
+ * Sometimes the cache has position axes (multimodal rope: a random preset
+ * with valid or broken sections, or a custom per-pair axis and column map)
+ * or is of the proportional type, and the positions carry ids rows
+ * ([ids_axes][tokens] with a row stride, valid or a wrong row count); the
+ * model then holds the axes rules (ref_axes_map's refusals, ids_axes 0, 1
+ * or the cache's axis count, every axis's position inside the table,
+ * negatives allowed on a table-less cache with axes) and the reference
+ * rotates pair j by p[axis(j)] * inv[col(j)].
+ *
  * Every call is checked against an independent model of the contract
  * (DESIGN.md and the lead's decisions):
  *   - the status is one the model allows (OK when no rule is broken; one of
@@ -277,6 +286,12 @@ typedef struct {
     int64_t trows;
     fusedrope_cache_config cfg;
     double *sf, *lf;          /* longrope factors */
+    /* position axes (ref_axes_map): naxes 1 and the identity without */
+    int has_axes, naxes;
+    unsigned char axis[FUSEDROPE_MAX_ROT_DIM / 2];
+    int col[FUSEDROPE_MAX_ROT_DIM / 2];
+    unsigned char *pair_axis; /* a CUSTOM map given to the cache */
+    int *pair_col;
 } cache_t;
 
 /* Library defects this harness found (fixed; regression tests in
@@ -353,7 +368,7 @@ static unsigned config_allowed(const fusedrope_cache_config *c, int device, int 
             bad = 1;
         if (t == FUSEDROPE_ROPE_LONGROPE && !(FIN(c->factor) && c->factor >= 0))
             bad = 1;
-        if (t >= FUSEDROPE_ROPE_DYNAMIC && t != FUSEDROPE_ROPE_PROPORTIONAL &&
+        if (t >= FUSEDROPE_ROPE_DYNAMIC && t <= FUSEDROPE_ROPE_LLAMA3 &&
             c->original_max_positions <= 0)
             bad = 1;
         if (t == FUSEDROPE_ROPE_DYNAMIC && (d < 4 || c->seq_len < 0))
@@ -381,6 +396,18 @@ static unsigned config_allowed(const fusedrope_cache_config *c, int device, int 
             !(FIN(c->low_freq_factor) && FIN(c->high_freq_factor) && c->low_freq_factor > 0 &&
               c->low_freq_factor < c->high_freq_factor))
             bad = 1;
+        /* position axes: the layouts' rules (ref_axes_map refuses what the
+         * library must); the harness only makes freq_dim 0 or even <= rot_dim
+         * and partial_rotary_factor in [0, 1] */
+        if ((int)c->axes < FUSEDROPE_AXES_NONE || (int)c->axes > FUSEDROPE_AXES_CUSTOM) {
+            bad = 1;
+        } else if (c->axes != FUSEDROPE_AXES_NONE) {
+            static unsigned char ax[FUSEDROPE_MAX_ROT_DIM / 2];
+            static int col[FUSEDROPE_MAX_ROT_DIM / 2];
+            int n;
+            if (ref_axes_map(c, ax, col, &n) != 0)
+                bad = 1;
+        }
     }
 #undef FIN
     {
@@ -424,6 +451,8 @@ static void free_cache_t(cache_t *ct)
     free(ct->tsin);
     free(ct->sf);
     free(ct->lf);
+    free(ct->pair_axis);
+    free(ct->pair_col);
     memset(ct, 0, sizeof *ct);
 }
 
@@ -467,6 +496,62 @@ static int pick_device(src_t *s)
     if (b < 246)
         return FUSEDROPE_DEVICE_CUDA;
     return b & 1 ? -1 : 3 + (int)(b % 5);
+}
+
+/* Position axes and the 0.2 rope fields for a config (a valid rot_dim):
+ * a preset with sections that fit or not, or a custom map, sometimes the
+ * proportional type and a freq_dim. */
+static void gen_axes(src_t *s, fusedrope_cache_config *cfg, cache_t *ct, rng_t *r)
+{
+    unsigned b = u8(s), sb = u8(s), tb = u8(s);
+    int half = cfg->rot_dim / 2;
+    int ax = b < 240 ? (int)(b % 6) : (b & 1 ? -1 : 6 + (int)(b % 3));
+    cfg->axes = (fusedrope_axes)ax;
+    if (sb < 160) { /* sections that sum to half, as the preset wants them */
+        int s1 = (int)(u8(s) % (unsigned)(half / 3 + 1)), s2 = s1;
+        if (ax == FUSEDROPE_AXES_SECTIONS && (sb & 1))
+            s2 = (int)(u8(s) % (unsigned)(half - s1 + 1));
+        cfg->sections[1] = s1;
+        cfg->sections[2] = s2;
+        cfg->sections[0] = half - s1 - s2;
+        if (ax == FUSEDROPE_AXES_SECTIONS && (sb & 2) && cfg->sections[0] > 0) {
+            cfg->sections[3] = (int)(u8(s) % (unsigned)(cfg->sections[0] + 1));
+            cfg->sections[0] -= cfg->sections[3];
+        }
+    } else { /* anything */
+        for (int a = 0; a < FUSEDROPE_MAX_AXES; a++)
+            cfg->sections[a] = u8(s) < 240 ? (int)(u8(s) % 40) : any_int(s);
+    }
+    if (ax == FUSEDROPE_AXES_CUSTOM && !(sb & 0x80 && sb & 0x40)) {
+        ct->pair_axis = malloc((size_t)half);
+        if (!ct->pair_axis)
+            abort();
+        for (int j = 0; j < half; j++)
+            ct->pair_axis[j] = (unsigned char)(rnext(r) % 4);
+        if (sb & 4)
+            ct->pair_axis[u8(s) % (unsigned)half] = (unsigned char)(u8(s) % 8);
+        cfg->pair_axis = ct->pair_axis;
+        if (sb & 8) {
+            ct->pair_col = malloc(sizeof(int) * (size_t)half);
+            if (!ct->pair_col)
+                abort();
+            for (int j = 0; j < half; j++)
+                ct->pair_col[j] = (int)(rnext(r) % (uint64_t)half);
+            if (sb & 16)
+                ct->pair_col[u8(s) % (unsigned)half] = u8(s) & 1 ? half : -1;
+            cfg->pair_col = ct->pair_col;
+        }
+    }
+    if (tb & 1) {
+        /* (shares whose floor(partial * rot_dim/2) no rounding can move
+         * for the harness's rot_dims, or 0.3) */
+        static const double partial[] = { 0, 0.25, 0.5, 1, 0.3, 0.75 };
+        cfg->type = FUSEDROPE_ROPE_PROPORTIONAL;
+        cfg->partial_rotary_factor = partial[(tb >> 1) % 6];
+        cfg->factor = tb & 0x10 ? 1.0 : any_double(s, 1.0);
+    }
+    if ((tb & 0x20) && half >= 2) /* an even F in [4, rot_dim] */
+        cfg->freq_dim = 2 * (2 + (int)(u8(s) % (unsigned)(half - 1)));
 }
 
 /* Builds the cache the input describes and checks the create call.  Returns
@@ -607,6 +692,8 @@ static int make_cache(src_t *s, cache_t *ct, rng_t *r)
             cfg->short_factor = nullness % 4 == 1 ? NULL : ct->sf;
             cfg->long_factor = nullness % 4 == 2 ? NULL : ct->lf;
         }
+        if ((nullness & 0xe0) == 0xe0 && good_rot)
+            gen_axes(s, cfg, ct, r);
         allowed = config_allowed(cfg, device, 1, 1);
         if (nullness % 32 == 19) {
             st = fusedrope_cache_create(NULL, (fusedrope_device)device, &out);
@@ -621,12 +708,16 @@ static int make_cache(src_t *s, cache_t *ct, rng_t *r)
         } else {
             note("create(type %d, rot_dim %d, max_positions %lld, theta %g, factor %g, orig %lld, "
                  "seq_len %lld, attn %g, beta %g/%g, mscale %g/%g, truncate %d, llama3 %g/%g, "
-                 "longrope %p/%p; device %d)\n",
-                 type, rot, (long long)maxpos, theta, cfg->factor,
+                 "longrope %p/%p, axes %d [%d %d %d %d] map %p/%p, partial %g, freq_dim %d; "
+                 "device %d)\n",
+                 (int)cfg->type, rot, (long long)maxpos, theta, cfg->factor,
                  (long long)cfg->original_max_positions, (long long)cfg->seq_len,
                  cfg->attention_factor, cfg->beta_fast, cfg->beta_slow, cfg->mscale,
                  cfg->mscale_all_dim, cfg->truncate, cfg->low_freq_factor, cfg->high_freq_factor,
-                 (const void *)cfg->short_factor, (const void *)cfg->long_factor, device);
+                 (const void *)cfg->short_factor, (const void *)cfg->long_factor,
+                 (int)cfg->axes, cfg->sections[0], cfg->sections[1], cfg->sections[2],
+                 cfg->sections[3], (const void *)cfg->pair_axis, (const void *)cfg->pair_col,
+                 cfg->partial_rotary_factor, cfg->freq_dim, device);
             st = fusedrope_cache_create(cfg, (fusedrope_device)device, &out);
         }
         if (verbose_mode)
@@ -640,10 +731,13 @@ static int make_cache(src_t *s, cache_t *ct, rng_t *r)
         }
         CHECK(strcmp(before, fusedrope_last_error()) == 0, "successful create changed last_error");
         ct->cache = out;
-        ct->type = type;
+        ct->type = (int)cfg->type;
         ct->rot_dim = rot;
         ct->half = rot / 2;
         ct->max_positions = maxpos;
+        CHECK(ref_axes_map(cfg, ct->axis, ct->col, &ct->naxes) == 0,
+              "an accepted config's axes are refused by the reference");
+        ct->has_axes = cfg->axes != FUSEDROPE_AXES_NONE;
         /* a config the library accepted is one the reference can compute:
          * config_allowed gave OK only where derived_finite did */
         CHECK(ref_inv_freq(cfg, ct->inv, &ct->attn) == 0, "no reference for rope type %d", type);
@@ -665,6 +759,9 @@ static int make_cache(src_t *s, cache_t *ct, rng_t *r)
               "copy_table of a table-less cache must be INVALID");
     } else if (ct->type >= 0) {
         size_t n = (size_t)ct->max_positions * (size_t)ct->half;
+        int identity = 1;
+        for (int j = 0; j < ct->half; j++)
+            identity &= ct->col[j] == j;
         float *c = malloc(n * sizeof(float)), *sn = malloc(n * sizeof(float));
         if (!c || !sn)
             abort();
@@ -678,7 +775,9 @@ static int make_cache(src_t *s, cache_t *ct, rng_t *r)
                   "an accepted config gave a table with non-finite entries");
         /* the table against the reference, on a sample of rows: DESIGN's
          * cos(p inv_i) a and sin(p inv_i) a rounded once to float32 */
-        for (int64_t p = 0; p < ct->max_positions; p += 1 + ct->max_positions / 16)
+        /* (row p, pair i) holds column i's angle; a map with other columns
+         * leaves the table's layout to the library */
+        for (int64_t p = 0; p < ct->max_positions && identity; p += 1 + ct->max_positions / 16)
             for (int i = 0; i < ct->half; i++) {
                 double a = (double)p * ct->inv[i];
                 double ec = cos(a) * ct->attn, es = sin(a) * ct->attn;
@@ -859,6 +958,8 @@ typedef struct {
     int64_t *ids, *offsets;
     int32_t *cu;
     int64_t n_ids, n_offsets, n_cu;
+    int rows;                   /* ids rows the model reads: ids_axes when it is > 1, else 1 */
+    int64_t row_stride;         /* elements between them */
 } pspec;
 
 static void free_pspec(pspec *ps)
@@ -879,7 +980,8 @@ static int64_t pos_value(src_t *s, int64_t room)
     return any_i64(s);
 }
 
-static void gen_positions(src_t *s, pspec *ps, int64_t S, int64_t B, int thd, int64_t maxpos)
+static void gen_positions(src_t *s, pspec *ps, int64_t S, int64_t B, int thd, int64_t maxpos,
+                          int naxes)
 {
     unsigned mode = u8(s), mut = u8(s);
     int64_t room = maxpos > 0 ? maxpos : 1 << 20;
@@ -937,13 +1039,35 @@ static void gen_positions(src_t *s, pspec *ps, int64_t S, int64_t B, int thd, in
     if (mode % 8 == 3 || (mode % 8 == 6 && (mut & 8))) {
         i128 n = (i128)S * B;
         if (S >= 0 && B >= 0 && n <= FZ_MAX_ARRAY) {
+            int rows = 1;
+            int64_t stride = (int64_t)n;
             ps->n_ids = (int64_t)n;
-            ps->ids = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+            if (naxes > 1) {
+                /* a cache with axes: one row, or a row per axis (dense, or a
+                 * wider persistent buffer), or a wrong number of rows */
+                static const int wrong[] = { -1, 2, 3, 4, 5, 1000 };
+                unsigned ab = u8(s);
+                if (ab >= 240)
+                    ps->p.ids_axes = wrong[ab % 6] == naxes ? naxes + 1 : wrong[ab % 6];
+                else if (ab % 4 < 2)
+                    ps->p.ids_axes = (int)(ab % 4);
+                else
+                    ps->p.ids_axes = rows = naxes;
+                if (ab < 240 && ab % 4 >= 2 && (ab & 4)) {
+                    stride = (int64_t)n + 1 + (int64_t)((ab >> 3) % 9);
+                    ps->p.ids_axis_stride = stride;
+                }
+                ps->n_ids = (int64_t)(rows - 1) * stride + (int64_t)n;
+            }
+            ps->rows = rows;
+            ps->row_stride = stride;
+            ps->ids = malloc((size_t)(ps->n_ids ? ps->n_ids : 1) * sizeof(int64_t));
             if (!ps->ids)
                 abort();
             rng_t ir = { ((uint64_t)mode << 8 | mut) * 0x9e3779b97f4a7c15ull };
             for (int64_t i = 0; i < ps->n_ids; i++)
-                ps->ids[i] = (int64_t)(rnext(&ir) % (uint64_t)room);
+                ps->ids[i] = i % stride < (int64_t)n ? (int64_t)(rnext(&ir) % (uint64_t)room)
+                                                     : INT64_MIN; /* between rows: never read */
             if (mut & 16) {
                 if (ps->n_ids)
                     ps->ids[u16(s) % (unsigned)ps->n_ids] = sadd(pos_value(s, room + 4), -2);
@@ -969,15 +1093,19 @@ static void gen_positions(src_t *s, pspec *ps, int64_t S, int64_t B, int thd, in
     }
 }
 
-/* The global position of token (b, s) as the decisions define it, exactly
- * (128-bit): the reference's model (ref_token_position), with an int64
- * overflow of the offset's sum undone.  THD: seq, j and len give the token's
+/* The global position of token (b, s) on an axis as the decisions define
+ * it, exactly (128-bit): the row of ids for that axis where ids has rows,
+ * else the reference's model (ref_token_position), with an int64 overflow
+ * of the offset's sum undone.  THD: seq, j and len give the token's
  * sequence, index in it and length. */
 static i128 ref_position(const pspec *ps, int64_t S, int64_t b, int64_t s, int64_t seq, int64_t j,
-                         int64_t len)
+                         int64_t len, int axis)
 {
     int64_t v;
-    int wrapped = ref_token_position(ps->given ? &ps->p : NULL, b * S + s, seq, j, len, &v);
+    int wrapped;
+    if (ps->given && ps->p.ids && ps->rows > 1) /* axis `axis`'s row */
+        return ps->p.ids[axis * ps->row_stride + b * S + s];
+    wrapped = ref_token_position(ps->given ? &ps->p : NULL, b * S + s, seq, j, len, &v);
     if (!wrapped)
         return v;
     /* the true sum is v + 2^64 (positive overflow, v < 0) or v - 2^64 */
@@ -1078,7 +1206,7 @@ static int same_view(const tspec *x, const tspec *y)
  * of up to FZ_MAX_ITEMS (token, head) items. */
 static void check_values(const cache_t *ct, const buf_t *bufs, const tspec *x, const tspec *y,
                          const char *name, int sgn, int interleaved, const i128 *tokpos,
-                         int64_t S)
+                         int64_t S, int64_t ntok)
 {
     const fusedrope_tensor *tx = &x->t, *ty = &y->t;
     const int dt = (int)tx->dtype;
@@ -1091,7 +1219,8 @@ static void check_values(const cache_t *ct, const buf_t *bufs, const tspec *x, c
 
     for (int64_t n = 0; n < items; n += step) {
         int64_t h = n % tx->heads, tok = n / tx->heads, b = tok % tx->batch, s = tok / tx->batch;
-        i128 p = tokpos[b * S + s];
+        const i128 *pt = &tokpos[b * S + s];
+        i128 p = pt[0];
         const unsigned char *xi = in + (size_t)(s * tx->stride_seq + b * tx->stride_batch +
                                                 h * tx->stride_head) * es;
         const unsigned char *yo = out + (size_t)(s * ty->stride_seq + b * ty->stride_batch +
@@ -1108,9 +1237,11 @@ static void check_values(const cache_t *ct, const buf_t *bufs, const tspec *x, c
             double c, sn, attn = 1.0, ra, rb, ta, tb, slack = 0;
             if (ct->formula) {
                 double ang;
-                if (p >= ((i128)1 << 40))
+                if (ct->has_axes) /* pair i: its axis's position, its column */
+                    p = pt[(int64_t)ct->axis[i] * ntok];
+                if (p >= ((i128)1 << 40) || p <= -((i128)1 << 40))
                     continue; /* the reference's angle is not exact enough there */
-                ang = (double)(int64_t)p * ct->inv[i];
+                ang = (double)(int64_t)p * ct->inv[ct->has_axes ? ct->col[i] : i];
                 attn = ct->attn;
                 c = cos(ang) * attn;
                 sn = sin(ang) * attn;
@@ -1174,6 +1305,7 @@ static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
     void *stream = (void *)(uintptr_t)(u8(s) < 128 ? 0 : 0xdeadbeef);
     i128 *tokpos = NULL;
     int forced = 0, any_nonempty = 0, all_valid = 1, pos_struct_ok = 1;
+    const int naxes = ct->has_axes ? ct->naxes : 1; /* rows of tokpos */
 
     memset(ts, 0, sizeof ts);
     memset(bufs, 0, sizeof bufs);
@@ -1374,7 +1506,8 @@ static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
             note("forced failure: style 77\n");
         }
     } else {
-        gen_positions(s, &ps, ts[0].t.seq_len, ts[0].t.batch, family == 2, ct->max_positions);
+        gen_positions(s, &ps, ts[0].t.seq_len, ts[0].t.batch, family == 2, ct->max_positions,
+                      ct->has_axes ? ct->naxes : 1);
     }
 
     /* ---- position arrays inside a tensor buffer (inputs only, unless strict) */
@@ -1459,6 +1592,10 @@ static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
             reason(&v, FUSEDROPE_ERR_INVALID, hard, "cp_rank"), pos_struct_ok = 0;
         if (p->ids && (p->offsets || cp > 1))
             reason(&v, FUSEDROPE_ERR_INVALID, hard, "ids with offsets/cp"), pos_struct_ok = 0;
+        if (p->ids && p->ids_axes != 0 && p->ids_axes != 1 &&
+            (!ct->has_axes || p->ids_axes != ct->naxes))
+            reason(&v, FUSEDROPE_ERR_INVALID, hard && !null_cache, "ids_axes %d, the cache has "
+                   "%d axes", p->ids_axes, ct->has_axes ? ct->naxes : 1), pos_struct_ok = 0;
         if (p->cu_seqlens && B0 != 1)
             reason(&v, FUSEDROPE_ERR_INVALID, hard, "cu_seqlens with batch %lld",
                    (long long)B0), pos_struct_ok = 0;
@@ -1565,7 +1702,7 @@ static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
             /* q without tokens and a non-empty k: refused as a mismatch */
         } else if ((i128)S0 * B0 <= (i128)4 * FZ_LIMIT) {
             int cu_ok = 1;
-            tokpos = malloc((size_t)(S0 * B0 > 0 ? S0 * B0 : 1) * sizeof(i128));
+            tokpos = malloc((size_t)(S0 * B0 > 0 ? S0 * B0 : 1) * (size_t)naxes * sizeof(i128));
             if (!tokpos)
                 abort();
             if (p && p->cu_seqlens) {
@@ -1578,23 +1715,42 @@ static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
                 if (!cu_ok)
                     reason(&v, FUSEDROPE_ERR_INVALID, 1, "cu_seqlens contents");
                 else
-                    for (int64_t q = 0; q < p->num_seqs; q++)
-                        for (int64_t t = cu[q]; t < cu[q + 1]; t++)
-                            tokpos[t] = ref_position(&ps, S0, 0, t, q, t - cu[q], cu[q + 1] - cu[q]);
+                    for (int a = 0; a < naxes; a++)
+                        for (int64_t q = 0; q < p->num_seqs; q++)
+                            for (int64_t t = cu[q]; t < cu[q + 1]; t++)
+                                tokpos[a * S0 + t] = ref_position(&ps, S0, 0, t, q, t - cu[q],
+                                                                  cu[q + 1] - cu[q], a);
             } else {
-                for (int64_t b = 0; b < B0; b++)
-                    for (int64_t t = 0; t < S0; t++)
-                        tokpos[b * S0 + t] = ref_position(&ps, S0, b, t, b, t, S0);
+                for (int a = 0; a < naxes; a++)
+                    for (int64_t b = 0; b < B0; b++)
+                        for (int64_t t = 0; t < S0; t++)
+                            tokpos[a * S0 * B0 + b * S0 + t] =
+                                ref_position(&ps, S0, b, t, b, t, S0, a);
             }
             if (cu_ok) {
-                for (int64_t i = 0; i < S0 * B0; i++)
-                    if (tokpos[i] < 0 || tokpos[i] > INT64_MAX ||
-                        (ct->max_positions > 0 && tokpos[i] >= ct->max_positions)) {
-                        reason(&v, FUSEDROPE_ERR_RANGE, 1, "token %lld position %lld%s",
-                               (long long)i, (long long)(int64_t)tokpos[i],
+                /* a table: every axis's position in it; table-less: in int64,
+                 * and not negative unless the cache has axes (a rope delta).
+                 * Negatives from offsets or cp on a table-less cache with axes:
+                 * the decisions name ids; either answer is allowed. */
+                int from_ids = p && p->ids;
+                for (int64_t i = 0; i < S0 * B0 * naxes; i++) {
+                    int past = tokpos[i] > INT64_MAX || tokpos[i] < INT64_MIN ||
+                               (ct->max_positions > 0 &&
+                                (tokpos[i] < 0 || tokpos[i] >= ct->max_positions));
+                    if (!past && tokpos[i] < 0 && ct->max_positions == 0) {
+                        if (!ct->has_axes)
+                            past = 1;
+                        else if (!from_ids)
+                            v.soft |= 1u << FUSEDROPE_ERR_RANGE;
+                    }
+                    if (past) {
+                        reason(&v, FUSEDROPE_ERR_RANGE, 1, "token %lld axis %lld position %lld%s",
+                               (long long)(i % (S0 * B0)), (long long)(i / (S0 * B0)),
+                               (long long)(int64_t)tokpos[i],
                                tokpos[i] > INT64_MAX ? " (past INT64_MAX)" : "");
                         break;
                     }
+                }
             } else {
                 free(tokpos);
                 tokpos = NULL;
@@ -1625,8 +1781,10 @@ static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
              ts[k].data_kind == 1 ? " data NULL" : ts[k].data_kind == 2 ? " data bogus" : "");
     }
     if (ps.given)
-        note("  pos: ids %p (%lld) offsets %p (%lld) cu %p (num_seqs %lld) cp %d/%d\n",
-             (const void *)ps.p.ids, (long long)ps.n_ids, (const void *)ps.p.offsets,
+        note("  pos: ids %p (%lld, ids_axes %d, stride %lld) offsets %p (%lld) cu %p (num_seqs "
+             "%lld) cp %d/%d\n",
+             (const void *)ps.p.ids, (long long)ps.n_ids, ps.p.ids_axes,
+             (long long)ps.p.ids_axis_stride, (const void *)ps.p.offsets,
              (long long)ps.n_offsets, (const void *)ps.p.cu_seqlens, (long long)ps.p.num_seqs,
              ps.p.cp_size, ps.p.cp_rank);
     note("  model: allowed 0x%x must_fail %d: %s\n", v.allowed, v.must_fail, v.why);
@@ -1694,7 +1852,8 @@ static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
             for (int k = 0; k < count; k++)
                 if (mappable(&ts[2 * k]) && mappable(&ts[2 * k + 1]))
                     check_values(ct, bufs, &ts[2 * k], &ts[2 * k + 1], k ? "k" : "q", sgn,
-                                 style == FUSEDROPE_INTERLEAVED, tokpos, ts[0].t.seq_len);
+                                 style == FUSEDROPE_INTERLEAVED, tokpos, ts[0].t.seq_len,
+                                 ts[0].t.seq_len * ts[0].t.batch);
         }
     }
 
