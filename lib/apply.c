@@ -222,10 +222,10 @@ static fusedrope_status check_positions(const fusedrope_positions *user_pos,
     if (pos->ids_axes > 1 && !pos->ids)
         return fr_fail(FUSEDROPE_ERR_INVALID, "pos->ids_axes is %d but pos->ids is NULL",
                        pos->ids_axes);
-    if (pos->ids_axis_stride != 0 && pos->ids_axes <= 1)
+    if (pos->ids_axis_stride < 0)
         return fr_fail(FUSEDROPE_ERR_INVALID,
-                       "pos->ids_axis_stride is %lld but ids has one row (pos->ids_axes %d)",
-                       (ll)pos->ids_axis_stride, pos->ids_axes);
+                       "pos->ids_axis_stride is %lld; it must be >= 0 (0: rows of batch x "
+                       "seq_len positions one after the other)", (ll)pos->ids_axis_stride);
     if (pos->ids_axes > 1) {
         const int64_t row = t->batch * t->seq_len; /* tensor sizes are checked */
         if (pos->ids_axis_stride != 0 && pos->ids_axis_stride < row)
