@@ -175,6 +175,7 @@ static void unit_case(int i)
             ck_assert_msg(n == 0, "%s: the input was modified", what);
         }
     }
+    ref_rope_free(&c.ref);
     tu_free_all();
 }
 
@@ -240,6 +241,7 @@ START_TEST(test_unit_dims_qk)
     /* qo was poisoned as when the plain call ran: every byte must be the same */
     ck_assert_msg(tu_changed(&qob, &qoplain, &first) == 0, "qk: q_out differs (first byte %zu)",
                   first);
+    ref_rope_free(&c.ref);
     tu_free_all();
 }
 END_TEST
@@ -273,6 +275,7 @@ START_TEST(test_still_refused)
     st = fusedrope_forward(c.cache, FUSEDROPE_NEOX, NULL, &x, &y, NULL);
     ck_assert_int_eq(st, FUSEDROPE_ERR_INVALID);
     ck_assert_msg(tu_contains(fusedrope_last_error(), "overlap"), "%s", fusedrope_last_error());
+    ref_rope_free(&c.ref);
     tu_free_all();
 }
 END_TEST
