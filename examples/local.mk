@@ -1,11 +1,11 @@
 # The example programs of fusedrope-models(7): each checks its own results
 # against values it computes in double and exits 0 or 1, so make check runs
-# them as tests.
+# them as tests; check-page.sh keeps the page's copies equal to these files.
 FR_EXAMPLES = examples/decode_qkv examples/varlen_thd examples/explicit_ids \
 	examples/model_cache
 check_PROGRAMS += $(FR_EXAMPLES)
-TESTS += $(FR_EXAMPLES)
-EXTRA_DIST +=
+TESTS += $(FR_EXAMPLES) examples/check-page.sh
+EXTRA_DIST += examples/check-page.sh
 
 examples_decode_qkv_SOURCES = examples/decode_qkv.c
 examples_decode_qkv_LDADD = $(FUSEDROPE_LIBS)
