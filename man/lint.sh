@@ -19,7 +19,7 @@ mkdir "$scratch" && ln -s "$mandir" "$scratch/man3" || exit 1
 
 status=0
 pages=0
-for page in "$mandir"/*.3 "$mandir"/*.1; do
+for page in "$mandir"/*.3 "$mandir"/*.1 "$mandir"/*.7; do
     [ -f "$page" ] || continue
     pages=`expr $pages + 1`
     name=`basename "$page"`

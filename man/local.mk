@@ -4,6 +4,7 @@
 dist_man_MANS += \
 	man/fusedrope-bench.1 \
 	man/fusedrope.3 \
+	man/fusedrope-models.7 \
 	man/fusedrope_cache_create.3 \
 	man/fusedrope_cache_create_from_table.3 \
 	man/fusedrope_cache_destroy.3 \
