@@ -16,6 +16,12 @@ timing the peers in this process:
                Hugging Face rotary module hands them to apply_rotary_pos_emb.
   hf-compile   the same function under torch.compile (default mode,
                dynamic=False, fullgraph=True).
+  fusedrope-py libfusedrope through its Python package (python/, when it is
+               installed; --no-binding skips it): fusedrope.forward/backward
+               out of place into a preallocated tensor, with a default-type
+               CUDA cache of S rows (theta 10000, as the tables here), so
+               the difference from the libfusedrope row is the binding's
+               per-call cost (DLPack export, argument checks).
 
 Backward is the formulation's transpose written the same way (what autograd
 runs for it, without the autograd engine): dx = dy*cos + rotate_half^T(dy*sin),
@@ -75,6 +81,8 @@ def parse_args():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile peer")
+    ap.add_argument("--no-binding", action="store_true",
+                    help="skip the fusedrope Python package (python/)")
     ap.add_argument("--bench", metavar="PATH",
                     help="fusedrope-bench to run first with the same options (--device cuda)")
     ap.add_argument("--bench-args", default="", help="extra arguments for fusedrope-bench")
@@ -148,6 +156,27 @@ def build_peers(torch):
 
     return {"neox": (make(rotate_half), make(rotate_half_t)),
             "interleaved": (make(rotate_every_two), make(rotate_every_two_t))}
+
+
+def build_binding(torch, S, rot, a, like):
+    """('fusedrope-py', forward, backward) through the Python package, or None
+    when it is not installed."""
+    try:
+        import fusedrope
+    except ImportError:
+        print("peers: the fusedrope Python package is not installed; no fusedrope-py row",
+              file=sys.stderr)
+        return None
+    cache = fusedrope.Cache("default", rot_dim=rot, max_positions=S, theta=10000.0,
+                            device="cuda")
+    out = torch.empty_like(like)
+
+    def fwd(x, cos, sin):
+        return fusedrope.forward(cache, x, out=out, style=a.style, layout=a.layout)
+
+    def bwd(x, cos, sin):
+        return fusedrope.backward(cache, x, out=out, style=a.style, layout=a.layout)
+    return ("fusedrope-py", fwd, bwd)
 
 
 def cos_sin_tables(torch, S, rot, style, dev):
@@ -266,6 +295,8 @@ def main():
         nbytes = 2 * x.numel() * x.element_size()
         nsets = max(1, min(4096, math.ceil(4 * l2 / nbytes)))
         inputs = [x] + [x.clone() for _ in range(nsets - 1)]
+        binding = None if a.no_binding else build_binding(torch, S, rot, a, x)
+        shape_impls = impls + ([binding] if binding else [])
 
         # copy bandwidth of the same bytes, in this process
         srcs = [torch.empty_like(x).copy_(x) for _ in range(nsets)]
@@ -277,7 +308,7 @@ def main():
 
         for opname, sign, pick in (("forward", 1.0, 1), ("backward", -1.0, 2)):
             ref, pairsum = reference(torch, x, cr, sr, a.style, sign)
-            for impl in impls:
+            for impl in shape_impls:
                 name, fn = impl[0], impl[pick]
                 print("[peers] %s %s %s %s %s ..." % (name, opname, a.dtype, a.layout, shape_str),
                       file=sys.stderr, flush=True)
@@ -296,7 +327,7 @@ def main():
                                 " (rel L2 %.2g; %.2f%% within bound, max err/tol %.3g)" %
                                 (rel, 100 * within, worst)))
             del ref, pairsum
-        del inputs, x
+        del inputs, x, binding
 
     print("\n%-11s %-18s %-13s %10s %9s %9s %8s  %s" % ("op", "shape", "impl", "median ms", "GB/s",
                                                         "copy GB/s", "of copy", "check"))

@@ -1,0 +1,387 @@
+"""fusedrope: rotary position embeddings (RoPE) for q/k tensors, forward and
+backward, through libfusedrope (CUDA and OpenMP).
+
+Arrays come in and go out through DLPack (``__dlpack__``), so NumPy arrays,
+PyTorch tensors (CPU and CUDA) and CuPy arrays are used without copies::
+
+    import fusedrope
+    cache = fusedrope.Cache("llama3", rot_dim=128, max_positions=131072,
+                            theta=500000.0, factor=8.0, original_max_positions=8192)
+    fusedrope.forward_qk(cache, q, k, layout="bshd")        # in place
+
+See the top-level README ("Python") and fusedrope(3) for the semantics.
+"""
+import contextlib
+import itertools
+import sys
+import weakref
+
+import numpy as np
+
+from . import _fusedrope
+from ._version import __version__
+
+__all__ = [
+    "Cache", "Error", "forward", "backward", "forward_qk", "backward_qk",
+    "version", "cuda_available", "ROPE_TYPES",
+]
+
+
+class Error(RuntimeError, ValueError):
+    """A failure reported by libfusedrope.
+
+    ``status`` is the fusedrope_status value (int), ``status_name`` its name
+    ("ERR_INVALID", "ERR_RANGE", "ERR_NOMEM", "ERR_UNSUPPORTED", "ERR_CUDA"),
+    and ``detail`` the library's fusedrope_last_error() sentence.
+    """
+
+    status = None
+    status_name = None
+    detail = ""
+
+    def __str__(self):
+        base = super().__str__()
+        return f"{self.status_name}: {base}" if self.status_name else base
+
+
+_fusedrope._set_error_class(Error)
+
+ROPE_TYPES = {"default": 0, "linear": 1, "dynamic": 2, "yarn": 3, "longrope": 4, "llama3": 5}
+_STYLES = {"neox": 0, "interleaved": 1}
+_LAYOUTS = {"sbhd": 0, "bshd": 1, "thd": 2}
+_DEV_CPU, _DEV_CUDA = 1, 2
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+
+
+def version():
+    """(version string, version number) of the library linked in."""
+    return _fusedrope.version()
+
+
+def cuda_available():
+    """True when the library was built with CUDA and a device is present."""
+    return _fusedrope.cuda_available()
+
+
+# ------------------------------------------------------------------ devices
+
+def _current_cuda_device():
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.current_device()
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        return cupy.cuda.runtime.getDevice()
+    return 0
+
+
+@contextlib.contextmanager
+def _cuda_device(index):
+    """Makes CUDA device `index` current for the library's calls (the
+    library works on the current device), through whichever of PyTorch and
+    CuPy is loaded; without either the CUDA runtime's default, device 0."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        with torch.cuda.device(index):
+            yield
+        return
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        with cupy.cuda.Device(index):
+            yield
+        return
+    if index != 0:
+        raise ValueError(f"selecting CUDA device {index} needs PyTorch or CuPy to be imported")
+    yield
+
+
+def _parse_device(device):
+    if device is None:
+        return _DEV_CPU, -1
+    d = str(device)
+    if d == "cpu":
+        return _DEV_CPU, -1
+    if d == "cuda":
+        return _DEV_CUDA, _current_cuda_device()
+    if d.startswith("cuda:") and d[5:].isdigit():
+        return _DEV_CUDA, int(d[5:])
+    raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', not {device!r}")
+
+
+# -------------------------------------------------------------------- cache
+
+_cache_ids = itertools.count(1)
+_caches = weakref.WeakValueDictionary()  # id -> Cache, for fusedrope.torch's ops
+
+_FIELDS = ("factor", "original_max_positions", "seq_len", "attention_factor", "beta_fast",
+           "beta_slow", "mscale", "mscale_all_dim", "truncate", "low_freq_factor",
+           "high_freq_factor", "short_factor", "long_factor")
+
+
+class Cache:
+    """The cos/sin table of a rope type on one device (fusedrope_cache_create).
+
+    ``Cache(type, rot_dim=..., max_positions=..., theta=10000.0, **fields,
+    device="cpu")``: ``type`` is one of "default", "linear", "dynamic",
+    "yarn", "longrope", "llama3"; ``fields`` are the members of
+    fusedrope_cache_config by name (factor, original_max_positions, seq_len,
+    attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim, truncate,
+    low_freq_factor, high_freq_factor, short_factor, long_factor); those left
+    at None keep the library's defaults for the type (fusedrope_cache_create(3)).
+    ``device`` is "cpu", "cuda" (the current CUDA device) or "cuda:N".
+    """
+
+    def __init__(self, type="default", rot_dim=None, max_positions=None, theta=10000.0, *,
+                 factor=None, original_max_positions=None, seq_len=None, attention_factor=None,
+                 beta_fast=None, beta_slow=None, mscale=None, mscale_all_dim=None, truncate=None,
+                 low_freq_factor=None, high_freq_factor=None, short_factor=None, long_factor=None,
+                 device="cpu"):
+        if type not in ROPE_TYPES:
+            raise ValueError(f"type must be one of {sorted(ROPE_TYPES)}, not {type!r}")
+        if rot_dim is None or max_positions is None:
+            raise TypeError("Cache() needs rot_dim and max_positions")
+        fields = dict(factor=factor, original_max_positions=original_max_positions,
+                      seq_len=seq_len, attention_factor=attention_factor, beta_fast=beta_fast,
+                      beta_slow=beta_slow, mscale=mscale, mscale_all_dim=mscale_all_dim,
+                      truncate=truncate, low_freq_factor=low_freq_factor,
+                      high_freq_factor=high_freq_factor,
+                      short_factor=None if short_factor is None else [float(v) for v in short_factor],
+                      long_factor=None if long_factor is None else [float(v) for v in long_factor])
+        dev, dev_id = _parse_device(device)
+        ctx = _cuda_device(dev_id) if dev == _DEV_CUDA else contextlib.nullcontext()
+        with ctx:
+            handle = _fusedrope.cache_create(ROPE_TYPES[type], int(rot_dim), int(max_positions),
+                                             float(theta), dev, dev_id, fields)
+        self._init(handle, type, {"theta": float(theta), **{k: v for k, v in fields.items()
+                                                           if v is not None}})
+
+    def _init(self, handle, type, params):
+        self._h = handle
+        self.type = type
+        self.params = params
+        self.id = next(_cache_ids)
+        _caches[self.id] = self
+
+    @classmethod
+    def from_table(cls, cos, sin, device="cpu"):
+        """A cache from a host table: cos and sin of shape [positions, rot_dim/2]
+        (anything np.asarray takes; converted to float32), used as they are."""
+        cos = np.ascontiguousarray(cos, dtype=np.float32)
+        sin = np.ascontiguousarray(sin, dtype=np.float32)
+        if cos.ndim != 2 or cos.shape != sin.shape:
+            raise ValueError(f"cos and sin must both be [positions, rot_dim/2]; got {cos.shape} "
+                             f"and {sin.shape}")
+        dev, dev_id = _parse_device(device)
+        ctx = _cuda_device(dev_id) if dev == _DEV_CUDA else contextlib.nullcontext()
+        with ctx:
+            handle = _fusedrope.cache_from_table(cos, sin, cos.shape[0], 2 * cos.shape[1], dev,
+                                                 dev_id)
+        self = cls.__new__(cls)
+        self._init(handle, None, {})
+        return self
+
+    @classmethod
+    def from_config(cls, config, max_positions=None, device="cpu", *, seq_len=None,
+                    layer_type=None):
+        """A cache from a Hugging Face model config (a dict as in config.json,
+        or a PretrainedConfig), mapped as transformers' modeling_rope_utils
+        does; see fusedrope._hf.cache_arguments."""
+        from ._hf import cache_arguments
+        args = cache_arguments(config, max_positions=max_positions, seq_len=seq_len,
+                               layer_type=layer_type)
+        return cls(**args, device=device)
+
+    @property
+    def rot_dim(self):
+        return self._h.rot_dim
+
+    @property
+    def max_positions(self):
+        return self._h.max_positions
+
+    @property
+    def device(self):
+        return "cpu" if self._h.device == _DEV_CPU else f"cuda:{self._h.device_id}"
+
+    def table(self):
+        """(cos, sin): copies of the table as float32 NumPy arrays
+        [max_positions, rot_dim/2] (fusedrope_cache_copy_table)."""
+        if self.max_positions == 0:
+            raise ValueError("this cache has no table (max_positions 0)")
+        shape = (self.max_positions, self.rot_dim // 2)
+        cos, sin = np.empty(shape, np.float32), np.empty(shape, np.float32)
+        self._h.copy_table(cos, sin)
+        return cos, sin
+
+    def check(self, stream=None):
+        """fusedrope_cache_check: waits for `stream` (default: the current
+        PyTorch/CuPy stream, else the default stream) and raises Error
+        (ERR_RANGE) if a CUDA kernel met a position outside the table."""
+        if self._h.device_id < 0:
+            return
+        with _cuda_device(self._h.device_id):
+            self._h.check(_stream_of([], self._h.device_id, stream))
+
+    def __repr__(self):
+        return (f"fusedrope.Cache(type={self.type!r}, rot_dim={self.rot_dim}, "
+                f"max_positions={self.max_positions}, device={self.device!r})")
+
+
+# ------------------------------------------------------------------- arrays
+
+def _stream_of(arrays, dev_id, stream):
+    """The CUDA stream to run on: the one given, else PyTorch's current
+    stream when PyTorch tensors are passed (so calls are captured in CUDA
+    graphs), else CuPy's current stream for CuPy arrays, else the default
+    stream (0)."""
+    if stream is not None:
+        return int(getattr(stream, "cuda_stream", getattr(stream, "ptr", stream)))
+    for a in arrays:
+        mod = type(a).__module__
+        if mod.startswith("torch"):
+            import torch
+            return torch.cuda.current_stream(dev_id).cuda_stream
+        if mod.startswith("cupy"):
+            import cupy
+            return cupy.cuda.get_current_stream().ptr
+    if not arrays:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            return torch.cuda.current_stream(dev_id).cuda_stream
+    return 0
+
+
+def _capsule(a, what, cuda_stream):
+    """a.__dlpack__(), asking for a versioned capsule (it carries the
+    read-only flag) where the producer offers one."""
+    if not hasattr(a, "__dlpack__"):
+        raise TypeError(f"{what} must support DLPack (__dlpack__): a NumPy array, a PyTorch "
+                        f"tensor, a CuPy array...; got {type(a).__name__}")
+    dev_type, _ = a.__dlpack_device__()
+    kw = {}
+    if int(dev_type) in (_DL_CUDA, _DL_CUDA_MANAGED):
+        # DLPack: 1 names the legacy default stream; 0 is not allowed.
+        kw["stream"] = cuda_stream if cuda_stream else 1
+    try:
+        return a.__dlpack__(max_version=(1, 0), **kw)
+    except TypeError:
+        return a.__dlpack__(**kw)
+
+
+def _bf16_view(a):
+    """NumPy arrays of ml_dtypes.bfloat16 cannot be exported through DLPack;
+    they are passed as their uint16 bits, marked bfloat16."""
+    if isinstance(a, np.ndarray) and a.dtype.name == "bfloat16":
+        return a.view(np.uint16), True
+    return a, False
+
+
+def _dtype_name(a):
+    return str(getattr(a, "dtype", "")).rsplit(".", 1)[-1]
+
+
+def _positions(p, what, np_dtype, cache):
+    if p is None or hasattr(p, "__dlpack__"):
+        return p
+    if isinstance(p, (list, tuple, range)):
+        if cache._h.device_id >= 0:
+            raise TypeError(f"{what}: a CUDA cache needs a device array, not a {type(p).__name__}")
+        return np.asarray(p, dtype=np_dtype)
+    raise TypeError(f"{what} must be an array (DLPack) or a list of ints, not {type(p).__name__}")
+
+
+def _apply(op, cache, ins, outs, names, style, layout, ids, offsets, cu_seqlens, cp_size,
+           cp_rank, dtype, stream):
+    if not isinstance(cache, Cache):
+        raise TypeError(f"cache must be a fusedrope.Cache, not {type(cache).__name__}")
+    if style not in _STYLES:
+        raise ValueError(f"style must be 'neox' or 'interleaved', not {style!r}")
+    if layout not in _LAYOUTS:
+        raise ValueError(f"layout must be 'sbhd', 'bshd' or 'thd', not {layout!r}")
+    if dtype not in (None, "float32", "float16", "bfloat16"):
+        raise ValueError(f"dtype must be None, 'float32', 'float16' or 'bfloat16', not {dtype!r}")
+    outs = [x if o is None else o for x, o in zip(ins, outs)]
+    bf16 = dtype == "bfloat16"
+    arrays = []
+    for a, name in zip(itertools.chain(*zip(ins, outs)), names):
+        if dtype is not None and dtype != "bfloat16" and _dtype_name(a) != dtype:
+            raise TypeError(f"{name} has dtype {_dtype_name(a)}, not {dtype}")
+        v, is_bf16 = _bf16_view(a)
+        bf16 = bf16 or is_bf16
+        arrays.append(v)
+    ids = _positions(ids, "ids", np.int64, cache)
+    offsets = _positions(offsets, "offsets", np.int64, cache)
+    cu_seqlens = _positions(cu_seqlens, "cu_seqlens", np.int32, cache)
+    dev_id = cache._h.device_id
+    cuda = dev_id >= 0
+    s = _stream_of(ins, dev_id, stream) if cuda else 0
+    caps, seen = [], {}
+    for a, name in zip(arrays, names):
+        # The same object as input and output (in place) is exported once.
+        if id(a) not in seen:
+            seen[id(a)] = _capsule(a, name, s)
+        caps.append(seen[id(a)])
+    pos = [None if p is None else _capsule(p, n, s)
+           for p, n in ((ids, "ids"), (offsets, "offsets"), (cu_seqlens, "cu_seqlens"))]
+    ctx = _cuda_device(dev_id) if cuda else contextlib.nullcontext()
+    with ctx:
+        _fusedrope.apply(cache._h, op, _STYLES[style], _LAYOUTS[layout], bf16, caps, *pos,
+                         int(cp_size), int(cp_rank), s)
+    return outs
+
+
+_DOC = """
+    style: "neox" (rotate_half) or "interleaved" (GPT-J).  layout: "sbhd",
+    "bshd" (4-D arrays) or "thd" (3-D, packed).  Channels must be contiguous;
+    the other strides are taken from the arrays.  Positions: ids ([batch,
+    seq] int64, or [tokens] for thd), offsets (int64 per batch entry or per
+    sequence), cu_seqlens (int32, num_seqs+1, thd), cp_size, cp_rank; arrays
+    on the cache's device (lists are accepted for a CPU cache).  out: the
+    output array(s) for an out-of-place call; in place by default.  dtype:
+    "bfloat16" to pass bfloat16 as 16-bit integer arrays (NumPy).  stream: a
+    CUDA stream (int, torch.cuda.Stream, cupy stream); default: PyTorch's
+    (or CuPy's) current stream.  Failures raise fusedrope.Error (library) or
+    ValueError/TypeError (arguments); nothing is written then.
+"""
+
+
+def forward(cache, x, *, style="neox", layout="sbhd", out=None, ids=None, offsets=None,
+            cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None, stream=None):
+    return _apply(0, cache, [x], [out], ["x", "out"], style, layout, ids, offsets, cu_seqlens,
+                  cp_size, cp_rank, dtype, stream)[0]
+
+
+def backward(cache, dy, *, style="neox", layout="sbhd", out=None, ids=None, offsets=None,
+             cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None, stream=None):
+    return _apply(1, cache, [dy], [out], ["dy", "out"], style, layout, ids, offsets, cu_seqlens,
+                  cp_size, cp_rank, dtype, stream)[0]
+
+
+def _pair(out):
+    if out is None:
+        return None, None
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError("out must be a pair (q_out, k_out); None in it means in place")
+    return out
+
+
+def forward_qk(cache, q, k, *, style="neox", layout="sbhd", out=None, ids=None, offsets=None,
+               cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None, stream=None):
+    qo, ko = _pair(out)
+    return tuple(_apply(2, cache, [q, k], [qo, ko], ["q", "out[0]", "k", "out[1]"], style,
+                        layout, ids, offsets, cu_seqlens, cp_size, cp_rank, dtype, stream))
+
+
+def backward_qk(cache, dq, dk, *, style="neox", layout="sbhd", out=None, ids=None, offsets=None,
+                cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None, stream=None):
+    qo, ko = _pair(out)
+    return tuple(_apply(3, cache, [dq, dk], [qo, ko], ["dq", "out[0]", "dk", "out[1]"], style,
+                        layout, ids, offsets, cu_seqlens, cp_size, cp_rank, dtype, stream))
+
+
+forward.__doc__ = "Rotates x (fusedrope_forward); returns the output array." + _DOC
+backward.__doc__ = "Gradient of forward: dy -> dx (fusedrope_backward); returns dx." + _DOC
+forward_qk.__doc__ = ("Rotates q and k in one pass (fusedrope_forward_qk; GQA head counts);"
+                      " returns (q_out, k_out)." + _DOC)
+backward_qk.__doc__ = ("Gradient of forward_qk: (dq_out, dk_out) -> (dq_in, dk_in)"
+                       " (fusedrope_backward_qk)." + _DOC)

@@ -1,0 +1,727 @@
+/*
+ * _fusedrope: the CPython extension behind the fusedrope package.
+ *
+ * A thin layer over the installed fusedrope.h: it builds the library's own
+ * structs (so none is mirrored by hand in Python), reads arrays from DLPack
+ * capsules and turns library failures into fusedrope.Error.  Argument
+ * parsing that is easier in Python (names, defaults, Hugging Face configs,
+ * choosing the stream) lives in fusedrope/__init__.py.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <fusedrope.h>
+
+/* ------------------------------------------------------------------ DLPack
+ * The structs of the DLPack specification (https://dmlc.github.io/dlpack),
+ * written from the spec: ABI version 0.x tensors (capsule "dltensor") and
+ * 1.x versioned tensors (capsule "dltensor_versioned").  Only the members
+ * this module reads are used, but the layouts are the spec's in full. */
+enum { DL_CPU = 1, DL_CUDA = 2, DL_CUDA_HOST = 3, DL_CUDA_MANAGED = 13 };
+enum { DL_INT = 0, DL_UINT = 1, DL_FLOAT = 2, DL_BFLOAT = 4 };
+#define DL_FLAG_READ_ONLY 1u
+
+typedef struct {
+    int32_t device_type;
+    int32_t device_id;
+} fr_dl_device;
+
+typedef struct {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} fr_dl_dtype;
+
+typedef struct {
+    void *data;
+    fr_dl_device device;
+    int32_t ndim;
+    fr_dl_dtype dtype;
+    int64_t *shape;
+    int64_t *strides; /* in elements; NULL: compact row-major */
+    uint64_t byte_offset;
+} fr_dl_tensor;
+
+typedef struct fr_dl_managed {
+    fr_dl_tensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct fr_dl_managed *self);
+} fr_dl_managed;
+
+typedef struct {
+    uint32_t major, minor;
+} fr_dl_version;
+
+typedef struct fr_dl_managed_versioned {
+    fr_dl_version version;
+    void *manager_ctx;
+    void (*deleter)(struct fr_dl_managed_versioned *self);
+    uint64_t flags;
+    fr_dl_tensor dl_tensor;
+} fr_dl_managed_versioned;
+
+/* The capsule stays owned by its producer's destructor (we never rename it
+ * "used_dltensor"), so the producer frees the tensor when the capsule dies;
+ * the caller keeps the capsule alive for the duration of the call. */
+static int fr_capsule_tensor(PyObject *cap, const char *what, fr_dl_tensor **t, int *readonly)
+{
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        fr_dl_managed_versioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (m->version.major != 1) {
+            PyErr_Format(PyExc_BufferError, "%s: DLPack version %u.%u is not supported (1.x is)", what,
+                         (unsigned)m->version.major, (unsigned)m->version.minor);
+            return -1;
+        }
+        *t = &m->dl_tensor;
+        *readonly = (m->flags & DL_FLAG_READ_ONLY) != 0;
+        return 0;
+    }
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+        fr_dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
+        *t = &m->dl_tensor;
+        *readonly = 0;
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "%s: not an unused DLPack capsule", what);
+    return -1;
+}
+
+/* ------------------------------------------------------------------- errors */
+
+static PyObject *fr_error; /* fusedrope.Error, set by the package at import */
+
+static const char *fr_status_names[] = {"OK", "ERR_INVALID", "ERR_RANGE", "ERR_NOMEM",
+                                        "ERR_UNSUPPORTED", "ERR_CUDA"};
+
+/* Sets obj.name = value and drops the reference to value (NULL: fails). */
+static int fr_setattr(PyObject *obj, const char *name, PyObject *value)
+{
+    if (!value)
+        return -1;
+    int r = PyObject_SetAttrString(obj, name, value);
+    Py_DECREF(value);
+    return r;
+}
+
+/* Raises fusedrope.Error(message) with .status (int), .status_name and
+ * .detail (fusedrope_last_error(), read right after the failing call in the
+ * same thread). */
+static PyObject *fr_raise(fusedrope_status st, const char *detail)
+{
+    const char *name = (unsigned)st < 6 ? fr_status_names[st] : "UNKNOWN";
+    PyObject *exc_type = fr_error ? fr_error : PyExc_RuntimeError;
+    PyObject *exc =
+        PyObject_CallFunction(exc_type, "s", detail && *detail ? detail : fusedrope_status_string(st));
+    if (!exc)
+        return NULL;
+    if (fr_setattr(exc, "status", PyLong_FromLong((long)st)) < 0 ||
+        fr_setattr(exc, "status_name", PyUnicode_FromString(name)) < 0 ||
+        fr_setattr(exc, "detail", PyUnicode_FromString(detail ? detail : "")) < 0) {
+        Py_DECREF(exc);
+        return NULL;
+    }
+    PyErr_SetObject(exc_type, exc);
+    Py_DECREF(exc);
+    return NULL;
+}
+
+static PyObject *set_error_class(PyObject *self, PyObject *cls)
+{
+    (void)self;
+    Py_XINCREF(cls);
+    Py_XSETREF(fr_error, cls);
+    Py_RETURN_NONE;
+}
+
+/* -------------------------------------------------------------------- Cache */
+
+typedef struct {
+    PyObject_HEAD
+    fusedrope_cache *cache;
+    int device_id; /* CUDA device the cache lives on (-1 for a CPU cache) */
+} CacheObject;
+
+static void Cache_dealloc(CacheObject *self)
+{
+    fusedrope_cache_destroy(self->cache);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject CacheType;
+
+static PyObject *fr_new_cache(fusedrope_cache *c, int device_id)
+{
+    CacheObject *o = PyObject_New(CacheObject, &CacheType);
+    if (!o) {
+        fusedrope_cache_destroy(c);
+        return NULL;
+    }
+    o->cache = c;
+    o->device_id = fusedrope_cache_device(c) == FUSEDROPE_DEVICE_CUDA ? device_id : -1;
+    return (PyObject *)o;
+}
+
+/* A sequence of floats into a new double array of exactly n entries. */
+static double *fr_doubles(PyObject *seq, Py_ssize_t n, const char *what)
+{
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (!fast)
+        return NULL;
+    if (PySequence_Fast_GET_SIZE(fast) != n) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd entries, rot_dim/2 = %zd expected", what,
+                     PySequence_Fast_GET_SIZE(fast), n);
+        Py_DECREF(fast);
+        return NULL;
+    }
+    double *v = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        v[i] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
+        if (v[i] == -1.0 && PyErr_Occurred()) {
+            PyMem_Free(v);
+            Py_DECREF(fast);
+            return NULL;
+        }
+    }
+    Py_DECREF(fast);
+    return v;
+}
+
+/* cache_create(type, rot_dim, max_positions, theta, device, device_id, fields)
+ * fields: a dict of the config's other members; those absent keep
+ * fusedrope_cache_config_init's defaults for the type. */
+static PyObject *cache_create(PyObject *self, PyObject *args)
+{
+    int type, rot_dim, device, device_id;
+    long long max_positions;
+    double theta;
+    PyObject *fields;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iiLdiiO!", &type, &rot_dim, &max_positions, &theta, &device,
+                          &device_id, &PyDict_Type, &fields))
+        return NULL;
+
+    fusedrope_cache_config cfg;
+    fusedrope_cache_config_init(&cfg, (fusedrope_rope_type)type, rot_dim, (int64_t)max_positions,
+                                theta);
+    double *shortf = NULL, *longf = NULL;
+    PyObject *key, *value;
+    Py_ssize_t it = 0;
+    while (PyDict_Next(fields, &it, &key, &value)) {
+        const char *k = PyUnicode_AsUTF8(key);
+        if (!k)
+            goto fail;
+        if (value == Py_None)
+            continue;
+        double *dst = NULL;
+        int64_t *idst = NULL;
+        if (!strcmp(k, "factor")) dst = &cfg.factor;
+        else if (!strcmp(k, "attention_factor")) dst = &cfg.attention_factor;
+        else if (!strcmp(k, "beta_fast")) dst = &cfg.beta_fast;
+        else if (!strcmp(k, "beta_slow")) dst = &cfg.beta_slow;
+        else if (!strcmp(k, "mscale")) dst = &cfg.mscale;
+        else if (!strcmp(k, "mscale_all_dim")) dst = &cfg.mscale_all_dim;
+        else if (!strcmp(k, "low_freq_factor")) dst = &cfg.low_freq_factor;
+        else if (!strcmp(k, "high_freq_factor")) dst = &cfg.high_freq_factor;
+        else if (!strcmp(k, "original_max_positions")) idst = &cfg.original_max_positions;
+        else if (!strcmp(k, "seq_len")) idst = &cfg.seq_len;
+        else if (!strcmp(k, "truncate")) {
+            int b = PyObject_IsTrue(value);
+            if (b < 0)
+                goto fail;
+            cfg.truncate = b;
+            continue;
+        } else if (!strcmp(k, "short_factor") || !strcmp(k, "long_factor")) {
+            double **slot = k[0] == 's' ? &shortf : &longf;
+            *slot = fr_doubles(value, rot_dim > 0 ? rot_dim / 2 : 0, k);
+            if (!*slot)
+                goto fail;
+            continue;
+        } else {
+            PyErr_Format(PyExc_TypeError, "unknown cache field '%s'", k);
+            goto fail;
+        }
+        if (dst) {
+            *dst = PyFloat_AsDouble(value);
+            if (*dst == -1.0 && PyErr_Occurred())
+                goto fail;
+        } else {
+            long long v = PyLong_AsLongLong(value);
+            if (v == -1 && PyErr_Occurred())
+                goto fail;
+            *idst = (int64_t)v;
+        }
+    }
+    cfg.short_factor = shortf;
+    cfg.long_factor = longf;
+
+    fusedrope_cache *c = NULL;
+    fusedrope_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = fusedrope_cache_create(&cfg, (fusedrope_device)device, &c);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(shortf); /* copied by the library at create */
+    PyMem_Free(longf);
+    if (st != FUSEDROPE_OK)
+        return fr_raise(st, fusedrope_last_error());
+    return fr_new_cache(c, device_id);
+fail:
+    PyMem_Free(shortf);
+    PyMem_Free(longf);
+    return NULL;
+}
+
+/* cache_from_table(cos, sin, positions, rot_dim, device, device_id):
+ * cos and sin are C-contiguous float32 buffers of positions*rot_dim/2. */
+static PyObject *cache_from_table(PyObject *self, PyObject *args)
+{
+    Py_buffer cb, sb;
+    long long positions;
+    int rot_dim, device, device_id;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*Liii", &cb, &sb, &positions, &rot_dim, &device, &device_id))
+        return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t need = (Py_ssize_t)(positions > 0 && rot_dim > 0 ? positions * (rot_dim / 2) : 0);
+    if (cb.len != need * 4 || sb.len != need * 4) {
+        PyErr_Format(PyExc_ValueError, "cos and sin must hold positions*rot_dim/2 = %zd float32 each",
+                     need);
+        goto out;
+    }
+    fusedrope_cache *c = NULL;
+    fusedrope_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = fusedrope_cache_create_from_table(cb.buf, sb.buf, (int64_t)positions, rot_dim,
+                                           (fusedrope_device)device, &c);
+    Py_END_ALLOW_THREADS
+    if (st != FUSEDROPE_OK)
+        fr_raise(st, fusedrope_last_error());
+    else
+        res = fr_new_cache(c, device_id);
+out:
+    PyBuffer_Release(&cb);
+    PyBuffer_Release(&sb);
+    return res;
+}
+
+static PyObject *Cache_copy_table(CacheObject *self, PyObject *args)
+{
+    Py_buffer cb, sb;
+    if (!PyArg_ParseTuple(args, "w*w*", &cb, &sb))
+        return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t need = (Py_ssize_t)(fusedrope_cache_max_positions(self->cache) *
+                                   (fusedrope_cache_rot_dim(self->cache) / 2));
+    if (cb.len != need * 4 || sb.len != need * 4) {
+        PyErr_Format(PyExc_ValueError, "copy_table needs two buffers of %zd float32", need);
+        goto out;
+    }
+    fusedrope_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = fusedrope_cache_copy_table(self->cache, cb.buf, sb.buf);
+    Py_END_ALLOW_THREADS
+    if (st != FUSEDROPE_OK)
+        fr_raise(st, fusedrope_last_error());
+    else
+        res = Py_NewRef(Py_None);
+out:
+    PyBuffer_Release(&cb);
+    PyBuffer_Release(&sb);
+    return res;
+}
+
+static PyObject *Cache_check(CacheObject *self, PyObject *args)
+{
+    unsigned long long stream;
+    if (!PyArg_ParseTuple(args, "K", &stream))
+        return NULL;
+    fusedrope_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = fusedrope_cache_check(self->cache, (void *)(uintptr_t)stream);
+    Py_END_ALLOW_THREADS
+    if (st != FUSEDROPE_OK)
+        return fr_raise(st, fusedrope_last_error());
+    Py_RETURN_NONE;
+}
+
+static PyObject *Cache_get_rot_dim(CacheObject *self, void *c)
+{
+    (void)c;
+    return PyLong_FromLong(fusedrope_cache_rot_dim(self->cache));
+}
+static PyObject *Cache_get_max_positions(CacheObject *self, void *c)
+{
+    (void)c;
+    return PyLong_FromLongLong(fusedrope_cache_max_positions(self->cache));
+}
+static PyObject *Cache_get_device(CacheObject *self, void *c)
+{
+    (void)c;
+    return PyLong_FromLong((long)fusedrope_cache_device(self->cache));
+}
+static PyObject *Cache_get_device_id(CacheObject *self, void *c)
+{
+    (void)c;
+    return PyLong_FromLong(self->device_id);
+}
+
+static PyMethodDef Cache_methods[] = {
+    {"copy_table", (PyCFunction)Cache_copy_table, METH_VARARGS, "copy_table(cos, sin): fill two writable float32 buffers"},
+    {"check", (PyCFunction)Cache_check, METH_VARARGS, "check(stream): fusedrope_cache_check"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef Cache_getset[] = {
+    {"rot_dim", (getter)Cache_get_rot_dim, NULL, NULL, NULL},
+    {"max_positions", (getter)Cache_get_max_positions, NULL, NULL, NULL},
+    {"device", (getter)Cache_get_device, NULL, "fusedrope_device value", NULL},
+    {"device_id", (getter)Cache_get_device_id, NULL, "CUDA device index, -1 on the CPU", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject CacheType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fusedrope._fusedrope.CacheHandle",
+    .tp_basicsize = sizeof(CacheObject),
+    .tp_dealloc = (destructor)Cache_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An owned fusedrope_cache (released with the object).",
+    .tp_methods = Cache_methods,
+    .tp_getset = Cache_getset,
+};
+
+/* -------------------------------------------------------------------- apply */
+
+enum { LAYOUT_SBHD = 0, LAYOUT_BSHD = 1, LAYOUT_THD = 2 };
+static const char *fr_layout_names[] = {"sbhd", "bshd", "thd"};
+
+static const char *fr_dev_name(int32_t t)
+{
+    switch (t) {
+    case DL_CPU: return "cpu";
+    case DL_CUDA: return "cuda";
+    case DL_CUDA_HOST: return "cuda_host";
+    case DL_CUDA_MANAGED: return "cuda_managed";
+    default: return "unsupported";
+    }
+}
+
+/* Whether memory of DLPack device `t` (index `id`) may be passed to the
+ * cache: host memory to a CPU cache, device memory of its own device to a
+ * CUDA cache, managed memory to either.  The library cannot see this on a
+ * CPU cache (README: device pointers go unnoticed there), so it is checked
+ * here for every array. */
+static int fr_device_ok(const CacheObject *c, const fr_dl_device *d, const char *what)
+{
+    int cuda_cache = c->device_id >= 0;
+    int ok;
+    if (d->device_type == DL_CUDA_MANAGED)
+        ok = !cuda_cache || d->device_id == c->device_id;
+    else if (cuda_cache)
+        ok = d->device_type == DL_CUDA && d->device_id == c->device_id;
+    else
+        ok = d->device_type == DL_CPU || d->device_type == DL_CUDA_HOST;
+    if (!ok) {
+        if (cuda_cache)
+            PyErr_Format(PyExc_ValueError, "%s is on %s:%d but the cache is on cuda:%d", what,
+                         fr_dev_name(d->device_type), (int)d->device_id, c->device_id);
+        else
+            PyErr_Format(PyExc_ValueError, "%s is on %s:%d but the cache is on the CPU", what,
+                         fr_dev_name(d->device_type), (int)d->device_id);
+    }
+    return ok;
+}
+
+/* A DLPack tensor into a fusedrope_tensor of the given layout.  `bf16` says
+ * that 16-bit integer arrays hold bfloat16 (dtype="bfloat16", for NumPy,
+ * which has no bfloat16 of its own). */
+static int fr_tensor(const CacheObject *c, PyObject *cap, int layout, int bf16, int is_output,
+                     const char *what, fusedrope_tensor *out, int32_t *device_type)
+{
+    fr_dl_tensor *t;
+    int readonly;
+    if (fr_capsule_tensor(cap, what, &t, &readonly) < 0)
+        return -1;
+    if (!fr_device_ok(c, &t->device, what))
+        return -1;
+    *device_type = t->device.device_type;
+    if (is_output && readonly) {
+        PyErr_Format(PyExc_ValueError, "%s is read-only", what);
+        return -1;
+    }
+    int want = layout == LAYOUT_THD ? 3 : 4;
+    if (t->ndim != want) {
+        PyErr_Format(PyExc_ValueError, "%s has %d dimensions; layout '%s' needs %d", what,
+                     (int)t->ndim, fr_layout_names[layout], want);
+        return -1;
+    }
+    fusedrope_dtype dt;
+    const fr_dl_dtype *d = &t->dtype;
+    if (d->lanes != 1)
+        goto bad_dtype;
+    if (d->code == DL_FLOAT && d->bits == 32 && !bf16)
+        dt = FUSEDROPE_FLOAT32;
+    else if (d->code == DL_FLOAT && d->bits == 16 && !bf16)
+        dt = FUSEDROPE_FLOAT16;
+    else if (d->code == DL_BFLOAT && d->bits == 16)
+        dt = FUSEDROPE_BFLOAT16;
+    else if ((d->code == DL_UINT || d->code == DL_INT) && d->bits == 16 && bf16)
+        dt = FUSEDROPE_BFLOAT16;
+    else
+        goto bad_dtype;
+
+    int64_t shape[4], strides[4];
+    for (int i = 0; i < want; i++)
+        shape[i] = t->shape[i];
+    if (t->strides) {
+        for (int i = 0; i < want; i++)
+            strides[i] = t->strides[i];
+    } else {
+        int64_t s = 1;
+        for (int i = want - 1; i >= 0; i--) {
+            strides[i] = s;
+            s *= shape[i];
+        }
+    }
+    /* A dimension of extent 1 has no meaningful stride: frameworks report
+     * anything there, and the library never multiplies by it. */
+    if (shape[want - 1] > 1 && strides[want - 1] != 1) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: channels (the last dimension) must be contiguous, but its stride is %lld "
+                     "elements; make the array contiguous in its last dimension first",
+                     what, (long long)strides[want - 1]);
+        return -1;
+    }
+    memset(out, 0, sizeof *out);
+    out->data = t->data ? (char *)t->data + t->byte_offset : NULL;
+    out->dtype = dt;
+    if (layout == LAYOUT_THD) {
+        out->seq_len = shape[0];
+        out->batch = 1;
+        out->heads = shape[1];
+        out->head_dim = shape[2];
+        out->stride_seq = shape[0] > 1 ? strides[0] : 0;
+        out->stride_batch = 0;
+        out->stride_head = shape[1] > 1 ? strides[1] : 0;
+    } else {
+        int si = layout == LAYOUT_SBHD ? 0 : 1, bi = 1 - si;
+        out->seq_len = shape[si];
+        out->batch = shape[bi];
+        out->heads = shape[2];
+        out->head_dim = shape[3];
+        out->stride_seq = shape[si] > 1 ? strides[si] : 0;
+        out->stride_batch = shape[bi] > 1 ? strides[bi] : 0;
+        out->stride_head = shape[2] > 1 ? strides[2] : 0;
+    }
+    return 0;
+bad_dtype:
+    PyErr_Format(PyExc_TypeError,
+                 "%s has DLPack dtype (code %d, %d bits, %d lanes); float32, float16 or bfloat16 "
+                 "is needed (16-bit integers only with dtype='bfloat16')",
+                 what, (int)d->code, (int)d->bits, (int)d->lanes);
+    return -1;
+}
+
+/* A position array: 1-D (or 2-D for ids of a 4-D layout), contiguous, of the
+ * given integer type and exact shape, on the cache's device. */
+static int fr_positions_array(const CacheObject *c, PyObject *cap, const char *what, int bits,
+                              int ndim, const int64_t *shape, const void **data)
+{
+    fr_dl_tensor *t;
+    int readonly;
+    if (fr_capsule_tensor(cap, what, &t, &readonly) < 0)
+        return -1;
+    if (!fr_device_ok(c, &t->device, what))
+        return -1;
+    if (t->dtype.code != DL_INT || t->dtype.bits != bits || t->dtype.lanes != 1) {
+        PyErr_Format(PyExc_TypeError, "%s must be int%d (got DLPack code %d, %d bits)", what, bits,
+                     (int)t->dtype.code, (int)t->dtype.bits);
+        return -1;
+    }
+    int shape_ok = t->ndim == ndim;
+    for (int i = 0; shape_ok && i < ndim; i++)
+        shape_ok = t->shape[i] == shape[i];
+    if (!shape_ok) {
+        char got[96] = "", want[96] = "";
+        for (int i = 0; i < t->ndim && i < 4; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "",
+                     (long long)t->shape[i]);
+        for (int i = 0; i < ndim; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "",
+                     (long long)shape[i]);
+        PyErr_Format(PyExc_ValueError, "%s has shape (%s); (%s) expected", what, got, want);
+        return -1;
+    }
+    if (t->strides) {
+        int64_t s = 1;
+        for (int i = ndim - 1; i >= 0; i--) {
+            if (shape[i] > 1 && t->strides[i] != s) {
+                PyErr_Format(PyExc_ValueError, "%s must be contiguous", what);
+                return -1;
+            }
+            s *= shape[i];
+        }
+    }
+    *data = t->data ? (const char *)t->data + t->byte_offset : NULL;
+    return 0;
+}
+
+/*
+ * apply(cache, op, style, layout, bf16, tensors, ids, offsets, cu_seqlens,
+ *       cp_size, cp_rank, stream)
+ * op: 0 forward, 1 backward (tensors: [in, out]), 2 forward_qk, 3
+ * backward_qk (tensors: [q_in, q_out, k_in, k_out]).  The same capsule may
+ * appear as an input and its output (in place).  ids, offsets, cu_seqlens:
+ * capsules or None.  stream: a cudaStream_t as an integer (0: default).
+ */
+static PyObject *apply(PyObject *self, PyObject *args)
+{
+    PyObject *cacheobj, *tensors, *ids, *offsets, *cu;
+    int op, style, layout, bf16, cp_size, cp_rank;
+    unsigned long long stream;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!iiipO!OOOiiK", &CacheType, &cacheobj, &op, &style, &layout,
+                          &bf16, &PyList_Type, &tensors, &ids, &offsets, &cu, &cp_size, &cp_rank,
+                          &stream))
+        return NULL;
+    CacheObject *c = (CacheObject *)cacheobj;
+    static const char *names[2][4] = {{"x", "out", "", ""}, {"q", "q_out", "k", "k_out"}};
+    static const char *bnames[2][4] = {{"dy", "out", "", ""}, {"dq_out", "out[0]", "dk_out", "out[1]"}};
+    int qk = op >= 2, n = qk ? 4 : 2;
+    if (op < 0 || op > 3 || layout < 0 || layout > 2) {
+        PyErr_SetString(PyExc_ValueError, "bad op or layout");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(tensors) != n) {
+        PyErr_Format(PyExc_ValueError, "apply: %d tensors expected", n);
+        return NULL;
+    }
+    fusedrope_tensor t[4];
+    int32_t devtype[4];
+    for (int i = 0; i < n; i++) {
+        const char *what = (op & 1) ? bnames[qk][i] : names[qk][i];
+        if (fr_tensor(c, PyList_GET_ITEM(tensors, i), layout, bf16, i & 1, what, &t[i],
+                      &devtype[i]) < 0)
+            return NULL;
+    }
+
+    fusedrope_positions pos;
+    fusedrope_positions_init(&pos);
+    pos.cp_size = cp_size;
+    pos.cp_rank = cp_rank;
+    int64_t shape[2];
+    if (cu != Py_None) {
+        fr_dl_tensor *ct;
+        int ro;
+        if (layout != LAYOUT_THD) {
+            PyErr_SetString(PyExc_ValueError, "cu_seqlens needs layout='thd'");
+            return NULL;
+        }
+        if (fr_capsule_tensor(cu, "cu_seqlens", &ct, &ro) < 0)
+            return NULL;
+        if (ct->ndim != 1 || ct->shape[0] < 2) {
+            PyErr_SetString(PyExc_ValueError,
+                            "cu_seqlens must be 1-D with num_seqs+1 >= 2 entries");
+            return NULL;
+        }
+        shape[0] = ct->shape[0];
+        if (fr_positions_array(c, cu, "cu_seqlens", 32, 1, shape, (const void **)&pos.cu_seqlens) < 0)
+            return NULL;
+        pos.num_seqs = shape[0] - 1;
+    }
+    if (ids != Py_None) {
+        int nd = layout == LAYOUT_THD ? 1 : 2;
+        if (layout == LAYOUT_THD)
+            shape[0] = t[0].seq_len;
+        else
+            shape[0] = t[0].batch, shape[1] = t[0].seq_len;
+        if (fr_positions_array(c, ids, layout == LAYOUT_THD ? "ids (one per token)"
+                                                            : "ids ([batch, seq])",
+                               64, nd, shape, (const void **)&pos.ids) < 0)
+            return NULL;
+    }
+    if (offsets != Py_None) {
+        shape[0] = pos.cu_seqlens ? pos.num_seqs : t[0].batch;
+        if (fr_positions_array(c, offsets,
+                               pos.cu_seqlens ? "offsets (one per sequence)"
+                                              : "offsets (one per batch entry)",
+                               64, 1, shape, (const void **)&pos.offsets) < 0)
+            return NULL;
+    }
+
+    fusedrope_status st;
+    const fusedrope_cache *cache = c->cache;
+    void *s = (void *)(uintptr_t)stream;
+    Py_BEGIN_ALLOW_THREADS
+    switch (op) {
+    case 0: st = fusedrope_forward(cache, (fusedrope_style)style, &pos, &t[0], &t[1], s); break;
+    case 1: st = fusedrope_backward(cache, (fusedrope_style)style, &pos, &t[0], &t[1], s); break;
+    case 2:
+        st = fusedrope_forward_qk(cache, (fusedrope_style)style, &pos, &t[0], &t[1], &t[2], &t[3], s);
+        break;
+    default:
+        st = fusedrope_backward_qk(cache, (fusedrope_style)style, &pos, &t[0], &t[1], &t[2], &t[3], s);
+        break;
+    }
+    Py_END_ALLOW_THREADS
+    if (st != FUSEDROPE_OK)
+        return fr_raise(st, fusedrope_last_error());
+    Py_RETURN_NONE;
+}
+
+static PyObject *version(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return Py_BuildValue("(si)", fusedrope_version(), fusedrope_version_number());
+}
+
+static PyObject *cuda_available(PyObject *self, PyObject *noargs)
+{
+    (void)self;
+    (void)noargs;
+    return PyBool_FromLong(fusedrope_cuda_available());
+}
+
+static PyObject *status_string(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    long v = PyLong_AsLong(arg);
+    if (v == -1 && PyErr_Occurred())
+        return NULL;
+    return PyUnicode_FromString(fusedrope_status_string((fusedrope_status)v));
+}
+
+static PyMethodDef methods[] = {
+    {"cache_create", cache_create, METH_VARARGS, NULL},
+    {"cache_from_table", cache_from_table, METH_VARARGS, NULL},
+    {"apply", apply, METH_VARARGS, NULL},
+    {"version", version, METH_NOARGS, NULL},
+    {"cuda_available", cuda_available, METH_NOARGS, NULL},
+    {"status_string", status_string, METH_O, NULL},
+    {"_set_error_class", set_error_class, METH_O, NULL},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_fusedrope",
+                                       "libfusedrope binding (internal; use the fusedrope package)",
+                                       -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__fusedrope(void)
+{
+    if (PyType_Ready(&CacheType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (!m)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "HEADER_VERSION_NUMBER", FUSEDROPE_VERSION_NUMBER) < 0 ||
+        PyModule_AddObjectRef(m, "CacheHandle", (PyObject *)&CacheType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

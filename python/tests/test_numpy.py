@@ -1,0 +1,522 @@
+"""NumPy tests of the binding against the float64 reference in ref.py.
+
+Outputs are poisoned (NaN) before out-of-place calls, so an element the
+library failed to write shows; failing calls must leave every output byte as
+it was.  The seed is printed by assertion messages and can be set with
+FUSEDROPE_TEST_SEED.
+"""
+import ctypes
+import itertools
+
+import numpy as np
+import pytest
+
+import fusedrope
+import ref
+
+DTYPES = ["float32", "float16", "bfloat16"]
+NP_DTYPE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+
+
+def cp_pos(j, length, cp_size, cp_rank):
+    if cp_size <= 1:
+        return j
+    chunk = length // 2
+    return np.where(j < chunk, cp_rank * chunk + j, (2 * cp_size - 1 - cp_rank) * chunk + j - chunk)
+
+
+def positions(layout, s, b, ids=None, offsets=None, cu=None, cp_size=1, cp_rank=0):
+    """Positions per token: [s, b] (sbhd), [b, s] (bshd) or [t] (thd)."""
+    if layout == "thd":
+        t = s
+        if ids is not None:
+            return np.asarray(ids)
+        cu = np.asarray(cu if cu is not None else [0, t])
+        p = np.empty(t, np.int64)
+        for n in range(len(cu) - 1):
+            j = np.arange(cu[n + 1] - cu[n])
+            p[cu[n]:cu[n + 1]] = cp_pos(j, len(j), cp_size, cp_rank) + (
+                0 if offsets is None else offsets[n])
+        return p
+    if ids is not None:
+        p = np.asarray(ids)  # [b, s]
+    else:
+        p = np.broadcast_to(cp_pos(np.arange(s), s, cp_size, cp_rank), (b, s)).copy()
+        if offsets is not None:
+            p = p + np.asarray(offsets)[:, None]
+    return p.T if layout == "sbhd" else p
+
+
+def shape_of(layout, s, b, h, d):
+    return {"sbhd": (s, b, h, d), "bshd": (b, s, h, d), "thd": (s, h, d)}[layout]
+
+
+def poison(a, dtype):
+    if dtype == "bfloat16":
+        a[...] = 0x7FC1
+    else:
+        a[...] = np.nan
+
+
+def cache_and_ref(rot_dim, max_positions=64, theta=10000.0):
+    c = fusedrope.Cache("default", rot_dim=rot_dim, max_positions=max_positions, theta=theta)
+    inv, a = ref.inv_freq("default", rot_dim, theta, max_positions)
+    cos_t, sin_t = ref.table(np.arange(max_positions), inv, a)
+    return c, cos_t, sin_t
+
+
+CASES = list(itertools.product(DTYPES, ["sbhd", "bshd", "thd"], ["neox", "interleaved"]))
+
+
+@pytest.mark.parametrize("dtype,layout,style", CASES)
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("backward", [False, True])
+def test_single(dtype, layout, style, inplace, backward):
+    r = ref.rng(hash((dtype, layout, style, inplace, backward)) % 1000)
+    s, b, h, d, rot = 7, 3, 5, 24, 16  # rot_dim < head_dim: the tail is copied/left
+    if layout == "thd":
+        b = 1
+    cache, cos_t, sin_t = cache_and_ref(rot)
+    x, xf = ref.make(shape_of(layout, s, b, h, d), dtype, r)
+    pos = positions(layout, s, b)
+    want, mag = ref.rotate(xf, pos, cos_t, sin_t, rot, style, backward)
+    fn = fusedrope.backward if backward else fusedrope.forward
+    kw = dict(style=style, layout=layout, dtype="bfloat16" if dtype == "bfloat16" else None)
+    if inplace:
+        y = x.copy()
+        res = fn(cache, y, **kw)
+        assert res is y
+    else:
+        y = np.empty_like(x)
+        poison(y, dtype)
+        x0 = x.copy()
+        res = fn(cache, x, out=y, **kw)
+        assert res is y
+        assert np.array_equal(x, x0), "the input changed"
+    got = ref.to_f64(y, dtype)
+    ref.assert_close(got, want, mag, dtype, what=f"{dtype} {layout} {style}")
+    # channels past rot_dim: copied exactly (out of place) or untouched (in place)
+    assert np.array_equal(got[..., rot:], xf[..., rot:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("backward", [False, True])
+def test_qk_gqa_packed_views(dtype, layout, backward):
+    """q and k as strided views of one packed QKV buffer (different head
+    counts), out of place into another packed buffer's views."""
+    r = ref.rng(7)
+    s, b, hq, hk, d = 6, 2, 4, 2, 16
+    if layout == "thd":
+        b = 1
+    rows = hq + 2 * hk
+    cache, cos_t, sin_t = cache_and_ref(d)
+    qkv, qkvf = ref.make(shape_of(layout, s, b, rows, d), dtype, r)
+    q, k = qkv[..., :hq, :], qkv[..., hq:hq + hk, :]
+    out = np.empty_like(qkv)
+    poison(out, dtype)
+    qo, ko = out[..., :hq, :], out[..., hq:hq + hk, :]
+    pos = positions(layout, s, b)
+    fn = fusedrope.backward_qk if backward else fusedrope.forward_qk
+    res = fn(cache, q, k, out=(qo, ko), layout=layout,
+             dtype="bfloat16" if dtype == "bfloat16" else None)
+    assert res[0] is qo and res[1] is ko
+    for got, src in ((qo, qkvf[..., :hq, :]), (ko, qkvf[..., hq:hq + hk, :])):
+        want, mag = ref.rotate(src, pos, cos_t, sin_t, d, "neox", backward)
+        ref.assert_close(ref.to_f64(got, dtype), want, mag, dtype, what="qk")
+    # v (past q and k) is not an output: still poisoned
+    v = out[..., hq + hk:, :]
+    assert (v == 0x7FC1).all() if dtype == "bfloat16" else np.isnan(v).all()
+
+
+def test_qk_in_place_and_partial_out():
+    r = ref.rng(3)
+    cache, cos_t, sin_t = cache_and_ref(8)
+    q, qf = ref.make((5, 2, 4, 8), "float32", r)
+    k, kf = ref.make((5, 2, 1, 8), "float32", r)
+    ko = np.full_like(k, np.nan)
+    fusedrope.forward_qk(cache, q, k, out=(None, ko))  # q in place, k out of place
+    pos = positions("sbhd", 5, 2)
+    for got, src in ((q, qf), (ko, kf)):
+        want, mag = ref.rotate(src, pos, cos_t, sin_t, 8, "neox")
+        ref.assert_close(got.astype(np.float64), want, mag, "float32")
+    assert np.array_equal(k, kf.astype(np.float32))
+
+
+def test_padded_strides():
+    """Head and token strides larger than dense (a padded buffer)."""
+    r = ref.rng(11)
+    cache, cos_t, sin_t = cache_and_ref(8)
+    big, bigf = ref.make((9, 3, 4, 12), "float16", r)
+    x, xf = big[::2, :, 1:4, 2:10], bigf[::2, :, 1:4, 2:10]   # non-dense, channels contiguous
+    out = np.full((5, 3, 3, 8), np.nan, np.float16)[:, :, :, :]
+    fusedrope.forward(cache, x, out=out)
+    want, mag = ref.rotate(xf, positions("sbhd", 5, 3), cos_t, sin_t, 8, "neox")
+    ref.assert_close(out.astype(np.float64), want, mag, "float16")
+    before = big.copy()
+    fusedrope.forward(cache, x)                     # in place on the view
+    ref.assert_close(x.astype(np.float64), want, mag, "float16")
+    mask = np.ones(big.shape, bool)
+    mask[::2, :, 1:4, 2:10] = False
+    assert np.array_equal(big[mask], before[mask]), "bytes outside the view changed"
+
+
+@pytest.mark.parametrize("layout", ["sbhd", "bshd"])
+def test_ids_and_offsets(layout):
+    r = ref.rng(5)
+    s, b, h, d, P = 4, 3, 2, 8, 50
+    cache, cos_t, sin_t = cache_and_ref(d, P)
+    x, xf = ref.make(shape_of(layout, s, b, h, d), "float32", r)
+    ids = r.integers(0, P, size=(b, s)).astype(np.int64)
+    y = np.full_like(x, np.nan)
+    fusedrope.forward(cache, x, out=y, layout=layout, ids=ids)
+    want, mag = ref.rotate(xf, positions(layout, s, b, ids=ids), cos_t, sin_t, d, "neox")
+    ref.assert_close(y.astype(np.float64), want, mag, "float32", what="ids")
+
+    offsets = np.array([0, 17, 45], np.int64)
+    y[...] = np.nan
+    fusedrope.forward(cache, x, out=y, layout=layout, offsets=offsets)
+    want, mag = ref.rotate(xf, positions(layout, s, b, offsets=offsets), cos_t, sin_t, d, "neox")
+    ref.assert_close(y.astype(np.float64), want, mag, "float32", what="offsets")
+    # lists are accepted on a CPU cache
+    y2 = np.full_like(x, np.nan)
+    fusedrope.forward(cache, x, out=y2, layout=layout, offsets=[0, 17, 45])
+    assert np.array_equal(y, y2)
+
+
+@pytest.mark.parametrize("cp_size,cp_rank", [(1, 0), (2, 0), (2, 1), (3, 2)])
+def test_thd_cu_seqlens_cp_offsets(cp_size, cp_rank):
+    r = ref.rng(13)
+    cu = np.array([0, 4, 4, 10, 12], np.int32)  # an empty sequence too; even lengths for cp
+    t, h, d = 12, 3, 8
+    cache, cos_t, sin_t = cache_and_ref(d, 128)
+    offsets = np.array([3, 0, 9, 1], np.int64)
+    for offs in (None, offsets):
+        x, xf = ref.make((t, h, d), "bfloat16", r)
+        y = np.full_like(x, 0x7FC1)
+        fusedrope.forward(cache, x, out=y, layout="thd", cu_seqlens=cu, offsets=offs,
+                          cp_size=cp_size, cp_rank=cp_rank, dtype="bfloat16")
+        pos = positions("thd", t, 1, offsets=offs, cu=cu, cp_size=cp_size, cp_rank=cp_rank)
+        want, mag = ref.rotate(xf, pos, cos_t, sin_t, d, "neox")
+        ref.assert_close(ref.to_f64(y, "bfloat16"), want, mag, "bfloat16", what="thd cp")
+
+
+def test_sbhd_cp():
+    r = ref.rng(17)
+    s, b, h, d = 8, 2, 2, 8
+    cache, cos_t, sin_t = cache_and_ref(d)
+    x, xf = ref.make((s, b, h, d), "float32", r)
+    fusedrope.forward(cache, x, cp_size=2, cp_rank=1)
+    want, mag = ref.rotate(xf, positions("sbhd", s, b, cp_size=2, cp_rank=1), cos_t, sin_t, d,
+                           "neox")
+    ref.assert_close(x.astype(np.float64), want, mag, "float32")
+
+
+def test_ml_dtypes_bfloat16():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    r = ref.rng(19)
+    cache, cos_t, sin_t = cache_and_ref(8)
+    bits, xf = ref.make((3, 2, 2, 8), "bfloat16", r)
+    x = bits.view(ml_dtypes.bfloat16)
+    y = np.zeros_like(x)
+    fusedrope.forward(cache, x, out=y)           # no dtype= needed
+    want, mag = ref.rotate(xf, positions("sbhd", 3, 2), cos_t, sin_t, 8, "neox")
+    ref.assert_close(y.astype(np.float64), want, mag, "bfloat16")
+
+
+# ------------------------------------------------------------------ caches
+
+FIVE = [
+    ("default", dict(theta=10000.0)),
+    ("linear", dict(theta=10000.0, factor=4.0)),
+    ("dynamic", dict(theta=10000.0, factor=2.0, original_max_positions=512, seq_len=3000)),
+    ("yarn", dict(theta=150000.0, factor=32.0, original_max_positions=4096, truncate=False)),
+    ("yarn", dict(theta=1e6, factor=4.0, original_max_positions=32768, mscale=0.707,
+                  mscale_all_dim=0.707 * 2)),
+    ("longrope", dict(theta=10000.0, original_max_positions=512)),
+    ("llama3", dict(theta=500000.0, factor=8.0, original_max_positions=8192,
+                    low_freq_factor=1.0, high_freq_factor=4.0)),
+]
+
+
+@pytest.mark.parametrize("type,params", FIVE)
+@pytest.mark.parametrize("max_positions", [300, 4096])
+def test_cache_table(type, params, max_positions):
+    d = 64
+    params = dict(params)
+    if type == "longrope":
+        r = ref.rng(23)
+        params["short_factor"] = list(1.0 + r.random(d // 2))
+        params["long_factor"] = list(1.0 + 20 * r.random(d // 2))
+    cache = fusedrope.Cache(type, rot_dim=d, max_positions=max_positions, **params)
+    assert cache.rot_dim == d and cache.max_positions == max_positions
+    assert cache.device == "cpu" and cache.type == type
+    cos, sin = cache.table()
+    assert cos.shape == (max_positions, d // 2) and cos.dtype == np.float32
+    inv, a = ref.inv_freq(type, d, max_positions=max_positions, **params)
+    rc, rs = ref.table(np.arange(max_positions), inv, a)
+    # rounded once from double to float32: within one float32 ulp
+    for got, want in ((cos, rc), (sin, rs)):
+        err = np.abs(got.astype(np.float64) - want)
+        assert (err <= ref.ulp(want, "float32")).all(), f"{type}: max err {err.max()}"
+
+
+def test_cache_large_positions_double_angles():
+    """Angles formed in double: exact at p = 131071 (DESIGN)."""
+    cache = fusedrope.Cache("llama3", rot_dim=128, max_positions=131072, theta=500000.0,
+                            factor=8.0, original_max_positions=8192)
+    cos, sin = cache.table()
+    inv, a = ref.inv_freq("llama3", 128, 500000.0, 131072, factor=8.0,
+                          original_max_positions=8192)
+    p = np.array([65537, 100003, 131071])
+    rc, rs = ref.table(p, inv, a)
+    assert (np.abs(cos[p] - rc) <= ref.ulp(rc, "float32")).all()
+    assert (np.abs(sin[p] - rs) <= ref.ulp(rs, "float32")).all()
+
+
+def test_from_table_roundtrip_and_apply():
+    r = ref.rng(29)
+    cos = r.standard_normal((10, 4)).astype(np.float32)
+    sin = r.standard_normal((10, 4)).astype(np.float32)
+    cache = fusedrope.Cache.from_table(cos, sin)
+    assert cache.rot_dim == 8 and cache.max_positions == 10 and cache.type is None
+    c2, s2 = cache.table()
+    assert np.array_equal(c2, cos) and np.array_equal(s2, sin)
+    x, xf = ref.make((10, 1, 2, 8), "float32", r)
+    fusedrope.forward(cache, x, style="interleaved")
+    want, mag = ref.rotate(xf, positions("sbhd", 10, 1), cos.astype(np.float64),
+                           sin.astype(np.float64), 8, "interleaved")
+    # the attention-factor term: table entries here are up to ~4 in magnitude
+    ref.assert_close(x.astype(np.float64), want, mag, "float32",
+                     attn=float(np.abs(np.concatenate([cos, sin])).max()) * 2)
+    with pytest.raises(ValueError):
+        fusedrope.Cache.from_table(cos, sin[:, :3])
+
+
+def test_no_table_cache():
+    cache = fusedrope.Cache("default", rot_dim=8, max_positions=0)
+    with pytest.raises(ValueError, match="no table"):
+        cache.table()
+    x = np.ones((2, 1, 1, 8), np.float32)
+    fusedrope.forward(cache, x, ids=np.array([[0, 10**9]], np.int64))  # any position >= 0
+    assert np.isfinite(x).all()
+
+
+# -------------------------------------------------------------- bad input
+
+def poisoned_pair(shape=(4, 2, 3, 8), dtype=np.float32):
+    x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape).astype(dtype)
+    y = np.full(shape, 7, dtype)
+    return x, y
+
+
+def unchanged(*arrays):
+    saved = [a.copy() for a in arrays]
+
+    def check():
+        for a, s in zip(arrays, saved):
+            assert np.array_equal(a, s, equal_nan=True), "a failing call wrote something"
+    return check
+
+
+@pytest.fixture
+def cache8():
+    return fusedrope.Cache("default", rot_dim=8, max_positions=16)
+
+
+def test_error_carries_status_and_sentence(cache8):
+    x, y = poisoned_pair()
+    y = y[:, :1]  # batch differs
+    check = unchanged(x, y)
+    with pytest.raises(fusedrope.Error) as e:
+        fusedrope.forward(cache8, x, out=y)
+    assert e.value.status == 1 and e.value.status_name == "ERR_INVALID"
+    assert e.value.detail and e.value.detail in str(e.value)
+    assert isinstance(e.value, RuntimeError) and isinstance(e.value, ValueError)
+    check()
+
+
+def test_bad_cache_arguments():
+    with pytest.raises(fusedrope.Error, match="rot_dim") as e:
+        fusedrope.Cache("default", rot_dim=9, max_positions=16)
+    assert e.value.status_name == "ERR_INVALID"
+    with pytest.raises(fusedrope.Error) as e:
+        fusedrope.Cache("yarn", rot_dim=8, max_positions=16)   # original_max_positions unset
+    assert "original_max_positions" in e.value.detail
+    with pytest.raises(ValueError, match="type"):
+        fusedrope.Cache("ntk", rot_dim=8, max_positions=16)
+    with pytest.raises(TypeError):
+        fusedrope.Cache("default", rot_dim=8)
+    with pytest.raises(ValueError, match="entries"):
+        fusedrope.Cache("longrope", rot_dim=8, max_positions=16, original_max_positions=4,
+                        short_factor=[1.0] * 3, long_factor=[1.0] * 4)
+    with pytest.raises(ValueError, match="device"):
+        fusedrope.Cache("default", rot_dim=8, max_positions=16, device="tpu")
+
+
+@pytest.mark.skipif(fusedrope.cuda_available(), reason="a CUDA device is present")
+def test_cuda_cache_without_device():
+    with pytest.raises(fusedrope.Error) as e:
+        fusedrope.Cache("default", rot_dim=8, max_positions=16, device="cuda:0")
+    assert e.value.status_name == "ERR_UNSUPPORTED"
+
+
+def test_non_contiguous_channels(cache8):
+    x, y = poisoned_pair((4, 2, 3, 16))
+    check = unchanged(x, y)
+    with pytest.raises(ValueError, match="contiguous"):
+        fusedrope.forward(cache8, x[..., ::2], out=y[..., :8])
+    with pytest.raises(ValueError, match="contiguous"):
+        fusedrope.forward(cache8, x[..., :8], out=y[..., ::2])
+    with pytest.raises(ValueError, match="contiguous"):
+        fusedrope.forward(cache8, np.asfortranarray(x))
+    check()
+
+
+@pytest.mark.parametrize("dt", [np.float64, np.int32, np.uint16, np.int8])
+def test_wrong_dtype(cache8, dt):
+    x = np.ones((4, 2, 3, 8), dt)
+    check = unchanged(x)
+    with pytest.raises(TypeError, match="dtype"):
+        fusedrope.forward(cache8, x)
+    check()
+
+
+def test_dtype_argument(cache8):
+    x = np.ones((4, 2, 3, 8), np.float16)
+    with pytest.raises(TypeError, match="float32"):
+        fusedrope.forward(cache8, x, dtype="float32")
+    with pytest.raises(TypeError):
+        fusedrope.forward(cache8, x, dtype="bfloat16")   # float16 is not bfloat16 bits
+    with pytest.raises(ValueError):
+        fusedrope.forward(cache8, x, dtype="float64")
+
+
+def test_mismatches(cache8):
+    x, y = poisoned_pair()
+    check = unchanged(x, y)
+    for out in (y[:3], y[:, :, :2], y.astype(np.float16), np.full((4, 2, 3, 10), 7, np.float32)):
+        with pytest.raises(fusedrope.Error):
+            fusedrope.forward(cache8, x, out=out)
+    with pytest.raises(ValueError, match="dimensions"):
+        fusedrope.forward(cache8, x, layout="thd")
+    with pytest.raises(ValueError, match="layout"):
+        fusedrope.forward(cache8, x, layout="bhsd")
+    with pytest.raises(ValueError, match="style"):
+        fusedrope.forward(cache8, x, style="gptj")
+    with pytest.raises(fusedrope.Error):                  # head_dim < rot_dim
+        fusedrope.forward(cache8, np.ones((4, 2, 3, 6), np.float32))
+    with pytest.raises(fusedrope.Error):                  # partial overlap, not in place
+        fusedrope.forward(cache8, x[1:], out=x[:-1])
+    with pytest.raises(TypeError, match="pair"):
+        fusedrope.forward_qk(cache8, x, x.copy(), out=y)
+    with pytest.raises(TypeError, match="DLPack"):
+        fusedrope.forward(cache8, [[1.0]])
+    with pytest.raises(TypeError, match="Cache"):
+        fusedrope.forward(None, x)
+    check()
+    ro = np.ones((4, 2, 3, 8), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises((ValueError, BufferError)):
+        fusedrope.forward(cache8, ro)
+    assert (ro == 1).all()
+
+
+def test_bad_positions(cache8):
+    x, y = poisoned_pair()        # s=4, b=2
+    check = unchanged(x, y)
+    bad = [
+        dict(ids=np.zeros((4, 2), np.int64)),            # [s, b] instead of [b, s]
+        dict(ids=np.zeros(8, np.int64)),
+        dict(ids=np.zeros((2, 4), np.int32)),
+        dict(ids=np.zeros((2, 8), np.int64)[:, ::2]),    # not contiguous
+        dict(offsets=np.zeros(3, np.int64)),
+        dict(offsets=np.zeros((2, 1), np.int64)),
+        dict(cu_seqlens=np.array([0, 4], np.int32)),     # sbhd
+        dict(ids="0123"),
+    ]
+    for kw in bad:
+        with pytest.raises((ValueError, TypeError)):
+            fusedrope.forward(cache8, x, out=y, **kw)
+    for kw in (dict(ids=np.full((2, 4), 16, np.int64)),            # outside the table
+               dict(offsets=np.array([0, 13], np.int64)),
+               dict(ids=np.zeros((2, 4), np.int64), offsets=np.zeros(2, np.int64)),
+               dict(cp_size=2, cp_rank=2)):
+        with pytest.raises(fusedrope.Error):
+            fusedrope.forward(cache8, x, out=y, **kw)
+    with pytest.raises(fusedrope.Error) as e:
+        fusedrope.forward(cache8, x, out=y, ids=np.full((2, 4), 16, np.int64))
+    assert e.value.status_name == "ERR_RANGE"
+    t = np.ones((6, 2, 8), np.float32)
+    check_t = unchanged(t)
+    for cu in (np.array([0, 4, 5], np.int32), np.array([0, 6], np.int64), np.array([1, 6], np.int32),
+               np.array([0], np.int32), np.array([[0, 6]], np.int32)):
+        with pytest.raises((ValueError, TypeError, fusedrope.Error)):
+            fusedrope.forward(cache8, t, layout="thd", cu_seqlens=cu)
+    with pytest.raises(ValueError, match="one per sequence"):
+        fusedrope.forward(cache8, t, layout="thd", cu_seqlens=np.array([0, 2, 6], np.int32),
+                          offsets=np.zeros(3, np.int64))
+    check()
+    check_t()
+
+
+# -------------------------------------------- a CUDA array on a CPU cache
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+class FakeCudaArray:
+    """A DLPack producer claiming CUDA memory (its pointer is never valid):
+    the binding must refuse it on a CPU cache before the library sees it."""
+
+    def __init__(self, shape, device_type=2):
+        self.shape = (ctypes.c_int64 * len(shape))(*shape)
+        self.m = _DLManagedTensor()
+        self.m.dl_tensor = _DLTensor(0xDEAD000, _DLDevice(device_type, 0), len(shape),
+                                     _DLDataType(2, 32, 1), self.shape, None, 0)
+        self.streams = []
+
+    def __dlpack_device__(self):
+        return (self.m.dl_tensor.device.device_type, 0)
+
+    def __dlpack__(self, stream=None):
+        self.streams.append(stream)
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(ctypes.addressof(self.m), b"dltensor", None)
+
+
+def test_cuda_array_on_cpu_cache(cache8):
+    fake = FakeCudaArray((4, 2, 3, 8))
+    with pytest.raises(ValueError, match="cuda:0 but the cache is on the CPU"):
+        fusedrope.forward(cache8, fake)
+    assert fake.streams == [1]   # DLPack's legacy default stream, never 0
+    x = np.ones((4, 2, 3, 8), np.float32)
+    check = unchanged(x)
+    with pytest.raises(ValueError, match="cache is on the CPU"):
+        fusedrope.forward(cache8, x, out=FakeCudaArray((4, 2, 3, 8)))
+    with pytest.raises(ValueError, match="cache is on the CPU"):
+        fusedrope.forward(cache8, FakeCudaArray((4, 2, 3, 8), device_type=99))
+    check()
+
+
+def test_version():
+    v, n = fusedrope.version()
+    assert v == fusedrope.__version__ and n == fusedrope._fusedrope.HEADER_VERSION_NUMBER
