@@ -28,8 +28,7 @@ cmake/fusedrope-config-version.cmake: $(srcdir)/cmake/fusedrope-config-version.c
 EXTRA_DIST += tests/install/run.sh tests/install/consumer.h tests/install/wrap.h \
 	tests/install/wrap.c tests/install/c99_main.c tests/install/cxx_main.cc \
 	tests/install/dlopen_main.c tests/install/cmake-version-check.cmake \
-	tests/install/cmake-config/CMakeLists.txt tests/install/cmake-pkgconfig/CMakeLists.txt \
-	tests/install/README-section.md
+	tests/install/cmake-config/CMakeLists.txt tests/install/cmake-pkgconfig/CMakeLists.txt
 
 # cmake, run by `make installcheck` (tests/install/run.sh skips the CMake
 # consumers when there is none).
