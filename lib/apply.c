@@ -507,3 +507,22 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
     fr_cpu_apply(&args);
     return FUSEDROPE_OK;
 }
+
+fusedrope_status fr_apply_call(const fusedrope_cache *cache, fusedrope_style style, fr_call call,
+                               const fusedrope_positions *pos, const fusedrope_tensor *a_in,
+                               const fusedrope_tensor *a_out, const fusedrope_tensor *b_in,
+                               const fusedrope_tensor *b_out, void *stream)
+{
+    /* the names the man pages give the arguments, per call */
+    static const char *const names[4][4] = {
+        { "x", "y", "", "" },
+        { "q_in", "q_out", "k_in", "k_out" },
+        { "dy", "dx", "", "" },
+        { "dq_out", "dq_in", "dk_out", "dk_in" },
+    };
+    const int qk = call == FR_CALL_FORWARD_QK || call == FR_CALL_BACKWARD_QK;
+    const int backward = call == FR_CALL_BACKWARD || call == FR_CALL_BACKWARD_QK;
+    const fusedrope_tensor *const in[2] = { a_in, b_in }, *const out[2] = { a_out, b_out };
+    return fr_apply(cache, style, backward ? -1.0f : 1.0f, pos, qk ? 2 : 1, in, out, names[call],
+                    stream);
+}

@@ -114,6 +114,23 @@ void fr_struct_give(void *dst, size_t dst_size, const void *full, size_t full_si
  * number of axes; FUSEDROPE_ERR_INVALID for a bad layout. */
 fusedrope_status fr_axes_map(const fusedrope_cache_config *config, int32_t **map, int *num_axes);
 
+/* The four public calls, each a direction (forward, backward) and a count
+ * (one tensor, or q and k). */
+typedef enum {
+    FR_CALL_FORWARD,
+    FR_CALL_FORWARD_QK,
+    FR_CALL_BACKWARD,
+    FR_CALL_BACKWARD_QK
+} fr_call;
+
+/* The forward and backward modules' entry: fr_apply with the call's sign,
+ * tensor count and argument names (for error messages).  a_in/a_out: x/y,
+ * dy/dx, q or dq; b_in/b_out: k or dk (NULL for one tensor). */
+fusedrope_status fr_apply_call(const fusedrope_cache *cache, fusedrope_style style, fr_call call,
+                               const fusedrope_positions *pos, const fusedrope_tensor *a_in,
+                               const fusedrope_tensor *a_out, const fusedrope_tensor *b_in,
+                               const fusedrope_tensor *b_out, void *stream);
+
 /* Forward and backward modules both end here: checks every argument, then
  * runs the call on the cache's device.  names: in[0], out[0], in[1], out[1]
  * as the caller calls them, for error messages. */

@@ -12,6 +12,7 @@
 #define FUSEDROPE_SYMBOLS_H
 
 #define fr_apply fusedrope__apply
+#define fr_apply_call fusedrope__apply_call
 #define fr_fail fusedrope__fail
 #define fr_clear_error fusedrope__clear_error
 #define fr_dtype_size fusedrope__dtype_size
