@@ -684,22 +684,31 @@ __global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Streaming multiprocessors of the current device, cached per device. */
-int sm_count(void)
+/* The calling thread's current device: the runtime's (a host-side read of
+ * the thread's state, no device round trip), or 0 in the emulation, whose one
+ * device is 0. */
+cudaError_t current_device(int *dev)
 {
 #ifdef FR_CUDA_EMULATE
+    *dev = 0;
+    return cudaSuccess;
+#else
+    return cudaGetDevice(dev);
+#endif
+}
+
+/* Streaming multiprocessors of device `dev`, cached per device. */
+int sm_count(int dev)
+{
+#ifdef FR_CUDA_EMULATE
+    (void)dev;
     return fr_emu_sms;
 #else
     static int cached[64];
-    int dev = 0, n = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err != cudaSuccess) {
-        fr_cuda_forget(err);
-        return 132;
-    }
+    int n = 0;
     if (dev >= 0 && dev < 64 && (n = __atomic_load_n(&cached[dev], __ATOMIC_RELAXED)) > 0)
         return n;
-    err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    cudaError_t err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
     if (err != cudaSuccess || n <= 0) {
         fr_cuda_forget(err);
         return 132;
@@ -843,7 +852,18 @@ extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
     const int64_t rot_dim = cache->rot_dim, half = rot_dim / 2;
     const int64_t tokens = a->seq_len * a->batch;
     KParams P;
-    int i;
+    int i, dev = 0;
+
+    /* The launch goes to the current device; the cache's memory is on its
+     * own.  The one cudaGetDevice per call also picks the SM count below. */
+    cudaError_t derr = current_device(&dev);
+    if (derr != cudaSuccess)
+        return fr_cuda_fail(derr, "cudaGetDevice");
+    if (dev != cache->cuda_device)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "the cache was created on CUDA device %d but device %d is current in this "
+                       "thread; call cudaSetDevice(%d) before using it",
+                       cache->cuda_device, dev, cache->cuda_device);
 
     memset(&P, 0, sizeof P);
     for (i = 0; i < a->count && i < 2; i++) {
@@ -896,7 +916,7 @@ extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "fr_cuda_apply: the cache has neither a device table nor frequencies");
 
-    const Shape sh = choose_shape(tokens, P.heads, P.lanes, sm_count());
+    const Shape sh = choose_shape(tokens, P.heads, P.lanes, sm_count(dev));
     P.gtotal = sh.gtotal;
 
     cudaStream_t stream = (cudaStream_t)a->stream;

@@ -64,6 +64,29 @@ extern "C" int fr_cuda_pointer_kind(const void *p)
     return attr.type == cudaMemoryTypeDevice ? FR_PTR_DEVICE : FR_PTR_HOST;
 }
 
+/*
+ * A cache's memory belongs to the device that was current when it was made
+ * (cache->cuda_device).  The calls that only manage that memory or wait for
+ * it (copy_table, destroy, cache_check) make that device current for their
+ * runtime calls and give the caller's back, so they work from any thread
+ * whatever device it has selected; forward and backward, which enqueue on
+ * the caller's stream, refuse a different current device instead
+ * (fr_cuda_apply).  enter_device returns the caller's device in *prev.
+ */
+static cudaError_t enter_device(int dev, int *prev)
+{
+    cudaError_t err = cudaGetDevice(prev);
+    if (err == cudaSuccess && *prev != dev)
+        err = cudaSetDevice(dev);
+    return err;
+}
+
+static void leave_device(int dev, int prev)
+{
+    if (prev != dev)
+        fr_cuda_forget(cudaSetDevice(prev));
+}
+
 /* Table row p, pair i: the same fr_angle as the CPU's build, so the same bits. */
 static __global__ void build_table(const double *inv, double attn, int64_t positions, int64_t half,
                             float *cos, float *sin)
@@ -100,9 +123,12 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
     float *dcos = NULL, *dsin = NULL;
     double *dinv = NULL;
     int *flag = NULL, *flag_dev = NULL;
+    int dev = 0;
     fusedrope_status st;
     cudaError_t err;
 
+    if ((err = cudaGetDevice(&dev)) != cudaSuccess)
+        return fr_cuda_fail(err, "cudaGetDevice");
     if ((user_table || built_table) && (tab == 0 || tab > (SIZE_MAX - inv_bytes) / 2))
         return fr_fail(FUSEDROPE_ERR_RANGE, "a cos/sin table of %zu bytes does not fit in memory",
                        table_bytes);
@@ -167,6 +193,7 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
     cache->range_flag = flag;
     cache->range_flag_dev = flag_dev;
     cache->device = FUSEDROPE_DEVICE_CUDA;
+    cache->cuda_device = dev;
     __atomic_store_n(&cuda_in_use, 1, __ATOMIC_RELEASE);
     return FUSEDROPE_OK;
 
@@ -182,22 +209,37 @@ extern "C" fusedrope_status fr_cuda_cache_download(const fusedrope_cache *cache,
                                                    float *sin)
 {
     size_t bytes = (size_t)cache->max_positions * (size_t)(cache->rot_dim / 2) * sizeof(float);
+    fusedrope_status st = FUSEDROPE_OK;
     cudaError_t err;
+    int prev;
 
     if (bytes == 0 || cache->cos == NULL || cache->sin == NULL)
         return FUSEDROPE_OK;
+    if ((err = enter_device(cache->cuda_device, &prev)) != cudaSuccess)
+        return fr_cuda_fail(err, "selecting the cache's device for fusedrope_cache_copy_table");
     if ((err = cudaMemcpy(cos, cache->cos, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess ||
         (err = cudaMemcpy(sin, cache->sin, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess)
-        return fr_cuda_fail(err, "cudaMemcpy of the cos/sin table to the host");
-    return FUSEDROPE_OK;
+        st = fr_cuda_fail(err, "cudaMemcpy of the cos/sin table to the host");
+    leave_device(cache->cuda_device, prev);
+    return st;
 }
 
 extern "C" void fr_cuda_cache_release(fusedrope_cache *cache)
 {
+    /* Freed on their own device; if it cannot be selected, freeing anyway
+     * is the best left to do (the runtime finds a pointer's device itself
+     * where it can). */
+    int prev = cache->cuda_device;
+    cudaError_t err = enter_device(cache->cuda_device, &prev);
+    if (err != cudaSuccess) {
+        fr_cuda_forget(err);
+        prev = cache->cuda_device;
+    }
     if (cache->dev_block)
         fr_cuda_forget(cudaFree(cache->dev_block));
     if (cache->range_flag)
         fr_cuda_forget(cudaFreeHost(cache->range_flag));
+    leave_device(cache->cuda_device, prev);
     cache->dev_block = NULL;
     cache->cos = cache->sin = NULL;
     cache->inv_freq_dev = NULL;
@@ -206,7 +248,13 @@ extern "C" void fr_cuda_cache_release(fusedrope_cache *cache)
 
 extern "C" fusedrope_status fr_cuda_cache_check(const fusedrope_cache *cache, void *stream)
 {
-    cudaError_t err = cudaStreamSynchronize((cudaStream_t)stream);
+    /* On the cache's device: a NULL stream is that device's default stream. */
+    int prev;
+    cudaError_t err = enter_device(cache->cuda_device, &prev);
+    if (err != cudaSuccess)
+        return fr_cuda_fail(err, "selecting the cache's device for fusedrope_cache_check");
+    err = cudaStreamSynchronize((cudaStream_t)stream);
+    leave_device(cache->cuda_device, prev);
     if (err != cudaSuccess)
         return fr_cuda_fail(err, "cudaStreamSynchronize in fusedrope_cache_check");
     if (cache->range_flag == NULL)

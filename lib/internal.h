@@ -32,6 +32,8 @@ struct fusedrope_cache {
     double attention_factor;
     int *range_flag;          /* CUDA: mapped host word the kernels raise */
     int *range_flag_dev;      /* its device address */
+    int cuda_device;          /* CUDA: the ordinal current when the cache was created, where
+                                 its memory lives and its calls must be made */
 };
 
 /* One tensor of a validated call: in and out views of the same shape. */

@@ -1251,6 +1251,72 @@ START_TEST(test_threads)
 }
 END_TEST
 
+/* ------------------------------------------------------- device ordinal */
+
+/* A cache belongs to the device current at its creation.  forward and
+ * backward with another device current are refused, naming both devices,
+ * and write nothing; copy_table, cache_check and destroy work from any
+ * device and leave the caller's current device as it was.  With one device
+ * only the last part can be checked. */
+START_TEST(test_cache_device_ordinal)
+{
+    const int64_t n = 2 * 64;
+    int ndev = 0, cur = -1;
+    float *c1 = malloc(16 * 32 * 4), *s1 = malloc(16 * 32 * 4);
+    float *c2 = malloc(16 * 32 * 4), *s2 = malloc(16 * 32 * 4);
+    fusedrope_cache *on0, *cpu = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CPU);
+    ck_assert(c1 && s1 && c2 && s2);
+    CUDA_OK(cudaGetDeviceCount(&ndev));
+    CUDA_OK(cudaSetDevice(0));
+    on0 = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CUDA);
+    FR_OK(fusedrope_cache_copy_table(cpu, c1, s1));
+
+    if (ndev >= 2) {
+        uint16_t poison[2 * 64];
+        void *dx;
+        fusedrope_tensor t;
+        char want[64];
+        CUDA_OK(cudaSetDevice(1));
+        CUDA_OK(cudaMalloc(&dx, (size_t)n * 2));
+        CUDA_OK(cudaMemset(dx, 0x5a, (size_t)n * 2));
+        t = fusedrope_tensor_sbhd(dx, FUSEDROPE_BFLOAT16, 2, 1, 1, 64);
+        ck_assert_int_eq(fusedrope_forward(on0, FUSEDROPE_NEOX, NULL, &t, &t, NULL),
+                         FUSEDROPE_ERR_INVALID);
+        snprintf(want, sizeof want, "created on CUDA device 0 but device 1 is current");
+        ck_assert_msg(strstr(fusedrope_last_error(), want) != NULL, "%s",
+                      fusedrope_last_error());
+        ck_assert_int_eq(fusedrope_backward(on0, FUSEDROPE_NEOX, NULL, &t, &t, NULL),
+                         FUSEDROPE_ERR_INVALID);
+        CUDA_OK(cudaMemcpy(poison, dx, sizeof poison, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < 2 * 64; i++)
+            ck_assert_uint_eq(poison[i], 0x5a5a);
+        cudaFree(dx);
+    }
+
+    /* from device 1 (or 0): the table comes back, the check waits on device
+     * 0's default stream, and the caller's device is unchanged after each */
+    CUDA_OK(cudaSetDevice(ndev - 1));
+    memset(c2, 0, 16 * 32 * 4);
+    memset(s2, 0, 16 * 32 * 4);
+    FR_OK(fusedrope_cache_copy_table(on0, c2, s2));
+    ck_assert(memcmp(c1, c2, 16 * 32 * 4) == 0 && memcmp(s1, s2, 16 * 32 * 4) == 0);
+    CUDA_OK(cudaGetDevice(&cur));
+    ck_assert_int_eq(cur, ndev - 1);
+    FR_OK(fusedrope_cache_check(on0, NULL));
+    CUDA_OK(cudaGetDevice(&cur));
+    ck_assert_int_eq(cur, ndev - 1);
+    fusedrope_cache_destroy(on0);
+    CUDA_OK(cudaGetDevice(&cur));
+    ck_assert_int_eq(cur, ndev - 1);
+    CUDA_OK(cudaSetDevice(0));
+    fusedrope_cache_destroy(cpu);
+    free(c1);
+    free(s1);
+    free(c2);
+    free(s2);
+}
+END_TEST
+
 /* ------------------------------------------------------------------- main */
 
 int main(void)
@@ -1277,6 +1343,7 @@ int main(void)
     tcase_add_test(tc, test_out_of_table);
     tcase_add_test(tc, test_flag_per_cache);
     tcase_add_test(tc, test_huge_table_refused);
+    tcase_add_test(tc, test_cache_device_ordinal);
     tcase_add_loop_test(tc, test_grid, 0, 24);
     tcase_add_test(tc, test_shapes);
     tcase_add_test(tc, test_extreme_values);

@@ -235,6 +235,50 @@ START_TEST(test_positions_the_kernels_check)
 }
 END_TEST
 
+/* A cache of another device than the current one (the emulation's current
+ * device is 0): refused, both devices named, nothing written. */
+START_TEST(test_wrong_device_refused)
+{
+    enum { S = 3, H = 2, D = 64 };
+    float x[S * H * D], y[S * H * D];
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache, emu;
+    kcase k;
+    fr_apply_args a;
+    int flag = 0;
+
+    memset(&k, 0, sizeof k);
+    k.S = S;
+    k.B = 1;
+    k.H = H;
+    k.D = D;
+    k.pad = D;
+    k.dt = FUSEDROPE_FLOAT32;
+    k.pos.cp_size = 1;
+    fill((unsigned char *)x, S * H * D, FUSEDROPE_FLOAT32, tu_seed);
+    memset(y, 0xa5, sizeof y);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, M, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
+    emu = *cache;
+    emu.inv_freq_dev = emu.inv_freq;
+    emu.range_flag = emu.range_flag_dev = &flag;
+    emu.cuda_device = 1;
+    a = make_args(&k, &emu, x, y);
+    ck_assert_int_eq(fr_emu_cuda_apply(&a), FUSEDROPE_ERR_INVALID);
+    ck_assert_msg(strstr(fusedrope_last_error(),
+                         "created on CUDA device 1 but device 0 is current") != NULL,
+                  "%s", fusedrope_last_error());
+    for (size_t i = 0; i < sizeof y; i++)
+        ck_assert_uint_eq(((unsigned char *)y)[i], 0xa5);
+    ck_assert_int_eq(flag, 0);
+
+    emu.cuda_device = 0; /* the same call on the right device runs */
+    ck_assert_int_eq(fr_emu_cuda_apply(&a), FUSEDROPE_OK);
+    ck_assert(memcmp(x, y, sizeof y) != 0);
+    fusedrope_cache_destroy(cache);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("kernel_emu");
@@ -242,6 +286,7 @@ int main(void)
 
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_positions_the_kernels_check, 0, NCASES * VARIANTS);
+    tcase_add_test(tc, test_wrong_device_refused);
     suite_add_tcase(s, tc);
     return tu_main(s, "test_kernel_emu");
 }
