@@ -198,7 +198,8 @@ struct KParams {
     const float *cos, *sin;  /* device table, or NULL: angles from inv_freq */
     const double *inv_freq;
     double attn;
-    int *flag;               /* device address of the cache's range flag */
+    int *flag;               /* device address of the word to raise: the call's
+                                range_status, or the cache's range flag */
     int64_t tokens, seq_len, batch, max_positions;
     int64_t heads0, heads;   /* q's heads; q's + k's heads */
     int64_t gtotal;          /* head groups in the grid: a thread's head stride */
@@ -897,7 +898,10 @@ extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
     P.sin = cache->max_positions > 0 ? cache->sin : nullptr;
     P.inv_freq = cache->inv_freq_dev;
     P.attn = cache->attention_factor;
-    P.flag = cache->range_flag_dev;
+    /* The caller's per-call word, else the cache's flag: the kernels raise
+     * whichever they are given. */
+    static_assert(sizeof(int) == sizeof(int32_t), "range_status is an int32_t word");
+    P.flag = a->range_status != nullptr ? (int *)a->range_status : cache->range_flag_dev;
     P.tokens = tokens;
     P.seq_len = a->seq_len;
     P.batch = a->batch;

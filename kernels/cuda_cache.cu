@@ -61,6 +61,8 @@ extern "C" int fr_cuda_pointer_kind(const void *p)
     }
     if (attr.type == cudaMemoryTypeManaged)
         return FR_PTR_MANAGED;
+    if (attr.type == cudaMemoryTypeHost && attr.devicePointer == p)
+        return FR_PTR_PINNED; /* registered memory may have another device address */
     return attr.type == cudaMemoryTypeDevice ? FR_PTR_DEVICE : FR_PTR_HOST;
 }
 

@@ -57,6 +57,8 @@ typedef struct fr_apply_args {
     int count;                /* 1, or 2 for *_qk */
     fr_io io[2];
     void *stream;
+    int32_t *range_status;    /* CUDA: the caller's word the kernels raise instead of the
+                                 cache's flag, or NULL (pos->range_status) */
 } fr_apply_args;
 
 /* Returns from the calling function with a check's status unless it is OK. */
@@ -134,8 +136,11 @@ fusedrope_status fr_cuda_cache_download(const fusedrope_cache *cache, float *cos
 void fr_cuda_cache_release(fusedrope_cache *cache);
 fusedrope_status fr_cuda_cache_check(const fusedrope_cache *cache, void *stream);
 /* Where p points, once the process has a CUDA cache (before that, and
- * without CUDA, always FR_PTR_HOST); FR_PTR_ERROR records its detail. */
-enum { FR_PTR_ERROR = -1, FR_PTR_HOST, FR_PTR_DEVICE, FR_PTR_MANAGED };
+ * without CUDA, always FR_PTR_HOST); FR_PTR_ERROR records its detail.
+ * FR_PTR_PINNED: page-locked host memory the device reaches at the same
+ * address (cudaMallocHost, cudaHostAlloc; host memory for everything but
+ * pos->range_status). */
+enum { FR_PTR_ERROR = -1, FR_PTR_HOST, FR_PTR_DEVICE, FR_PTR_MANAGED, FR_PTR_PINNED };
 int fr_cuda_pointer_kind(const void *p);
 fusedrope_status fr_cuda_apply(const fr_apply_args *args);
 

@@ -1007,6 +1007,66 @@ START_TEST(test_flag_per_cache)
 }
 END_TEST
 
+/* pos->range_status: a device word and a page-locked host word, each on
+ * its own stream, report only their own call's positions, never the
+ * cache's flag; a pageable host word is refused before any launch. */
+START_TEST(test_range_status_word)
+{
+    const int64_t ids[2] = { 1000, 3 }; /* the first outside a 16-row table */
+    fusedrope_cache *c = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CUDA);
+    cudaStream_t s1, s2;
+    int32_t *dword, *pinned, hword = 0, got = -1;
+    void *dx, *dids;
+    fusedrope_positions p;
+    fusedrope_tensor t;
+
+    CUDA_OK(cudaStreamCreate(&s1));
+    CUDA_OK(cudaStreamCreate(&s2));
+    CUDA_OK(cudaMalloc(&dx, 2 * 64 * 2));
+    CUDA_OK(cudaMemset(dx, 0, 2 * 64 * 2));
+    CUDA_OK(cudaMalloc(&dids, sizeof ids));
+    CUDA_OK(cudaMemcpy(dids, ids, sizeof ids, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&dword, sizeof *dword));
+    CUDA_OK(cudaMemset(dword, 0, sizeof *dword));
+    CUDA_OK(cudaHostAlloc((void **)&pinned, sizeof *pinned, cudaHostAllocMapped));
+    *pinned = 0;
+    t = fusedrope_tensor_sbhd(dx, FUSEDROPE_BFLOAT16, 1, 1, 1, 64);
+    fusedrope_positions_init(&p);
+
+    p.ids = dids;                         /* id 1000: out of the table */
+    p.range_status = dword;
+    FR_OK(fusedrope_forward(c, FUSEDROPE_NEOX, &p, &t, &t, s1));
+    p.ids = (const int64_t *)dids + 1;    /* id 3: inside */
+    p.range_status = pinned;
+    FR_OK(fusedrope_forward(c, FUSEDROPE_NEOX, &p, &t, &t, s2));
+    CUDA_OK(cudaStreamSynchronize(s1));
+    CUDA_OK(cudaStreamSynchronize(s2));
+    CUDA_OK(cudaMemcpy(&got, dword, sizeof got, cudaMemcpyDeviceToHost));
+    ck_assert_int_eq(got, 1);
+    ck_assert_int_eq(*pinned, 0);
+    FR_OK(fusedrope_cache_check(c, NULL)); /* the cache's flag was not raised */
+
+    p.ids = dids;
+    FR_OK(fusedrope_forward(c, FUSEDROPE_NEOX, &p, &t, &t, s2));
+    CUDA_OK(cudaStreamSynchronize(s2));
+    ck_assert_int_eq(__atomic_load_n(pinned, __ATOMIC_SEQ_CST), 1);
+    FR_OK(fusedrope_cache_check(c, NULL));
+
+    p.range_status = &hword;
+    ck_assert_int_eq(fusedrope_forward(c, FUSEDROPE_NEOX, &p, &t, &t, s1),
+                     FUSEDROPE_ERR_INVALID);
+    ck_assert_msg(strstr(fusedrope_last_error(), "pageable"), "%s", fusedrope_last_error());
+
+    fusedrope_cache_destroy(c);
+    cudaFreeHost(pinned);
+    cudaFree(dword);
+    cudaFree(dids);
+    cudaFree(dx);
+    CUDA_OK(cudaStreamDestroy(s1));
+    CUDA_OK(cudaStreamDestroy(s2));
+}
+END_TEST
+
 /* Tables too large for the device: a size that wraps when rounded up is
  * refused before anything is launched, one that merely does not fit fails
  * its allocation; neither leaves a cache or a broken CUDA context behind. */
@@ -1342,6 +1402,7 @@ int main(void)
     tcase_add_test(tc, test_device_mismatch);
     tcase_add_test(tc, test_out_of_table);
     tcase_add_test(tc, test_flag_per_cache);
+    tcase_add_test(tc, test_range_status_word);
     tcase_add_test(tc, test_huge_table_refused);
     tcase_add_test(tc, test_cache_device_ordinal);
     tcase_add_loop_test(tc, test_grid, 0, 24);
