@@ -36,18 +36,33 @@ extern "C" int fr_cuda_device_present(void)
     return state == 2;
 }
 
-/* Set once this process has a CUDA cache.  Until then no pointer is asked
- * about: a program that uses only CPU caches never initialises CUDA (no
- * context, no cost, no trouble after fork). */
+/* Set once this process has a CUDA cache: 1, or 2 when the environment
+ * said FUSEDROPE_CUDA_POINTER_CHECKS=0 at that moment.  Until then no
+ * pointer is asked about: a program that uses only CPU caches never
+ * initialises CUDA (no context, no cost, no trouble after fork). */
 static int cuda_in_use;
+
+/* What the first CUDA cache of the process sets cuda_in_use to.  Each query
+ * (cudaPointerGetAttributes, up to 7 per call) costs host time on every
+ * decode step (bench/RESULTS.md); a caller whose pointers are right by
+ * construction may skip them, losing only the "host memory on a CUDA cache"
+ * and "device memory on a CPU cache" errors (fusedrope_forward(3)). */
+static int in_use_state(void)
+{
+    const char *v = getenv("FUSEDROPE_CUDA_POINTER_CHECKS");
+    return v != NULL && v[0] == '0' && v[1] == '\0' ? 2 : 1;
+}
 
 extern "C" int fr_cuda_pointer_kind(const void *p)
 {
     cudaPointerAttributes attr;
     cudaError_t err;
+    int state;
 
-    if (p == NULL || !__atomic_load_n(&cuda_in_use, __ATOMIC_ACQUIRE))
+    if (p == NULL || !(state = __atomic_load_n(&cuda_in_use, __ATOMIC_ACQUIRE)))
         return FR_PTR_HOST;
+    if (state == 2)
+        return FR_PTR_UNCHECKED;
     err = cudaPointerGetAttributes(&attr, p);
     if (err == cudaErrorInvalidValue) {
         /* Older runtimes report plain host memory this way. */
@@ -196,7 +211,8 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
     cache->range_flag_dev = flag_dev;
     cache->device = FUSEDROPE_DEVICE_CUDA;
     cache->cuda_device = dev;
-    __atomic_store_n(&cuda_in_use, 1, __ATOMIC_RELEASE);
+    if (!__atomic_load_n(&cuda_in_use, __ATOMIC_ACQUIRE))
+        __atomic_store_n(&cuda_in_use, in_use_state(), __ATOMIC_RELEASE);
     return FUSEDROPE_OK;
 
 fail:

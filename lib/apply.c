@@ -503,7 +503,8 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
         if (tokens_empty(in[k]))
             continue;
         TRY(check_pointer_device(in[k]->data, names[2 * k], cache->device));
-        TRY(check_pointer_device(out[k]->data, names[2 * k + 1], cache->device));
+        if (out[k]->data != in[k]->data) /* in place: one query (each costs, RESULTS.md) */
+            TRY(check_pointer_device(out[k]->data, names[2 * k + 1], cache->device));
     }
     TRY(check_pointer_device(args.pos.ids, "pos->ids", cache->device));
     TRY(check_pointer_device(args.pos.offsets, "pos->offsets", cache->device));

@@ -140,7 +140,10 @@ fusedrope_status fr_cuda_cache_check(const fusedrope_cache *cache, void *stream)
  * FR_PTR_PINNED: page-locked host memory the device reaches at the same
  * address (cudaMallocHost, cudaHostAlloc; host memory for everything but
  * pos->range_status). */
-enum { FR_PTR_ERROR = -1, FR_PTR_HOST, FR_PTR_DEVICE, FR_PTR_MANAGED, FR_PTR_PINNED };
+/* FR_PTR_UNCHECKED: not asked, the caller opted out of the queries
+ * (FUSEDROPE_CUDA_POINTER_CHECKS=0); every device accepts it. */
+enum { FR_PTR_ERROR = -1, FR_PTR_HOST, FR_PTR_DEVICE, FR_PTR_MANAGED, FR_PTR_PINNED,
+       FR_PTR_UNCHECKED };
 int fr_cuda_pointer_kind(const void *p);
 fusedrope_status fr_cuda_apply(const fr_apply_args *args);
 
