@@ -199,7 +199,8 @@ struct KParams {
     const double *inv_freq;
     const int32_t *pair_map; /* device axes map (lib/axes.c), NULL for 1D rope */
     double attn;
-    int *flag;               /* device address of the cache's range flag */
+    int *flag;               /* device address of the word to raise: the call's
+                                range_status, or the cache's range flag */
     int64_t tokens, seq_len, batch, max_positions;
     int64_t heads0, heads;   /* q's heads; q's + k's heads */
     int64_t gtotal;          /* head groups in the grid: a thread's head stride */
@@ -721,22 +722,31 @@ __global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Streaming multiprocessors of the current device, cached per device. */
-int sm_count(void)
+/* The calling thread's current device: the runtime's (a host-side read of
+ * the thread's state, no device round trip), or 0 in the emulation, whose one
+ * device is 0. */
+cudaError_t current_device(int *dev)
 {
 #ifdef FR_CUDA_EMULATE
+    *dev = 0;
+    return cudaSuccess;
+#else
+    return cudaGetDevice(dev);
+#endif
+}
+
+/* Streaming multiprocessors of device `dev`, cached per device. */
+int sm_count(int dev)
+{
+#ifdef FR_CUDA_EMULATE
+    (void)dev;
     return fr_emu_sms;
 #else
     static int cached[64];
-    int dev = 0, n = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err != cudaSuccess) {
-        fr_cuda_forget(err);
-        return 132;
-    }
+    int n = 0;
     if (dev >= 0 && dev < 64 && (n = __atomic_load_n(&cached[dev], __ATOMIC_RELAXED)) > 0)
         return n;
-    err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    cudaError_t err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
     if (err != cudaSuccess || n <= 0) {
         fr_cuda_forget(err);
         return 132;
@@ -882,7 +892,18 @@ extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
     const int64_t rot_dim = cache->rot_dim, half = rot_dim / 2;
     const int64_t tokens = a->seq_len * a->batch;
     KParams P;
-    int i;
+    int i, dev = 0;
+
+    /* The launch goes to the current device; the cache's memory is on its
+     * own.  The one cudaGetDevice per call also picks the SM count below. */
+    cudaError_t derr = current_device(&dev);
+    if (derr != cudaSuccess)
+        return fr_cuda_fail(derr, "cudaGetDevice");
+    if (dev != cache->cuda_device)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "the cache was created on CUDA device %d but device %d is current in this "
+                       "thread; call cudaSetDevice(%d) before using it",
+                       cache->cuda_device, dev, cache->cuda_device);
 
     memset(&P, 0, sizeof P);
     for (i = 0; i < a->count && i < 2; i++) {
@@ -917,7 +938,10 @@ extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
     P.inv_freq = cache->inv_freq_dev;
     P.pair_map = cache->pair_map_dev;
     P.attn = cache->attention_factor;
-    P.flag = cache->range_flag_dev;
+    /* The caller's per-call word, else the cache's flag: the kernels raise
+     * whichever they are given. */
+    static_assert(sizeof(int) == sizeof(int32_t), "range_status is an int32_t word");
+    P.flag = a->range_status != nullptr ? (int *)a->range_status : cache->range_flag_dev;
     P.tokens = tokens;
     P.seq_len = a->seq_len;
     P.batch = a->batch;
@@ -936,7 +960,7 @@ extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "fr_cuda_apply: the cache has neither a device table nor frequencies");
 
-    const Shape sh = choose_shape(tokens, P.heads, P.lanes, sm_count());
+    const Shape sh = choose_shape(tokens, P.heads, P.lanes, sm_count(dev));
     P.gtotal = sh.gtotal;
 
     cudaStream_t stream = (cudaStream_t)a->stream;

@@ -36,18 +36,33 @@ extern "C" int fr_cuda_device_present(void)
     return state == 2;
 }
 
-/* Set once this process has a CUDA cache.  Until then no pointer is asked
- * about: a program that uses only CPU caches never initialises CUDA (no
- * context, no cost, no trouble after fork). */
+/* Set once this process has a CUDA cache: 1, or 2 when the environment
+ * said FUSEDROPE_CUDA_POINTER_CHECKS=0 at that moment.  Until then no
+ * pointer is asked about: a program that uses only CPU caches never
+ * initialises CUDA (no context, no cost, no trouble after fork). */
 static int cuda_in_use;
+
+/* What the first CUDA cache of the process sets cuda_in_use to.  Each query
+ * (cudaPointerGetAttributes, up to 7 per call) costs host time on every
+ * decode step (bench/RESULTS.md); a caller whose pointers are right by
+ * construction may skip them, losing only the "host memory on a CUDA cache"
+ * and "device memory on a CPU cache" errors (fusedrope_forward(3)). */
+static int in_use_state(void)
+{
+    const char *v = getenv("FUSEDROPE_CUDA_POINTER_CHECKS");
+    return v != NULL && v[0] == '0' && v[1] == '\0' ? 2 : 1;
+}
 
 extern "C" int fr_cuda_pointer_kind(const void *p)
 {
     cudaPointerAttributes attr;
     cudaError_t err;
+    int state;
 
-    if (p == NULL || !__atomic_load_n(&cuda_in_use, __ATOMIC_ACQUIRE))
+    if (p == NULL || !(state = __atomic_load_n(&cuda_in_use, __ATOMIC_ACQUIRE)))
         return FR_PTR_HOST;
+    if (state == 2)
+        return FR_PTR_UNCHECKED;
     err = cudaPointerGetAttributes(&attr, p);
     if (err == cudaErrorInvalidValue) {
         /* Older runtimes report plain host memory this way. */
@@ -61,7 +76,32 @@ extern "C" int fr_cuda_pointer_kind(const void *p)
     }
     if (attr.type == cudaMemoryTypeManaged)
         return FR_PTR_MANAGED;
+    if (attr.type == cudaMemoryTypeHost && attr.devicePointer == p)
+        return FR_PTR_PINNED; /* registered memory may have another device address */
     return attr.type == cudaMemoryTypeDevice ? FR_PTR_DEVICE : FR_PTR_HOST;
+}
+
+/*
+ * A cache's memory belongs to the device that was current when it was made
+ * (cache->cuda_device).  The calls that only manage that memory or wait for
+ * it (copy_table, destroy, cache_check) make that device current for their
+ * runtime calls and give the caller's back, so they work from any thread
+ * whatever device it has selected; forward and backward, which enqueue on
+ * the caller's stream, refuse a different current device instead
+ * (fr_cuda_apply).  enter_device returns the caller's device in *prev.
+ */
+static cudaError_t enter_device(int dev, int *prev)
+{
+    cudaError_t err = cudaGetDevice(prev);
+    if (err == cudaSuccess && *prev != dev)
+        err = cudaSetDevice(dev);
+    return err;
+}
+
+static void leave_device(int dev, int prev)
+{
+    if (prev != dev)
+        fr_cuda_forget(cudaSetDevice(prev));
 }
 
 /* Table row p, pair i: the same fr_angle as the CPU's build, so the same bits. */
@@ -102,9 +142,12 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
     double *dinv = NULL;
     int32_t *dmap = NULL;
     int *flag = NULL, *flag_dev = NULL;
+    int dev = 0;
     fusedrope_status st;
     cudaError_t err;
 
+    if ((err = cudaGetDevice(&dev)) != cudaSuccess)
+        return fr_cuda_fail(err, "cudaGetDevice");
     if ((user_table || built_table) &&
         (tab == 0 || tab > (SIZE_MAX - inv_bytes - map_bytes) / 2))
         return fr_fail(FUSEDROPE_ERR_RANGE, "a cos/sin table of %zu bytes does not fit in memory",
@@ -179,7 +222,9 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
     cache->range_flag = flag;
     cache->range_flag_dev = flag_dev;
     cache->device = FUSEDROPE_DEVICE_CUDA;
-    __atomic_store_n(&cuda_in_use, 1, __ATOMIC_RELEASE);
+    cache->cuda_device = dev;
+    if (!__atomic_load_n(&cuda_in_use, __ATOMIC_ACQUIRE))
+        __atomic_store_n(&cuda_in_use, in_use_state(), __ATOMIC_RELEASE);
     return FUSEDROPE_OK;
 
 fail:
@@ -194,22 +239,37 @@ extern "C" fusedrope_status fr_cuda_cache_download(const fusedrope_cache *cache,
                                                    float *sin)
 {
     size_t bytes = (size_t)cache->max_positions * (size_t)(cache->rot_dim / 2) * sizeof(float);
+    fusedrope_status st = FUSEDROPE_OK;
     cudaError_t err;
+    int prev;
 
     if (bytes == 0 || cache->cos == NULL || cache->sin == NULL)
         return FUSEDROPE_OK;
+    if ((err = enter_device(cache->cuda_device, &prev)) != cudaSuccess)
+        return fr_cuda_fail(err, "selecting the cache's device for fusedrope_cache_copy_table");
     if ((err = cudaMemcpy(cos, cache->cos, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess ||
         (err = cudaMemcpy(sin, cache->sin, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess)
-        return fr_cuda_fail(err, "cudaMemcpy of the cos/sin table to the host");
-    return FUSEDROPE_OK;
+        st = fr_cuda_fail(err, "cudaMemcpy of the cos/sin table to the host");
+    leave_device(cache->cuda_device, prev);
+    return st;
 }
 
 extern "C" void fr_cuda_cache_release(fusedrope_cache *cache)
 {
+    /* Freed on their own device; if it cannot be selected, freeing anyway
+     * is the best left to do (the runtime finds a pointer's device itself
+     * where it can). */
+    int prev = cache->cuda_device;
+    cudaError_t err = enter_device(cache->cuda_device, &prev);
+    if (err != cudaSuccess) {
+        fr_cuda_forget(err);
+        prev = cache->cuda_device;
+    }
     if (cache->dev_block)
         fr_cuda_forget(cudaFree(cache->dev_block));
     if (cache->range_flag)
         fr_cuda_forget(cudaFreeHost(cache->range_flag));
+    leave_device(cache->cuda_device, prev);
     cache->dev_block = NULL;
     cache->cos = cache->sin = NULL;
     cache->inv_freq_dev = NULL;
@@ -218,7 +278,13 @@ extern "C" void fr_cuda_cache_release(fusedrope_cache *cache)
 
 extern "C" fusedrope_status fr_cuda_cache_check(const fusedrope_cache *cache, void *stream)
 {
-    cudaError_t err = cudaStreamSynchronize((cudaStream_t)stream);
+    /* On the cache's device: a NULL stream is that device's default stream. */
+    int prev;
+    cudaError_t err = enter_device(cache->cuda_device, &prev);
+    if (err != cudaSuccess)
+        return fr_cuda_fail(err, "selecting the cache's device for fusedrope_cache_check");
+    err = cudaStreamSynchronize((cudaStream_t)stream);
+    leave_device(cache->cuda_device, prev);
     if (err != cudaSuccess)
         return fr_cuda_fail(err, "cudaStreamSynchronize in fusedrope_cache_check");
     if (cache->range_flag == NULL)

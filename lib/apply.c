@@ -178,12 +178,35 @@ static fusedrope_status check_pointer_device(const void *p, const char *name, fu
     kind = fr_cuda_pointer_kind(p);
     if (kind == FR_PTR_ERROR)
         return FUSEDROPE_ERR_CUDA;
-    if (dev == FUSEDROPE_DEVICE_CUDA && kind == FR_PTR_HOST)
+    if (dev == FUSEDROPE_DEVICE_CUDA && (kind == FR_PTR_HOST || kind == FR_PTR_PINNED))
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "%s is host memory but the cache is on the CUDA device", name);
     if (dev == FUSEDROPE_DEVICE_CPU && kind == FR_PTR_DEVICE)
         return fr_fail(FUSEDROPE_ERR_INVALID, "%s is CUDA device memory but the cache is on the CPU",
                        name);
+    return FUSEDROPE_OK;
+}
+
+/* pos->range_status: for a CUDA cache any word the device writes at that
+ * address (device, managed, or page-locked host memory such as
+ * cudaHostAlloc's, which the host then reads without a copy); for a CPU
+ * cache host memory, never written (a CPU call reports range errors in its
+ * status). */
+static fusedrope_status check_status_word_device(const int32_t *w, fusedrope_device dev)
+{
+    int kind;
+    if (!w)
+        return FUSEDROPE_OK;
+    kind = fr_cuda_pointer_kind(w);
+    if (kind == FR_PTR_ERROR)
+        return FUSEDROPE_ERR_CUDA;
+    if (dev == FUSEDROPE_DEVICE_CUDA && kind == FR_PTR_HOST)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "pos->range_status is pageable host memory, which the CUDA device "
+                       "cannot write: use device, managed or page-locked (cudaHostAlloc) memory");
+    if (dev == FUSEDROPE_DEVICE_CPU && kind == FR_PTR_DEVICE)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "pos->range_status is CUDA device memory but the cache is on the CPU");
     return FUSEDROPE_OK;
 }
 
@@ -196,11 +219,13 @@ static const size_t positions_layouts[] = {
 /* Position rules that need no look at the arrays' contents. */
 static fusedrope_status check_positions(const fusedrope_positions *user_pos,
                                         const fusedrope_tensor *t,
-                                        const fusedrope_cache *cache, fr_pos_args *pa)
+                                        const fusedrope_cache *cache, fr_pos_args *pa,
+                                        int32_t **range_status)
 {
     fusedrope_positions pos_copy, *pos = &pos_copy;
 
     memset(pa, 0, sizeof *pa);
+    *range_status = NULL;
     pa->seq_len = t->seq_len;
     pa->cp_size = 1;
     pa->num_axes = cache->num_axes;
@@ -210,9 +235,6 @@ static fusedrope_status check_positions(const fusedrope_positions *user_pos,
         return FUSEDROPE_OK;
     TRY(fr_struct_take(&pos_copy, sizeof pos_copy, user_pos, positions_layouts,
                        (int)(sizeof positions_layouts / sizeof positions_layouts[0]), "pos"));
-    if (pos->range_status)
-        return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
-                       "pos->range_status is not implemented yet in this build");
     if (pos->ids_axes < 0 || pos->ids_axes > FUSEDROPE_MAX_AXES ||
         (pos->ids_axes > 1 && pos->ids_axes != cache->num_axes))
         return fr_fail(FUSEDROPE_ERR_INVALID,
@@ -236,6 +258,7 @@ static fusedrope_status check_positions(const fusedrope_positions *user_pos,
         pa->ids_rows = pos->ids_axes;
         pa->ids_row_stride = pos->ids_axis_stride ? pos->ids_axis_stride : row;
     }
+    *range_status = pos->range_status;
     pa->ids = pos->ids;
     pa->offsets = pos->offsets;
     pa->cu_seqlens = pos->cu_seqlens;
@@ -294,6 +317,56 @@ static fusedrope_status check_position_array(const void *p, const char *name, si
             return fr_fail(FUSEDROPE_ERR_INVALID, "%s overlaps the output %s", name,
                            k ? "k/dk tensor" : "tensor");
     }
+    return FUSEDROPE_OK;
+}
+
+/* pos->range_status: one aligned word that the kernels may write while
+ * they read the inputs and positions and write the outputs, so it must
+ * share no byte with any of them. */
+static fusedrope_status check_range_status(const int32_t *w, const fusedrope_tensor *const in[2],
+                                           const int64_t bytes_in[2],
+                                           const fusedrope_tensor *const out[2],
+                                           const int64_t bytes_out[2], int count,
+                                           const fr_pos_args *pa)
+{
+    const uintptr_t a = (uintptr_t)w;
+    struct { uintptr_t p; uint64_t n; const char *name; } other[7];
+    int n = 0;
+
+    if (!w)
+        return FUSEDROPE_OK;
+    if (a % sizeof *w)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "pos->range_status (%p) is not 4-byte aligned",
+                       (const void *)w);
+    for (int k = 0; k < count; k++) {
+        if (tokens_empty(in[k]))
+            continue;
+        other[n].p = (uintptr_t)in[k]->data;
+        other[n].n = (uint64_t)bytes_in[k];
+        other[n++].name = k ? "the k/dk input tensor" : "the input tensor";
+        other[n].p = (uintptr_t)out[k]->data;
+        other[n].n = (uint64_t)bytes_out[k];
+        other[n++].name = k ? "the k/dk output tensor" : "the output tensor";
+    }
+    if (pa->ids) {
+        other[n].p = (uintptr_t)pa->ids;
+        other[n].n = (uint64_t)(in[0]->batch * in[0]->seq_len) * sizeof(int64_t);
+        other[n++].name = "pos->ids";
+    }
+    if (pa->offsets) {
+        other[n].p = (uintptr_t)pa->offsets;
+        other[n].n = (uint64_t)(pa->cu_seqlens ? pa->num_seqs : in[0]->batch) * sizeof(int64_t);
+        other[n++].name = "pos->offsets";
+    }
+    if (pa->cu_seqlens) {
+        other[n].p = (uintptr_t)pa->cu_seqlens;
+        other[n].n = (uint64_t)(pa->num_seqs + 1) * sizeof(int32_t);
+        other[n++].name = "pos->cu_seqlens";
+    }
+    for (int i = 0; i < n; i++)
+        if (a < other[i].p + other[i].n && other[i].p < a + sizeof *w)
+            return fr_fail(FUSEDROPE_ERR_INVALID, "pos->range_status (%p) lies inside %s",
+                           (const void *)w, other[i].name);
     return FUSEDROPE_OK;
 }
 
@@ -415,7 +488,7 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
                        names[2], (ll)in[1]->seq_len, (ll)in[1]->batch, (int)in[1]->dtype);
 
     memset(&args, 0, sizeof args);
-    TRY(check_positions(pos, in[0], cache, &args.pos));
+    TRY(check_positions(pos, in[0], cache, &args.pos, &args.range_status));
     if (tokens_empty(in[0]) && (count == 1 || tokens_empty(in[1])))
         return FUSEDROPE_OK;
 
@@ -461,17 +534,20 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
                              bytes_out, count));
     TRY(check_position_array(args.pos.cu_seqlens, "pos->cu_seqlens", sizeof(int32_t),
                              args.pos.num_seqs + 1, out, bytes_out, count));
+    TRY(check_range_status(args.range_status, in, bytes_in, out, bytes_out, count, &args.pos));
 
     /* Every pointer must live where the cache does. */
     for (int k = 0; k < count; k++) {
         if (tokens_empty(in[k]))
             continue;
         TRY(check_pointer_device(in[k]->data, names[2 * k], cache->device));
-        TRY(check_pointer_device(out[k]->data, names[2 * k + 1], cache->device));
+        if (out[k]->data != in[k]->data) /* in place: one query (each costs, RESULTS.md) */
+            TRY(check_pointer_device(out[k]->data, names[2 * k + 1], cache->device));
     }
     TRY(check_pointer_device(args.pos.ids, "pos->ids", cache->device));
     TRY(check_pointer_device(args.pos.offsets, "pos->offsets", cache->device));
     TRY(check_pointer_device(args.pos.cu_seqlens, "pos->cu_seqlens", cache->device));
+    TRY(check_status_word_device(args.range_status, cache->device));
     TRY(check_implicit_positions(&args.pos, cache->max_positions));
     if (cache->device == FUSEDROPE_DEVICE_CPU &&
         (args.pos.ids || args.pos.offsets || args.pos.cu_seqlens))

@@ -51,6 +51,8 @@ struct fusedrope_cache {
     int32_t *pair_map;        /* [rot_dim/2] (col << 2) | axis on the host, or NULL */
     int32_t *pair_map_dev;    /* the same on the GPU (in dev_block), or NULL */
     int negative_ok;          /* table-less with axes: positions may be negative */
+    int cuda_device;          /* CUDA: the ordinal current when the cache was created, where
+                                 its memory lives and its calls must be made */
 };
 
 /* One tensor of a validated call: in and out views of the same shape. */
@@ -74,6 +76,8 @@ typedef struct fr_apply_args {
     int count;                /* 1, or 2 for *_qk */
     fr_io io[2];
     void *stream;
+    int32_t *range_status;    /* CUDA: the caller's word the kernels raise instead of the
+                                 cache's flag, or NULL (pos->range_status) */
 } fr_apply_args;
 
 /* Returns from the calling function with a check's status unless it is OK. */
@@ -228,8 +232,14 @@ fusedrope_status fr_cuda_cache_download(const fusedrope_cache *cache, float *cos
 void fr_cuda_cache_release(fusedrope_cache *cache);
 fusedrope_status fr_cuda_cache_check(const fusedrope_cache *cache, void *stream);
 /* Where p points, once the process has a CUDA cache (before that, and
- * without CUDA, always FR_PTR_HOST); FR_PTR_ERROR records its detail. */
-enum { FR_PTR_ERROR = -1, FR_PTR_HOST, FR_PTR_DEVICE, FR_PTR_MANAGED };
+ * without CUDA, always FR_PTR_HOST); FR_PTR_ERROR records its detail.
+ * FR_PTR_PINNED: page-locked host memory the device reaches at the same
+ * address (cudaMallocHost, cudaHostAlloc; host memory for everything but
+ * pos->range_status). */
+/* FR_PTR_UNCHECKED: not asked, the caller opted out of the queries
+ * (FUSEDROPE_CUDA_POINTER_CHECKS=0); every device accepts it. */
+enum { FR_PTR_ERROR = -1, FR_PTR_HOST, FR_PTR_DEVICE, FR_PTR_MANAGED, FR_PTR_PINNED,
+       FR_PTR_UNCHECKED };
 int fr_cuda_pointer_kind(const void *p);
 fusedrope_status fr_cuda_apply(const fr_apply_args *args);
 

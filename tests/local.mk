@@ -85,6 +85,14 @@ tests_test_fpenv_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_fpenv_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_fpenv_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
+# Element offsets past 2^31 and 2^32 (sparse mappings), OpenMP backend.
+check_PROGRAMS += tests/test_bigindex
+TESTS += tests/test_bigindex
+tests_test_bigindex_SOURCES = tests/test_bigindex.c
+tests_test_bigindex_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_bigindex_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_bigindex_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
 tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c
 tests_test_cpu_rows_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_cpu_rows_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
@@ -116,6 +124,19 @@ tests_test_axes_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_test_axes_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
 tests_test_axes_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_axes_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
+# Element offsets past 2^31 and 2^32 in sparse mappings (tests/test_bigindex.c),
+# through the emulated kernels as well as the OpenMP backend.
+check_PROGRAMS += tests/test_bigindex_emu
+TESTS += tests/test_bigindex_emu
+tests_test_bigindex_emu_SOURCES = tests/test_bigindex.c tests/cuda_emu_wrap.c \
+	kernels/cuda_apply_emu.cc
+tests_test_bigindex_emu_CPPFLAGS = $(EMU_CPPFLAGS)
+tests_test_bigindex_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_bigindex_emu_CXXFLAGS = $(EMU_CXXFLAGS)
+tests_test_bigindex_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
+tests_test_bigindex_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_bigindex_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # The kernels' own checks of device-side positions (NaN and the range flag),
 # on the same host build of the kernels.

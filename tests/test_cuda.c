@@ -1007,6 +1007,66 @@ START_TEST(test_flag_per_cache)
 }
 END_TEST
 
+/* pos->range_status: a device word and a page-locked host word, each on
+ * its own stream, report only their own call's positions, never the
+ * cache's flag; a pageable host word is refused before any launch. */
+START_TEST(test_range_status_word)
+{
+    const int64_t ids[2] = { 1000, 3 }; /* the first outside a 16-row table */
+    fusedrope_cache *c = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CUDA);
+    cudaStream_t s1, s2;
+    int32_t *dword, *pinned, hword = 0, got = -1;
+    void *dx, *dids;
+    fusedrope_positions p;
+    fusedrope_tensor t;
+
+    CUDA_OK(cudaStreamCreate(&s1));
+    CUDA_OK(cudaStreamCreate(&s2));
+    CUDA_OK(cudaMalloc(&dx, 2 * 64 * 2));
+    CUDA_OK(cudaMemset(dx, 0, 2 * 64 * 2));
+    CUDA_OK(cudaMalloc(&dids, sizeof ids));
+    CUDA_OK(cudaMemcpy(dids, ids, sizeof ids, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMalloc((void **)&dword, sizeof *dword));
+    CUDA_OK(cudaMemset(dword, 0, sizeof *dword));
+    CUDA_OK(cudaHostAlloc((void **)&pinned, sizeof *pinned, cudaHostAllocMapped));
+    *pinned = 0;
+    t = fusedrope_tensor_sbhd(dx, FUSEDROPE_BFLOAT16, 1, 1, 1, 64);
+    fusedrope_positions_init(&p);
+
+    p.ids = dids;                         /* id 1000: out of the table */
+    p.range_status = dword;
+    FR_OK(fusedrope_forward(c, FUSEDROPE_NEOX, &p, &t, &t, s1));
+    p.ids = (const int64_t *)dids + 1;    /* id 3: inside */
+    p.range_status = pinned;
+    FR_OK(fusedrope_forward(c, FUSEDROPE_NEOX, &p, &t, &t, s2));
+    CUDA_OK(cudaStreamSynchronize(s1));
+    CUDA_OK(cudaStreamSynchronize(s2));
+    CUDA_OK(cudaMemcpy(&got, dword, sizeof got, cudaMemcpyDeviceToHost));
+    ck_assert_int_eq(got, 1);
+    ck_assert_int_eq(*pinned, 0);
+    FR_OK(fusedrope_cache_check(c, NULL)); /* the cache's flag was not raised */
+
+    p.ids = dids;
+    FR_OK(fusedrope_forward(c, FUSEDROPE_NEOX, &p, &t, &t, s2));
+    CUDA_OK(cudaStreamSynchronize(s2));
+    ck_assert_int_eq(__atomic_load_n(pinned, __ATOMIC_SEQ_CST), 1);
+    FR_OK(fusedrope_cache_check(c, NULL));
+
+    p.range_status = &hword;
+    ck_assert_int_eq(fusedrope_forward(c, FUSEDROPE_NEOX, &p, &t, &t, s1),
+                     FUSEDROPE_ERR_INVALID);
+    ck_assert_msg(strstr(fusedrope_last_error(), "pageable"), "%s", fusedrope_last_error());
+
+    fusedrope_cache_destroy(c);
+    cudaFreeHost(pinned);
+    cudaFree(dword);
+    cudaFree(dids);
+    cudaFree(dx);
+    CUDA_OK(cudaStreamDestroy(s1));
+    CUDA_OK(cudaStreamDestroy(s2));
+}
+END_TEST
+
 /* Tables too large for the device: a size that wraps when rounded up is
  * refused before anything is launched, one that merely does not fit fails
  * its allocation; neither leaves a cache or a broken CUDA context behind. */
@@ -1251,6 +1311,72 @@ START_TEST(test_threads)
 }
 END_TEST
 
+/* ------------------------------------------------------- device ordinal */
+
+/* A cache belongs to the device current at its creation.  forward and
+ * backward with another device current are refused, naming both devices,
+ * and write nothing; copy_table, cache_check and destroy work from any
+ * device and leave the caller's current device as it was.  With one device
+ * only the last part can be checked. */
+START_TEST(test_cache_device_ordinal)
+{
+    const int64_t n = 2 * 64;
+    int ndev = 0, cur = -1;
+    float *c1 = malloc(16 * 32 * 4), *s1 = malloc(16 * 32 * 4);
+    float *c2 = malloc(16 * 32 * 4), *s2 = malloc(16 * 32 * 4);
+    fusedrope_cache *on0, *cpu = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CPU);
+    ck_assert(c1 && s1 && c2 && s2);
+    CUDA_OK(cudaGetDeviceCount(&ndev));
+    CUDA_OK(cudaSetDevice(0));
+    on0 = make_cache(FUSEDROPE_ROPE_DEFAULT, 64, 16, FUSEDROPE_DEVICE_CUDA);
+    FR_OK(fusedrope_cache_copy_table(cpu, c1, s1));
+
+    if (ndev >= 2) {
+        uint16_t poison[2 * 64];
+        void *dx;
+        fusedrope_tensor t;
+        char want[64];
+        CUDA_OK(cudaSetDevice(1));
+        CUDA_OK(cudaMalloc(&dx, (size_t)n * 2));
+        CUDA_OK(cudaMemset(dx, 0x5a, (size_t)n * 2));
+        t = fusedrope_tensor_sbhd(dx, FUSEDROPE_BFLOAT16, 2, 1, 1, 64);
+        ck_assert_int_eq(fusedrope_forward(on0, FUSEDROPE_NEOX, NULL, &t, &t, NULL),
+                         FUSEDROPE_ERR_INVALID);
+        snprintf(want, sizeof want, "created on CUDA device 0 but device 1 is current");
+        ck_assert_msg(strstr(fusedrope_last_error(), want) != NULL, "%s",
+                      fusedrope_last_error());
+        ck_assert_int_eq(fusedrope_backward(on0, FUSEDROPE_NEOX, NULL, &t, &t, NULL),
+                         FUSEDROPE_ERR_INVALID);
+        CUDA_OK(cudaMemcpy(poison, dx, sizeof poison, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < 2 * 64; i++)
+            ck_assert_uint_eq(poison[i], 0x5a5a);
+        cudaFree(dx);
+    }
+
+    /* from device 1 (or 0): the table comes back, the check waits on device
+     * 0's default stream, and the caller's device is unchanged after each */
+    CUDA_OK(cudaSetDevice(ndev - 1));
+    memset(c2, 0, 16 * 32 * 4);
+    memset(s2, 0, 16 * 32 * 4);
+    FR_OK(fusedrope_cache_copy_table(on0, c2, s2));
+    ck_assert(memcmp(c1, c2, 16 * 32 * 4) == 0 && memcmp(s1, s2, 16 * 32 * 4) == 0);
+    CUDA_OK(cudaGetDevice(&cur));
+    ck_assert_int_eq(cur, ndev - 1);
+    FR_OK(fusedrope_cache_check(on0, NULL));
+    CUDA_OK(cudaGetDevice(&cur));
+    ck_assert_int_eq(cur, ndev - 1);
+    fusedrope_cache_destroy(on0);
+    CUDA_OK(cudaGetDevice(&cur));
+    ck_assert_int_eq(cur, ndev - 1);
+    CUDA_OK(cudaSetDevice(0));
+    fusedrope_cache_destroy(cpu);
+    free(c1);
+    free(s1);
+    free(c2);
+    free(s2);
+}
+END_TEST
+
 /* ------------------------------------------------------------------- main */
 
 int main(void)
@@ -1276,7 +1402,9 @@ int main(void)
     tcase_add_test(tc, test_device_mismatch);
     tcase_add_test(tc, test_out_of_table);
     tcase_add_test(tc, test_flag_per_cache);
+    tcase_add_test(tc, test_range_status_word);
     tcase_add_test(tc, test_huge_table_refused);
+    tcase_add_test(tc, test_cache_device_ordinal);
     tcase_add_loop_test(tc, test_grid, 0, 24);
     tcase_add_test(tc, test_shapes);
     tcase_add_test(tc, test_extreme_values);

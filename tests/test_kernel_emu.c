@@ -16,6 +16,10 @@
  *     the pass-through channels copied (out of place) or untouched (in
  *     place); the flag raised;
  *   - every other token: the bytes the CPU backend writes for it.
+ * Each case runs again with a per-call pos->range_status word, which must
+ * be raised instead of the cache's flag.  Further tests: two calls with two
+ * words each report their own; the host-side rules on the word (alignment,
+ * no overlap, never written on a CPU cache); a cache of another device.
  * On a GPU, tests/test_cuda makes such checks for bfloat16 on the vector
  * path.
  */
@@ -98,6 +102,7 @@ static void run_case(const kcase *k, const char *name, uint64_t seed)
     fr_pos_args good = k->pos;
     fr_apply_args a;
     int flag;
+    int32_t word;
 
     ck_assert(x && y && ref && k->S * k->B <= 64);
     fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, R, M, 10000.0);
@@ -122,7 +127,10 @@ static void run_case(const kcase *k, const char *name, uint64_t seed)
     a.pos = good;
     fr_cpu_apply(&a);
 
-    for (int shape = 0; shape < 2; shape++) {
+    /* shape: 132 or 1 SM; status: the call's range_status word instead of
+     * the cache's flag (raised instead of it, the flag left alone) */
+    for (int run = 0; run < 4; run++) {
+        const int shape = run & 1, status = run >> 1;
         memcpy(y, x, bytes);
         if (!k->in_place)
             memset(y, 0xa5, bytes);
@@ -130,11 +138,18 @@ static void run_case(const kcase *k, const char *name, uint64_t seed)
         emu.inv_freq_dev = emu.inv_freq;
         emu.pair_map_dev = emu.pair_map;
         flag = 0;
+        word = 0;
         emu.range_flag = emu.range_flag_dev = &flag;
         a = make_args(k, &emu, k->in_place ? y : x, y);
+        a.range_status = status ? &word : NULL;
         fr_emu_sms = shape ? 1 : 132;
         ck_assert_int_eq(fr_emu_cuda_apply(&a), FUSEDROPE_OK);
-        ck_assert_msg(flag == 1, "%s: the range flag is %d, not raised", name, flag);
+        if (status)
+            ck_assert_msg(word == 1 && flag == 0,
+                          "%s: range_status is %d (want 1), the cache's flag %d (want 0)", name,
+                          (int)word, flag);
+        else
+            ck_assert_msg(flag == 1, "%s: the range flag is %d, not raised", name, flag);
 
         for (int64_t s = 0; s < k->S; s++)
             for (int64_t b = 0; b < k->B; b++)
@@ -236,6 +251,184 @@ START_TEST(test_positions_the_kernels_check)
 }
 END_TEST
 
+/* ---------------------------------------------------- range_status words */
+
+/* One emulated call of a [4, 1, 2, 64] float tensor at ids, raising `word`
+ * (or the cache's flag when NULL). */
+static void status_call(const fusedrope_cache *cache, int *flag, const int64_t *ids,
+                        int32_t *word, const float *x, float *y)
+{
+    fusedrope_cache emu = *cache;
+    kcase k;
+    fr_apply_args a;
+    memset(&k, 0, sizeof k);
+    k.S = 4;
+    k.B = 1;
+    k.H = 2;
+    k.D = k.pad = R;
+    k.dt = FUSEDROPE_FLOAT32;
+    k.pos.ids = ids;
+    k.pos.cp_size = 1;
+    emu.inv_freq_dev = emu.inv_freq;
+    emu.range_flag = emu.range_flag_dev = flag;
+    a = make_args(&k, &emu, x, y);
+    a.range_status = word;
+    ck_assert_int_eq(fr_emu_cuda_apply(&a), FUSEDROPE_OK);
+}
+
+/* Two calls, two words (as on two streams): each word reports only its own
+ * call's positions; the library never clears a word nor writes anything but
+ * 1; the cache's flag stays clear throughout. */
+START_TEST(test_range_status_per_call)
+{
+    static const int64_t good[4] = { 0, 5, 31, 2 }, bad[4] = { 0, M, 3, 1 };
+    float x[4 * 2 * R], y[4 * 2 * R];
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    int flag = 0;
+    int32_t w1 = 0, w2 = 0;
+
+    fill((unsigned char *)x, 4 * 2 * R, FUSEDROPE_FLOAT32, tu_seed);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, R, M, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
+
+    status_call(cache, &flag, bad, &w1, x, y);
+    status_call(cache, &flag, good, &w2, x, y);
+    ck_assert_int_eq(w1, 1);
+    ck_assert_int_eq(w2, 0);
+    ck_assert_int_eq(flag, 0);
+
+    /* the other way round; a raised word stays raised after a good call */
+    status_call(cache, &flag, good, &w1, x, y);
+    status_call(cache, &flag, bad, &w2, x, y);
+    ck_assert_int_eq(w1, 1);
+    ck_assert_int_eq(w2, 1);
+    ck_assert_int_eq(flag, 0);
+
+    /* a word the caller set to another value is left as it is by a good call */
+    w1 = 7;
+    status_call(cache, &flag, good, &w1, x, y);
+    ck_assert_int_eq(w1, 7);
+
+    /* without a word, the cache's flag again */
+    status_call(cache, &flag, bad, NULL, x, y);
+    ck_assert_int_eq(flag, 1);
+    fusedrope_cache_destroy(cache);
+}
+END_TEST
+
+/* The host-side rules on pos->range_status, through the public API on a CPU
+ * cache: 4-byte aligned, no byte shared with a tensor or a position array;
+ * a CPU call reports range errors in its status and never writes the word. */
+START_TEST(test_range_status_rules)
+{
+    enum { S = 4, H = 2 };
+    static float x[S * H * R + 4], y[S * H * R + 4];
+    int64_t ids[S + 1] = { 0, 1, 2, 3, 0 };
+    int32_t words[2] = { 5, 5 };
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    fusedrope_positions pos;
+    fusedrope_tensor tx, ty;
+
+    fill((unsigned char *)x, S * H * R, FUSEDROPE_FLOAT32, tu_seed);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, R, M, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
+    tx = fusedrope_tensor_sbhd(x, FUSEDROPE_FLOAT32, S, 1, H, R);
+    ty = fusedrope_tensor_sbhd(y, FUSEDROPE_FLOAT32, S, 1, H, R);
+    fusedrope_positions_init(&pos);
+    pos.ids = ids;
+
+    pos.range_status = &words[0];
+    ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL),
+                     FUSEDROPE_OK);
+    ck_assert_int_eq(words[0], 5);
+    ids[2] = M; /* out of the table: the status says so, the word is not written */
+    ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL),
+                     FUSEDROPE_ERR_RANGE);
+    ck_assert_int_eq(words[0], 5);
+    ids[2] = 2;
+
+    pos.range_status = (int32_t *)((char *)words + 2);
+    ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL),
+                     FUSEDROPE_ERR_INVALID);
+    ck_assert_msg(strstr(fusedrope_last_error(), "not 4-byte aligned"), "%s",
+                  fusedrope_last_error());
+
+    static const struct { const char *where; size_t idx; int in_x, in_ids; } inside[] = {
+        { "the output tensor", 0, 0, 0 },
+        { "the output tensor", S * H * R - 1, 0, 0 },
+        { "the input tensor", 17, 1, 0 },
+        { "pos->ids", 0, 0, 1 },
+    };
+    for (size_t i = 0; i < sizeof inside / sizeof inside[0]; i++) {
+        pos.range_status = inside[i].in_ids ? (int32_t *)&ids[S - 1]
+                           : inside[i].in_x ? (int32_t *)&x[inside[i].idx]
+                                            : (int32_t *)&y[inside[i].idx];
+        ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL),
+                         FUSEDROPE_ERR_INVALID);
+        ck_assert_msg(strstr(fusedrope_last_error(), inside[i].where), "%s: %s",
+                      inside[i].where, fusedrope_last_error());
+    }
+    /* just past the output and past ids: accepted */
+    pos.range_status = (int32_t *)&y[S * H * R];
+    ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL),
+                     FUSEDROPE_OK);
+    pos.range_status = (int32_t *)&ids[S];
+    ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL),
+                     FUSEDROPE_OK);
+    /* in place: the word inside the one tensor is refused as well */
+    pos.range_status = (int32_t *)&y[3];
+    ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &ty, &ty, NULL),
+                     FUSEDROPE_ERR_INVALID);
+    fusedrope_cache_destroy(cache);
+}
+END_TEST
+
+/* A cache of another device than the current one (the emulation's current
+ * device is 0): refused, both devices named, nothing written. */
+START_TEST(test_wrong_device_refused)
+{
+    enum { S = 3, H = 2, D = 64 };
+    float x[S * H * D], y[S * H * D];
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache, emu;
+    kcase k;
+    fr_apply_args a;
+    int flag = 0;
+
+    memset(&k, 0, sizeof k);
+    k.S = S;
+    k.B = 1;
+    k.H = H;
+    k.D = D;
+    k.pad = D;
+    k.dt = FUSEDROPE_FLOAT32;
+    k.pos.cp_size = 1;
+    fill((unsigned char *)x, S * H * D, FUSEDROPE_FLOAT32, tu_seed);
+    memset(y, 0xa5, sizeof y);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, M, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
+    emu = *cache;
+    emu.inv_freq_dev = emu.inv_freq;
+    emu.range_flag = emu.range_flag_dev = &flag;
+    emu.cuda_device = 1;
+    a = make_args(&k, &emu, x, y);
+    ck_assert_int_eq(fr_emu_cuda_apply(&a), FUSEDROPE_ERR_INVALID);
+    ck_assert_msg(strstr(fusedrope_last_error(),
+                         "created on CUDA device 1 but device 0 is current") != NULL,
+                  "%s", fusedrope_last_error());
+    for (size_t i = 0; i < sizeof y; i++)
+        ck_assert_uint_eq(((unsigned char *)y)[i], 0xa5);
+    ck_assert_int_eq(flag, 0);
+
+    emu.cuda_device = 0; /* the same call on the right device runs */
+    ck_assert_int_eq(fr_emu_cuda_apply(&a), FUSEDROPE_OK);
+    ck_assert(memcmp(x, y, sizeof y) != 0);
+    fusedrope_cache_destroy(cache);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("kernel_emu");
@@ -243,6 +436,9 @@ int main(void)
 
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_positions_the_kernels_check, 0, NCASES * VARIANTS);
+    tcase_add_test(tc, test_wrong_device_refused);
+    tcase_add_test(tc, test_range_status_per_call);
+    tcase_add_test(tc, test_range_status_rules);
     suite_add_tcase(s, tc);
     return tu_main(s, "test_kernel_emu");
 }
