@@ -154,6 +154,13 @@ static double yarn_corr(double rotations, int d, double base, double original)
     return d * log(original / (2.0 * FR_PI * rotations)) / (2.0 * log(base));
 }
 
+/* LongRoPE's choice of factor list: long_factor once the table reaches past
+ * the original context (so a table-less cache, max_positions 0, uses short). */
+static int longrope_uses_long(const fusedrope_cache_config *c)
+{
+    return c->max_positions > c->original_max_positions;
+}
+
 /* inv[i] for i < d/2 and the attention factor, per DESIGN.md's formulas. */
 static void compute_frequencies(const fusedrope_cache_config *c, double *inv, double *attn)
 {
@@ -210,8 +217,7 @@ static void compute_frequencies(const fusedrope_cache_config *c, double *inv, do
             break;
         }
         case FUSEDROPE_ROPE_LONGROPE:
-            f /= c->max_positions > c->original_max_positions ? c->long_factor[i]
-                                                               : c->short_factor[i];
+            f /= longrope_uses_long(c) ? c->long_factor[i] : c->short_factor[i];
             break;
         case FUSEDROPE_ROPE_LLAMA3: {
             double w = 2.0 * FR_PI / f;
@@ -252,6 +258,7 @@ static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv
     c->rot_dim = rot_dim;
     c->max_positions = positions;
     c->attention_factor = 1.0;
+    c->longrope_long = -1;
     if (positions > 0 && host_table) {
         c->cos = malloc((size_t)positions * half * sizeof(float));
         c->sin = malloc((size_t)positions * half * sizeof(float));
@@ -328,6 +335,8 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
     TRY(alloc_cache(config->rot_dim, config->max_positions, 1, device == FUSEDROPE_DEVICE_CPU, &c));
 
     compute_frequencies(config, c->inv_freq, &c->attention_factor);
+    if (config->type == FUSEDROPE_ROPE_LONGROPE)
+        c->longrope_long = longrope_uses_long(config);
     /* Parameters that each pass their own range can still combine into
      * nonsense (a longrope scale with original_max_positions 1 divides by
      * ln 1; a dynamic base that goes negative; an attention factor whose
@@ -433,6 +442,31 @@ int64_t fusedrope_cache_max_positions(const fusedrope_cache *cache)
 fusedrope_device fusedrope_cache_device(const fusedrope_cache *cache)
 {
     return cache ? cache->device : FUSEDROPE_DEVICE_CPU;
+}
+
+double fusedrope_cache_attention_factor(const fusedrope_cache *cache)
+{
+    /* a user table's factor, if any, is inside its entries: nothing derived */
+    return cache && cache->inv_freq ? cache->attention_factor : 0.0;
+}
+
+fusedrope_status fusedrope_cache_inv_freq(const fusedrope_cache *cache, double *inv_freq)
+{
+    if (!cache)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "cache is NULL");
+    if (!inv_freq)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "inv_freq is NULL");
+    if (!cache->inv_freq)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "the cache was made from a user table (fusedrope_cache_create_from_table): "
+                       "it has no inverse frequencies");
+    memcpy(inv_freq, cache->inv_freq, (size_t)(cache->rot_dim / 2) * sizeof(double));
+    return FUSEDROPE_OK;
+}
+
+int fusedrope_cache_longrope_long(const fusedrope_cache *cache)
+{
+    return cache ? cache->longrope_long : -1;
 }
 
 fusedrope_status fusedrope_cache_check(const fusedrope_cache *cache, void *stream)

@@ -29,7 +29,8 @@ struct fusedrope_cache {
     double *inv_freq;         /* [rot_dim/2] on the host, NULL for a user table */
     double *inv_freq_dev;     /* the same on the GPU (CUDA table-less caches) */
     void *dev_block;          /* CUDA: the one allocation that holds the three above */
-    double attention_factor;
+    double attention_factor;  /* 1 for a user table (its entries carry any factor) */
+    int longrope_long;        /* longrope: 1 long_factor, 0 short_factor; else -1 */
     int *range_flag;          /* CUDA: mapped host word the kernels raise */
     int *range_flag_dev;      /* its device address */
 };

@@ -13,6 +13,9 @@ dist_man_MANS += \
 	man/fusedrope_cache_rot_dim.3 \
 	man/fusedrope_cache_max_positions.3 \
 	man/fusedrope_cache_device.3 \
+	man/fusedrope_cache_attention_factor.3 \
+	man/fusedrope_cache_inv_freq.3 \
+	man/fusedrope_cache_longrope_long.3 \
 	man/fusedrope_cache_check.3 \
 	man/fusedrope_forward.3 \
 	man/fusedrope_backward.3 \
