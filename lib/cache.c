@@ -98,7 +98,9 @@ static fusedrope_status check_config(const fusedrope_cache_config *c)
             return fr_fail(FUSEDROPE_ERR_INVALID,
                            "rot_dim is %d for rope type dynamic; it must be >= 4", c->rot_dim);
         if (c->seq_len < 0)
-            return fr_fail(FUSEDROPE_ERR_INVALID, "seq_len is %lld; it must be >= 0",
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "seq_len is %lld for rope type dynamic; it must be >= 0 (0 means "
+                           "max_positions)",
                            (long long)c->seq_len);
         break;
     case FUSEDROPE_ROPE_YARN:
@@ -249,7 +251,7 @@ static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv
 
     if (positions > 0 && (uint64_t)positions > SIZE_MAX / sizeof(float) / half)
         return fr_fail(FUSEDROPE_ERR_RANGE,
-                       "max_positions %lld x rot_dim %d: the table does not fit in memory",
+                       "max_positions %lld x rot_dim %d: the table's size in bytes overflows",
                        (long long)positions, rot_dim);
     c = calloc(1, sizeof *c);
     if (!c)
@@ -267,7 +269,8 @@ static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv
         c->inv_freq = malloc(half * sizeof(double));
     if ((positions > 0 && host_table && (!c->cos || !c->sin)) || (with_inv && !c->inv_freq)) {
         fusedrope_cache_destroy(c);
-        return fr_fail(FUSEDROPE_ERR_NOMEM, "cannot allocate a table of %lld x %d floats",
+        return fr_fail(FUSEDROPE_ERR_NOMEM,
+                       "cannot allocate the cache's cos/sin table (%lld positions x %d floats)",
                        (long long)positions, rot_dim);
     }
     *out = c;
@@ -347,7 +350,7 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
         fusedrope_cache_destroy(c);
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "the config gives attention factor %g for rope type %s (factor %g, "
-                       "original_max_positions %lld)",
+                       "original_max_positions %lld); it must be > 0 and finite in float32",
                        a, type_name(config->type), config->factor,
                        (long long)config->original_max_positions);
     }
@@ -358,7 +361,8 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
             fusedrope_cache_destroy(c);
             return fr_fail(FUSEDROPE_ERR_INVALID,
                            "the config gives inverse frequency %g for pair %d, rope type %s "
-                           "(theta %g, factor %g, original_max_positions %lld)",
+                           "(theta %g, factor %g, original_max_positions %lld); it must be "
+                           ">= 0 and small enough that every position's angle is finite",
                            f, i, type_name(config->type), config->theta, config->factor,
                            (long long)config->original_max_positions);
         }
@@ -407,7 +411,8 @@ fusedrope_status fusedrope_cache_copy_table(const fusedrope_cache *cache, float 
         return fr_fail(FUSEDROPE_ERR_INVALID, "%s is NULL", cos ? "sin" : "cos");
     if (cache->max_positions == 0)
         return fr_fail(FUSEDROPE_ERR_INVALID,
-                       "the cache has no table (max_positions is 0): angles are computed at apply time");
+                       "the cache has no table to copy (max_positions is 0: angles are "
+                       "computed at apply time)");
     if (cache->device == FUSEDROPE_DEVICE_CUDA)
         return fr_cuda_cache_download(cache, cos, sin);
     memcpy(cos, cache->cos, (size_t)cache->max_positions * (size_t)(cache->rot_dim / 2) * sizeof(float));

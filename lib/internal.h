@@ -74,6 +74,8 @@ fusedrope_status fr_fail(fusedrope_status status, const char *fmt, ...)
     ;
 void fr_clear_error(void);
 size_t fr_dtype_size(fusedrope_dtype dtype);
+/* "float32", "float16", "bfloat16" (for messages). */
+const char *fr_dtype_name(fusedrope_dtype dtype);
 
 /* The growing public structs (lib/abi.c).  fr_struct_take copies the
  * caller's struct (whose struct_size is one of `layouts`, the sizes the

@@ -15,6 +15,7 @@
 #define fr_fail fusedrope__fail
 #define fr_clear_error fusedrope__clear_error
 #define fr_dtype_size fusedrope__dtype_size
+#define fr_dtype_name fusedrope__dtype_name
 #define fr_struct_take fusedrope__struct_take
 #define fr_struct_give fusedrope__struct_give
 #define fr_cpu_apply fusedrope__cpu_apply
