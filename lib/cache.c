@@ -8,6 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "internal.h"
 
 #define FR_PI 3.14159265358979323846
@@ -78,6 +82,10 @@ static fusedrope_status check_config(const fusedrope_cache_config *c)
         return fr_fail(FUSEDROPE_ERR_INVALID, "config->type is %d, not a fusedrope_rope_type",
                        (int)c->type);
     TRY(check_rot_dim(c->rot_dim));
+    if (c->num_threads < 0)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "num_threads is %d; it must be >= 0 (0 means the OpenMP default)",
+                       c->num_threads);
     if (c->max_positions < 0)
         return fr_fail(FUSEDROPE_ERR_INVALID, "max_positions is %lld; it must be >= 0",
                        (long long)c->max_positions);
@@ -329,14 +337,15 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
     TRY(fr_struct_take(&config_copy, sizeof config_copy, user_config, config_layouts,
                        (int)(sizeof config_layouts / sizeof config_layouts[0]), "config"));
     TRY(check_config(config));
-    if (config->axes != FUSEDROPE_AXES_NONE || config->freq_dim || config->num_threads ||
+    if (config->axes != FUSEDROPE_AXES_NONE || config->freq_dim ||
         config->partial_rotary_factor != 0)
         return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
-                       "axes, freq_dim, num_threads and partial_rotary_factor are not "
+                       "axes, freq_dim and partial_rotary_factor are not "
                        "implemented yet in this build");
     TRY(resolve_device(&device));
     TRY(alloc_cache(config->rot_dim, config->max_positions, 1, device == FUSEDROPE_DEVICE_CPU, &c));
 
+    c->num_threads = config->num_threads;
     compute_frequencies(config, c->inv_freq, &c->attention_factor);
     if (config->type == FUSEDROPE_ROPE_LONGROPE)
         c->longrope_long = longrope_uses_long(config);
@@ -370,7 +379,8 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
     /* fr_angle is the same arithmetic on both devices, so a CUDA cache builds
      * its table on the GPU (fr_cuda_cache_upload) and still equals this one. */
     if (c->cos) {
-#pragma omp parallel for schedule(static) if ((uint64_t)c->max_positions * half > 65536)
+#pragma omp parallel for schedule(static) if ((uint64_t)c->max_positions * half > 65536) \
+    num_threads(c->num_threads > 0 ? c->num_threads : omp_get_max_threads())
     for (int64_t p = 0; p < c->max_positions; p++)
         for (size_t i = 0; i < half; i++)
             fr_angle(p, c->inv_freq[i], c->attention_factor, &c->cos[(size_t)p * half + i],

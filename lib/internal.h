@@ -31,6 +31,7 @@ struct fusedrope_cache {
     void *dev_block;          /* CUDA: the one allocation that holds the three above */
     double attention_factor;  /* 1 for a user table (its entries carry any factor) */
     int longrope_long;        /* longrope: 1 long_factor, 0 short_factor; else -1 */
+    int num_threads;          /* CPU: the OpenMP team of a large call; 0 = the default */
     int *range_flag;          /* CUDA: mapped host word the kernels raise */
     int *range_flag_dev;      /* its device address */
 };
@@ -104,6 +105,11 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
 
 /* OpenMP backend (lib/cpu_apply.c). */
 void fr_cpu_apply(const fr_apply_args *args);
+/* For tests: the size of the OpenMP team of this thread's last CPU call, or
+ * 0 when it ran on the calling thread without a parallel region. */
+#ifndef __cplusplus
+extern _Thread_local int fr_cpu_team;
+#endif
 
 /* cpu_avx2.c (x86-64): fp16/bf16 heads rotated with AVX2 and F16C, for CPUs
  * that have both; every non-NaN result is the portable path's to the bit.

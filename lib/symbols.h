@@ -19,6 +19,7 @@
 #define fr_struct_take fusedrope__struct_take
 #define fr_struct_give fusedrope__struct_give
 #define fr_cpu_apply fusedrope__cpu_apply
+#define fr_cpu_team fusedrope__cpu_team
 #define fr_avx2_usable fusedrope__avx2_usable
 #define fr_avx2_off fusedrope__avx2_off
 #define fr_avx2_rotate_f16 fusedrope__avx2_rotate_f16
