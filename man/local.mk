@@ -26,11 +26,16 @@ dist_man_MANS += \
 	man/fusedrope_tensor_sbhd.3 \
 	man/fusedrope_tensor_bshd.3 \
 	man/fusedrope_tensor_thd.3 \
+	man/fusedrope_tensor_qkv.3 \
 	man/fusedrope_status_string.3 \
 	man/fusedrope_last_error.3 \
 	man/fusedrope_version.3 \
 	man/fusedrope_version_number.3 \
-	man/fusedrope_cuda_available.3
+	man/fusedrope_cuda_available.3 \
+	man/fusedrope_float_to_bf16.3 \
+	man/fusedrope_bf16_to_float.3 \
+	man/fusedrope_float_to_half.3 \
+	man/fusedrope_half_to_float.3
 
 # mandoc -Tlint on every page; skips (77) where mandoc is not installed.
 TESTS += man/lint.sh
