@@ -70,7 +70,7 @@ static fusedrope_status check_tensor(const fusedrope_tensor *t, const char *name
 
     *bytes = 0;
     if ((unsigned)t->dtype > FUSEDROPE_BFLOAT16)
-        return fr_fail(FUSEDROPE_ERR_INVALID, "%s->dtype is %d, not a fusedrope_dtype", name,
+        return fr_fail(FUSEDROPE_ERR_INVALID, "%s->dtype is %d, not a fusedrope_dtype (0 float32, 1 float16, 2 bfloat16)", name,
                        (int)t->dtype);
     for (int i = 0; i < 4; i++)
         if (size[i] < 0)
@@ -118,7 +118,7 @@ static fusedrope_status check_output_layout(const fusedrope_tensor *t, const cha
     if (!lattice_disjoint(d, 3, t->head_dim))
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "%s's elements overlap each other (strides seq %lld, batch %lld, head %lld "
-                       "with head_dim %lld): an output must not",
+                       "with head_dim %lld); the elements of an output must not share memory",
                        name, (ll)t->stride_seq, (ll)t->stride_batch, (ll)t->stride_head,
                        (ll)t->head_dim);
     return FUSEDROPE_OK;
@@ -218,7 +218,7 @@ static const size_t positions_layouts[] = {
 
 /* Position rules that need no look at the arrays' contents. */
 static fusedrope_status check_positions(const fusedrope_positions *user_pos,
-                                        const fusedrope_tensor *t,
+                                        const fusedrope_tensor *t, const char *name,
                                         const fusedrope_cache *cache, fr_pos_args *pa,
                                         int32_t **range_status)
 {
@@ -278,19 +278,22 @@ static fusedrope_status check_positions(const fusedrope_positions *user_pos,
     if (pos->cu_seqlens) {
         if (t->batch != 1)
             return fr_fail(FUSEDROPE_ERR_INVALID,
-                           "pos->cu_seqlens is given (packed THD) but the tensor's batch is %lld, not 1",
-                           (ll)t->batch);
+                           "pos->cu_seqlens is given (packed THD) but %s->batch is %lld, not 1",
+                           name, (ll)t->batch);
         if (pos->num_seqs < 1 || pos->num_seqs == INT64_MAX)
-            return fr_fail(FUSEDROPE_ERR_INVALID, "pos->num_seqs is %lld; it must be >= 1",
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "pos->num_seqs is %lld; it must be in [1, INT64_MAX)",
                            (ll)pos->num_seqs);
     } else if (pa->cp_size > 1 && t->seq_len % 2) {
         return fr_fail(FUSEDROPE_ERR_INVALID,
-                       "seq_len is %lld; context parallelism needs an even local length",
-                       (ll)t->seq_len);
+                       "%s->seq_len is %lld; context parallelism (pos->cp_size %d) needs an "
+                       "even local length",
+                       name, (ll)t->seq_len, pa->cp_size);
     } else if (t->seq_len > INT64_MAX / pa->cp_size) {
         return fr_fail(FUSEDROPE_ERR_RANGE,
-                       "seq_len %lld x cp_size %d: the global sequence length overflows",
-                       (ll)t->seq_len, pa->cp_size);
+                       "%s->seq_len %lld x pos->cp_size %d: the global sequence length "
+                       "overflows",
+                       name, (ll)t->seq_len, pa->cp_size);
     }
     return FUSEDROPE_OK;
 }
@@ -299,7 +302,8 @@ static fusedrope_status check_positions(const fusedrope_positions *user_pos,
  * backend reads positions while it writes). */
 static fusedrope_status check_position_array(const void *p, const char *name, size_t es,
                                              int64_t count, const fusedrope_tensor *const out[2],
-                                             const int64_t bytes_out[2], int nout)
+                                             const int64_t bytes_out[2], int nout,
+                                             const char *const names[4])
 {
     int64_t bytes;
     if (!p)
@@ -314,8 +318,10 @@ static fusedrope_status check_position_array(const void *p, const char *name, si
     for (int k = 0; k < nout; k++) {
         uintptr_t o = (uintptr_t)out[k]->data, a = (uintptr_t)p;
         if (!tokens_empty(out[k]) && a < o + (uint64_t)bytes_out[k] && o < a + (uint64_t)bytes)
-            return fr_fail(FUSEDROPE_ERR_INVALID, "%s overlaps the output %s", name,
-                           k ? "k/dk tensor" : "tensor");
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "%s overlaps the output %s; the call writes it while reading "
+                           "positions, so they must not share memory",
+                           name, names[2 * k + 1]);
     }
     return FUSEDROPE_OK;
 }
@@ -454,7 +460,10 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
     if (!cache)
         return fr_fail(FUSEDROPE_ERR_INVALID, "cache is NULL");
     if (style != FUSEDROPE_NEOX && style != FUSEDROPE_INTERLEAVED)
-        return fr_fail(FUSEDROPE_ERR_INVALID, "style is %d, not a fusedrope_style", (int)style);
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "style is %d, not a fusedrope_style (0 FUSEDROPE_NEOX, 1 "
+                       "FUSEDROPE_INTERLEAVED)",
+                       (int)style);
 
     for (int k = 0; k < count; k++) {
         if (!user_in[k] || !user_out[k])
@@ -473,22 +482,25 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
         if (x->dtype != y->dtype || x->seq_len != y->seq_len || x->batch != y->batch ||
             x->heads != y->heads || x->head_dim != y->head_dim)
             return fr_fail(FUSEDROPE_ERR_INVALID,
-                           "%s (dtype %d, %lld x %lld x %lld x %lld) and %s (dtype %d, "
-                           "%lld x %lld x %lld x %lld) differ in dtype or shape",
-                           xn, (int)x->dtype, (ll)x->seq_len, (ll)x->batch, (ll)x->heads,
-                           (ll)x->head_dim, yn, (int)y->dtype, (ll)y->seq_len, (ll)y->batch,
+                           "%s (%s, %lld x %lld x %lld x %lld) and %s (%s, "
+                           "%lld x %lld x %lld x %lld) differ in dtype or shape "
+                           "(seq_len x batch x heads x head_dim)",
+                           xn, fr_dtype_name(x->dtype), (ll)x->seq_len, (ll)x->batch,
+                           (ll)x->heads, (ll)x->head_dim, yn, fr_dtype_name(y->dtype),
+                           (ll)y->seq_len, (ll)y->batch,
                            (ll)y->heads, (ll)y->head_dim);
     }
     if (count == 2 && (in[0]->seq_len != in[1]->seq_len || in[0]->batch != in[1]->batch ||
                        in[0]->dtype != in[1]->dtype))
         return fr_fail(FUSEDROPE_ERR_INVALID,
-                       "%s (seq_len %lld, batch %lld, dtype %d) and %s (seq_len %lld, batch "
-                       "%lld, dtype %d) must agree in seq_len, batch and dtype",
-                       names[0], (ll)in[0]->seq_len, (ll)in[0]->batch, (int)in[0]->dtype,
-                       names[2], (ll)in[1]->seq_len, (ll)in[1]->batch, (int)in[1]->dtype);
+                       "%s (seq_len %lld, batch %lld, %s) and %s (seq_len %lld, batch "
+                       "%lld, %s) must agree in seq_len, batch and dtype",
+                       names[0], (ll)in[0]->seq_len, (ll)in[0]->batch, fr_dtype_name(in[0]->dtype),
+                       names[2], (ll)in[1]->seq_len, (ll)in[1]->batch,
+                       fr_dtype_name(in[1]->dtype));
 
     memset(&args, 0, sizeof args);
-    TRY(check_positions(pos, in[0], cache, &args.pos, &args.range_status));
+    TRY(check_positions(pos, in[0], names[0], cache, &args.pos, &args.range_status));
     if (tokens_empty(in[0]) && (count == 1 || tokens_empty(in[1])))
         return FUSEDROPE_OK;
 
@@ -505,15 +517,30 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
                        x->stride_batch == y->stride_batch && x->stride_head == y->stride_head;
             if (tokens_empty(x) || (j == k && same))
                 continue;
+            /* the first element is shared, so this is never disjoint: the
+             * caller most likely meant in place */
+            if (j == k && x->data == y->data)
+                return fr_fail(FUSEDROPE_ERR_INVALID,
+                               "%s has the same data pointer as %s but different strides (%s: "
+                               "seq %lld, batch %lld, head %lld; %s: seq %lld, batch %lld, head "
+                               "%lld): not in place; give the output the input's strides for in "
+                               "place, or a separate buffer",
+                               names[2 * k + 1], names[2 * j], names[2 * j],
+                               (ll)user_in[j]->stride_seq, (ll)user_in[j]->stride_batch,
+                               (ll)user_in[j]->stride_head, names[2 * k + 1],
+                               (ll)user_out[k]->stride_seq, (ll)user_out[k]->stride_batch,
+                               (ll)user_out[k]->stride_head);
             if (!views_disjoint(y, bytes_out[k], x, bytes_in[j]))
                 return fr_fail(FUSEDROPE_ERR_INVALID,
-                               "%s partially overlaps %s; outputs must be the same view as "
-                               "their input (in place) or share no memory with any input",
+                               "%s partially overlaps %s; an output must be the same view as "
+                               "its input (in place) or share no memory with any input",
                                names[2 * k + 1], names[2 * j]);
         }
         if (k == 1 && !tokens_empty(out[0]) &&
             !views_disjoint(out[0], bytes_out[0], out[1], bytes_out[1]))
-            return fr_fail(FUSEDROPE_ERR_INVALID, "%s and %s overlap", names[1], names[3]);
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "%s and %s overlap; the two outputs must not share memory", names[1],
+                           names[3]);
     }
 
     if (args.pos.ids) {
@@ -527,13 +554,13 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
                            "pos->ids: %d rows %lld apart span more memory than can be addressed",
                            args.pos.ids_rows, (ll)args.pos.ids_row_stride);
         TRY(check_position_array(args.pos.ids, "pos->ids", sizeof(int64_t), n, out, bytes_out,
-                                 count));
+                                 count, names));
     }
     TRY(check_position_array(args.pos.offsets, "pos->offsets", sizeof(int64_t),
                              args.pos.cu_seqlens ? args.pos.num_seqs : in[0]->batch, out,
-                             bytes_out, count));
+                             bytes_out, count, names));
     TRY(check_position_array(args.pos.cu_seqlens, "pos->cu_seqlens", sizeof(int32_t),
-                             args.pos.num_seqs + 1, out, bytes_out, count));
+                             args.pos.num_seqs + 1, out, bytes_out, count, names));
     TRY(check_range_status(args.range_status, in, bytes_in, out, bytes_out, count, &args.pos));
 
     /* Every pointer must live where the cache does. */

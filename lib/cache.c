@@ -8,6 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "internal.h"
 
 #define FR_PI 3.14159265358979323846
@@ -88,6 +92,10 @@ static fusedrope_status check_config(const fusedrope_cache_config *c)
         return fr_fail(FUSEDROPE_ERR_INVALID, "config->type is %d, not a fusedrope_rope_type",
                        (int)c->type);
     TRY(check_rot_dim(c->rot_dim));
+    if (c->num_threads < 0)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "num_threads is %d; it must be >= 0 (0 means the OpenMP default)",
+                       c->num_threads);
     if (c->max_positions < 0)
         return fr_fail(FUSEDROPE_ERR_INVALID, "max_positions is %lld; it must be >= 0",
                        (long long)c->max_positions);
@@ -119,7 +127,9 @@ static fusedrope_status check_config(const fusedrope_cache_config *c)
                            "rot_dim is %d (freq_dim %d) for rope type dynamic; the frequency "
                            "dimension must be >= 4", c->rot_dim, c->freq_dim);
         if (c->seq_len < 0)
-            return fr_fail(FUSEDROPE_ERR_INVALID, "seq_len is %lld; it must be >= 0",
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "seq_len is %lld for rope type dynamic; it must be >= 0 (0 means "
+                           "max_positions)",
                            (long long)c->seq_len);
         break;
     case FUSEDROPE_ROPE_YARN:
@@ -281,7 +291,7 @@ static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv
 
     if (positions > 0 && (uint64_t)positions > SIZE_MAX / sizeof(float) / half)
         return fr_fail(FUSEDROPE_ERR_RANGE,
-                       "max_positions %lld x rot_dim %d: the table does not fit in memory",
+                       "max_positions %lld x rot_dim %d: the table's size in bytes overflows",
                        (long long)positions, rot_dim);
     c = calloc(1, sizeof *c);
     if (!c)
@@ -291,6 +301,7 @@ static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv
     c->max_positions = positions;
     c->attention_factor = 1.0;
     c->num_axes = 1;
+    c->longrope_long = -1;
     if (positions > 0 && host_table) {
         c->cos = malloc((size_t)positions * half * sizeof(float));
         c->sin = malloc((size_t)positions * half * sizeof(float));
@@ -299,7 +310,8 @@ static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv
         c->inv_freq = malloc(half * sizeof(double));
     if ((positions > 0 && host_table && (!c->cos || !c->sin)) || (with_inv && !c->inv_freq)) {
         fusedrope_cache_destroy(c);
-        return fr_fail(FUSEDROPE_ERR_NOMEM, "cannot allocate a table of %lld x %d floats",
+        return fr_fail(FUSEDROPE_ERR_NOMEM,
+                       "cannot allocate the cache's cos/sin table (%lld positions x %d floats)",
                        (long long)positions, rot_dim);
     }
     *out = c;
@@ -361,9 +373,6 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
     TRY(fr_struct_take(&config_copy, sizeof config_copy, user_config, config_layouts,
                        (int)(sizeof config_layouts / sizeof config_layouts[0]), "config"));
     TRY(check_config(config));
-    if (config->num_threads)
-        return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
-                       "num_threads is not implemented yet in this build");
     TRY(fr_axes_map(config, &map, &num_axes));
     st = resolve_device(&device);
     if (st == FUSEDROPE_OK)
@@ -376,6 +385,7 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
     c->pair_map = map;
     c->num_axes = num_axes;
     c->negative_ok = map != NULL && config->max_positions == 0;
+    c->num_threads = config->num_threads;
 
     {
         fr_fpenv fpenv; /* the thread's own environment must not change the table */
@@ -383,6 +393,8 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
         compute_frequencies(config, c->inv_freq, &c->attention_factor);
         fr_fpenv_leave(&fpenv);
     }
+    if (config->type == FUSEDROPE_ROPE_LONGROPE)
+        c->longrope_long = longrope_long(config);
     /* Parameters that each pass their own range can still combine into
      * nonsense (a longrope scale with original_max_positions 1 divides by
      * ln 1; a dynamic base that goes negative; an attention factor whose
@@ -393,7 +405,7 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
         fusedrope_cache_destroy(c);
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "the config gives attention factor %g for rope type %s (factor %g, "
-                       "original_max_positions %lld)",
+                       "original_max_positions %lld); it must be > 0 and finite in float32",
                        a, type_name(config->type), config->factor,
                        (long long)config->original_max_positions);
     }
@@ -404,7 +416,8 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
             fusedrope_cache_destroy(c);
             return fr_fail(FUSEDROPE_ERR_INVALID,
                            "the config gives inverse frequency %g for pair %d, rope type %s "
-                           "(theta %g, factor %g, original_max_positions %lld)",
+                           "(theta %g, factor %g, original_max_positions %lld); it must be "
+                           ">= 0 and small enough that every position's angle is finite",
                            f, i, type_name(config->type), config->theta, config->factor,
                            (long long)config->original_max_positions);
         }
@@ -412,7 +425,8 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
     /* fr_angle is the same arithmetic on both devices, so a CUDA cache builds
      * its table on the GPU (fr_cuda_cache_upload) and still equals this one. */
     if (c->cos) {
-#pragma omp parallel if ((uint64_t)c->max_positions * half > 65536)
+#pragma omp parallel if ((uint64_t)c->max_positions * half > 65536) \
+    num_threads(c->num_threads > 0 ? c->num_threads : omp_get_max_threads())
         {
             fr_fpenv fpenv; /* each thread's, as in cpu_apply.c */
             fr_fpenv_enter(&fpenv);
@@ -459,7 +473,8 @@ fusedrope_status fusedrope_cache_copy_table(const fusedrope_cache *cache, float 
         return fr_fail(FUSEDROPE_ERR_INVALID, "%s is NULL", cos ? "sin" : "cos");
     if (cache->max_positions == 0)
         return fr_fail(FUSEDROPE_ERR_INVALID,
-                       "the cache has no table (max_positions is 0): angles are computed at apply time");
+                       "the cache has no table to copy (max_positions is 0: angles are "
+                       "computed at apply time)");
     if (cache->device == FUSEDROPE_DEVICE_CUDA)
         return fr_cuda_cache_download(cache, cos, sin);
     memcpy(cos, cache->cos, (size_t)cache->max_positions * (size_t)(cache->rot_dim / 2) * sizeof(float));
@@ -495,6 +510,31 @@ int64_t fusedrope_cache_max_positions(const fusedrope_cache *cache)
 fusedrope_device fusedrope_cache_device(const fusedrope_cache *cache)
 {
     return cache ? cache->device : FUSEDROPE_DEVICE_CPU;
+}
+
+double fusedrope_cache_attention_factor(const fusedrope_cache *cache)
+{
+    /* a user table's factor, if any, is inside its entries: nothing derived */
+    return cache && cache->inv_freq ? cache->attention_factor : 0.0;
+}
+
+fusedrope_status fusedrope_cache_inv_freq(const fusedrope_cache *cache, double *inv_freq)
+{
+    if (!cache)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "cache is NULL");
+    if (!inv_freq)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "inv_freq is NULL");
+    if (!cache->inv_freq)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "the cache was made from a user table (fusedrope_cache_create_from_table): "
+                       "it has no inverse frequencies");
+    memcpy(inv_freq, cache->inv_freq, (size_t)(cache->rot_dim / 2) * sizeof(double));
+    return FUSEDROPE_OK;
+}
+
+int fusedrope_cache_longrope_long(const fusedrope_cache *cache)
+{
+    return cache ? cache->longrope_long : -1;
 }
 
 fusedrope_status fusedrope_cache_check(const fusedrope_cache *cache, void *stream)

@@ -243,37 +243,22 @@ static int streamable(const fr_io *io, size_t es, int64_t tokens, size_t max_row
 #endif
 }
 
-void fr_cpu_apply(const fr_apply_args *args)
+/* One thread's share of a call's (token, head) items: all of them on the
+ * calling thread, or the thread's slice inside a team. */
+static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int stream[2],
+                      const int direct[2])
 {
     const fusedrope_cache *cache = args->cache;
     const int64_t half = cache->rot_dim / 2;
     const size_t es = fr_dtype_size(args->dtype);
-    const int64_t tokens = args->seq_len * args->batch;
     const int64_t heads0 = args->io[0].heads;
     const int64_t heads = heads0 + (args->count > 1 ? args->io[1].heads : 0);
-    const int64_t items = tokens * heads;
-    int64_t elems = 0;
-    int stream[2] = { 0, 0 }, direct[2] = { 0, 0 };
-    const row_conv rows = pick_rows(args->dtype);
-    const row_conv *rc = args->dtype == FUSEDROPE_FLOAT32 ? NULL : &rows;
+    const int64_t items = args->seq_len * args->batch * heads;
     /* a 1D table's row is used in place; otherwise each token's cos/sin are
      * gathered per pair (axes) or computed (no table) into row_c/row_s */
     const int gather = cache->max_positions == 0 || cache->pair_map != NULL;
 
-    for (int k = 0; k < args->count; k++) {
-        elems += tokens * args->io[k].heads * args->io[k].head_dim;
-        /* a streamed head goes from the AVX2 rotations straight to memory,
-         * without the row buffer, when its stores fall on 16 bytes: both
-         * halves of a NeoX head, the pass-through channels of either style;
-         * others through the row buffer, if they fit */
-        direct[k] = rc != NULL && rc->rotate != NULL &&
-                    ((size_t)(args->interleaved ? cache->rot_dim : half) * es) % 16 == 0 &&
-                    streamable(&args->io[k], es, tokens, STREAM_DIRECT_BYTES);
-        stream[k] = direct[k] || streamable(&args->io[k], es, tokens, STREAM_ROW_BYTES);
-    }
     (void)direct; /* read only where there is SSE2, as on every CPU with AVX2 */
-
-#pragma omp parallel if (elems > (1 << 16))
     {
         int threads = 1, id = 0;
         int64_t n0, n1, base, rem, t, hh, b = 0, s = 0, token = -1;
@@ -389,4 +374,55 @@ void fr_cpu_apply(const fr_apply_args *args)
         FR_STREAM_FENCE();
         fr_fpenv_leave(&fpenv);
     }
+}
+
+_Thread_local int fr_cpu_team;
+
+void fr_cpu_apply(const fr_apply_args *args)
+{
+    const fusedrope_cache *cache = args->cache;
+    const int64_t half = cache->rot_dim / 2;
+    const size_t es = fr_dtype_size(args->dtype);
+    const int64_t tokens = args->seq_len * args->batch;
+    int64_t elems = 0;
+    int stream[2] = { 0, 0 }, direct[2] = { 0, 0 };
+    const row_conv rows = pick_rows(args->dtype);
+    const row_conv *rc = args->dtype == FUSEDROPE_FLOAT32 ? NULL : &rows;
+
+    for (int k = 0; k < args->count; k++) {
+        elems += tokens * args->io[k].heads * args->io[k].head_dim;
+        /* a streamed head goes from the AVX2 rotations straight to memory,
+         * without the row buffer, when its stores fall on 16 bytes: both
+         * halves of a NeoX head, the pass-through channels of either style;
+         * others through the row buffer, if they fit */
+        direct[k] = rc != NULL && rc->rotate != NULL &&
+                    ((size_t)(args->interleaved ? cache->rot_dim : half) * es) % 16 == 0 &&
+                    streamable(&args->io[k], es, tokens, STREAM_DIRECT_BYTES);
+        stream[k] = direct[k] || streamable(&args->io[k], es, tokens, STREAM_ROW_BYTES);
+    }
+
+#ifdef _OPENMP
+    {
+        /* Small calls run on the calling thread: a team, even an inactive
+         * one (a false if clause), costs more than such a call (~0.3 us,
+         * bench/RESULTS.md).  Larger ones use the cache's bound, or the
+         * OpenMP default.  Inside the caller's active parallel region the
+         * nested region is normally inactive (one thread) and still gives
+         * cpu_share its own team of one. */
+        const int nthreads = elems <= (1 << 16) ? 1
+                             : cache->num_threads > 0 ? cache->num_threads
+                                                      : omp_get_max_threads();
+        if (nthreads > 1 || omp_in_parallel()) {
+#pragma omp parallel num_threads(nthreads)
+            {
+                cpu_share(args, rc, stream, direct);
+                if (omp_get_thread_num() == 0)
+                    fr_cpu_team = omp_get_num_threads();
+            }
+            return;
+        }
+    }
+#endif
+    fr_cpu_team = 0;
+    cpu_share(args, rc, stream, direct);
 }

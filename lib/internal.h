@@ -43,7 +43,9 @@ struct fusedrope_cache {
     double *inv_freq;         /* [rot_dim/2] on the host, NULL for a user table */
     double *inv_freq_dev;     /* the same on the GPU (CUDA table-less caches) */
     void *dev_block;          /* CUDA: the one allocation that holds the three above */
-    double attention_factor;
+    double attention_factor;  /* 1 for a user table (its entries carry any factor) */
+    int longrope_long;        /* longrope: 1 long_factor, 0 short_factor; else -1 */
+    int num_threads;          /* CPU: the OpenMP team of a large call; 0 = the default */
     int *range_flag;          /* CUDA: mapped host word the kernels raise */
     int *range_flag_dev;      /* its device address */
     /* Position axes (lib/axes.c): num_axes 1 and no map for 1D rope. */
@@ -96,6 +98,8 @@ fusedrope_status fr_fail(fusedrope_status status, const char *fmt, ...)
     ;
 void fr_clear_error(void);
 size_t fr_dtype_size(fusedrope_dtype dtype);
+/* "float32", "float16", "bfloat16" (for messages). */
+const char *fr_dtype_name(fusedrope_dtype dtype);
 
 /* The growing public structs (lib/abi.c).  fr_struct_take copies the
  * caller's struct (whose struct_size is one of `layouts`, the sizes the
@@ -201,6 +205,11 @@ static inline void fr_fpenv_leave(const fr_fpenv *saved)
 
 /* OpenMP backend (lib/cpu_apply.c). */
 void fr_cpu_apply(const fr_apply_args *args);
+/* For tests: the size of the OpenMP team of this thread's last CPU call, or
+ * 0 when it ran on the calling thread without a parallel region. */
+#ifndef __cplusplus
+extern _Thread_local int fr_cpu_team;
+#endif
 
 /* cpu_avx2.c (x86-64): fp16/bf16 heads rotated with AVX2 and F16C, for CPUs
  * that have both; every non-NaN result is the portable path's to the bit.

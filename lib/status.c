@@ -52,6 +52,16 @@ int fusedrope_cuda_available(void)
     return fr_cuda_device_present();
 }
 
+const char *fr_dtype_name(fusedrope_dtype dtype)
+{
+    switch (dtype) {
+    case FUSEDROPE_FLOAT32: return "float32";
+    case FUSEDROPE_FLOAT16: return "float16";
+    case FUSEDROPE_BFLOAT16: return "bfloat16";
+    }
+    return "not a fusedrope_dtype";
+}
+
 size_t fr_dtype_size(fusedrope_dtype dtype)
 {
     switch (dtype) {

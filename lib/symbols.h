@@ -16,10 +16,12 @@
 #define fr_fail fusedrope__fail
 #define fr_clear_error fusedrope__clear_error
 #define fr_dtype_size fusedrope__dtype_size
+#define fr_dtype_name fusedrope__dtype_name
 #define fr_struct_take fusedrope__struct_take
 #define fr_struct_give fusedrope__struct_give
 #define fr_axes_map fusedrope__axes_map
 #define fr_cpu_apply fusedrope__cpu_apply
+#define fr_cpu_team fusedrope__cpu_team
 #define fr_avx2_usable fusedrope__avx2_usable
 #define fr_avx2_off fusedrope__avx2_off
 #define fr_avx2_rotate_f16 fusedrope__avx2_rotate_f16

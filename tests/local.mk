@@ -61,6 +61,14 @@ tests_test_abi_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_abi_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_abi_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
+# The host conveniences: fusedrope_tensor_qkv and the 16-bit conversions.
+check_PROGRAMS += tests/test_helpers
+TESTS += tests/test_helpers
+tests_test_helpers_SOURCES = tests/test_helpers.c
+tests_test_helpers_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_helpers_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_helpers_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
 check_PROGRAMS += tests/test_unit_dims
 TESTS += tests/test_unit_dims
 tests_test_unit_dims_SOURCES = tests/test_unit_dims.c

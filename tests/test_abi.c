@@ -65,6 +65,9 @@ START_TEST(test_enum_values)
     ck_assert_int_eq(FUSEDROPE_ROPE_YARN, 3);
     ck_assert_int_eq(FUSEDROPE_ROPE_LONGROPE, 4);
     ck_assert_int_eq(FUSEDROPE_ROPE_LLAMA3, 5);
+    ck_assert_int_eq(FUSEDROPE_LAYOUT_SBHD, 0);
+    ck_assert_int_eq(FUSEDROPE_LAYOUT_BSHD, 1);
+    ck_assert_int_eq(FUSEDROPE_LAYOUT_THD, 2);
 }
 END_TEST
 

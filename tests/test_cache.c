@@ -234,6 +234,44 @@ static void config_of(const table_case *t, fusedrope_cache_config *cfg)
 }
 
 /*
+ * The getters of what a cache derived (fusedrope_cache_inv_freq,
+ * _attention_factor, _longrope_long) against the reference's ref_inv_freq
+ * and DESIGN's longrope choice: both are double evaluations of one formula in
+ * another order, so they agree to a few double ulps (2^-46 relative is far
+ * below any formula slip: a wrong exponent or factor moves inv_i by > 1e-3).
+ * The output array is poisoned first and must be filled exactly.
+ */
+static void check_derived(const fusedrope_cache *c, const fusedrope_cache_config *cfg,
+                          const char *name)
+{
+    int half = cfg->rot_dim / 2, i, want_long;
+    double *inv = tu_alloc(sizeof(double) * (size_t)(half + 1));
+    double *got = tu_alloc(sizeof(double) * (size_t)(half + 1));
+    double attn, a;
+
+    ck_assert_int_eq(ref_inv_freq(cfg, inv, &attn), 0);
+    memset(got, 0xff, sizeof(double) * (size_t)(half + 1));
+    ck_assert_msg(fusedrope_cache_inv_freq(c, got) == FUSEDROPE_OK, "%s: inv_freq: %s", name,
+                  fusedrope_last_error());
+    for (i = 0; i < half; i++)
+        ck_assert_msg(fabs(got[i] - inv[i]) <= 0x1p-46 * inv[i],
+                      "%s: inv_freq[%d] = %.17g, reference %.17g", name, i, got[i], inv[i]);
+    {
+        unsigned char poison[sizeof(double)];
+        memset(poison, 0xff, sizeof poison);
+        ck_assert_msg(memcmp(&got[half], poison, sizeof poison) == 0,
+                      "%s: inv_freq wrote past rot_dim/2 entries", name);
+    }
+    a = fusedrope_cache_attention_factor(c);
+    ck_assert_msg(fabs(a - attn) <= 0x1p-46 * attn, "%s: attention factor %.17g, reference %.17g",
+                  name, a, attn);
+    want_long = cfg->type != FUSEDROPE_ROPE_LONGROPE ? -1
+                : cfg->max_positions > cfg->original_max_positions ? 1 : 0;
+    ck_assert_msg(fusedrope_cache_longrope_long(c) == want_long, "%s: longrope_long %d, want %d",
+                  name, fusedrope_cache_longrope_long(c), want_long);
+}
+
+/*
  * Creates the cache, copies its table out and compares every entry with the
  * reference cos(p inv_i) a, sin(p inv_i) a: within one float ulp, and in
  * practice the correctly rounded float (at least 99% of entries).  Row 0 must
@@ -258,6 +296,7 @@ static void check_table(const fusedrope_cache_config *cfg, const char *name, dou
     ck_assert_int_eq(fusedrope_cache_max_positions(c), rows);
     ck_assert_int_eq(fusedrope_cache_device(c), FUSEDROPE_DEVICE_CPU);
     ck_assert_int_eq(fusedrope_cache_check(c, NULL), FUSEDROPE_OK);
+    check_derived(c, cfg, name);
 
     tc = tu_alloc(sizeof(float) * (size_t)n);
     ts = tu_alloc(sizeof(float) * (size_t)n);
@@ -423,6 +462,9 @@ START_TEST(test_longrope)
         ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &c), FUSEDROPE_OK);
         tu_track(c);
     }
+    /* the getters name the hand-written choice and factor */
+    ck_assert_int_eq(fusedrope_cache_longrope_long(c), lc[k].use_long);
+    ck_assert(fabs(fusedrope_cache_attention_factor(c) - want_attn) <= 1e-15 * want_attn);
     tu_free_all();
 }
 END_TEST
@@ -539,6 +581,17 @@ START_TEST(test_from_table_round_trip)
     ck_assert_int_eq(fusedrope_cache_copy_table(c, c1, s1), FUSEDROPE_OK);
     ck_assert_msg(memcmp(c1, keep_c, sizeof(float) * (size_t)n) == 0, "cos not bit-identical");
     ck_assert_msg(memcmp(s1, keep_s, sizeof(float) * (size_t)n) == 0, "sin not bit-identical");
+    /* nothing was derived: no inverse frequencies (output untouched), factor 0, no longrope */
+    {
+        double inv[2] = { 7.0, 7.0 };
+        ck_assert_int_eq(fusedrope_cache_inv_freq(c, inv), FUSEDROPE_ERR_INVALID);
+        ck_assert_str_eq(fusedrope_last_error(),
+                         "the cache was made from a user table (fusedrope_cache_create_from_table): "
+                         "it has no inverse frequencies");
+        ck_assert(inv[0] == 7.0 && inv[1] == 7.0);
+        ck_assert(fusedrope_cache_attention_factor(c) == 0.0);
+        ck_assert_int_eq(fusedrope_cache_longrope_long(c), -1);
+    }
     tu_free_all();
 }
 END_TEST
@@ -595,6 +648,7 @@ START_TEST(test_tableless)
     ck_assert_int_eq(fusedrope_cache_rot_dim(c), 16);
     ck_assert_int_eq(fusedrope_cache_device(c), FUSEDROPE_DEVICE_CPU);
     ck_assert_int_eq(fusedrope_cache_check(c, NULL), FUSEDROPE_OK);
+    check_derived(c, &cfg, "table-less");
     memset(tc, 0x77, sizeof tc);
     memset(ts, 0x77, sizeof ts);
     ck_assert_int_eq(fusedrope_cache_copy_table(c, tc, ts), FUSEDROPE_ERR_INVALID);
@@ -615,6 +669,26 @@ START_TEST(test_getters_null)
     ck_assert_int_eq(fusedrope_cache_rot_dim(NULL), 0);
     ck_assert_int_eq(fusedrope_cache_max_positions(NULL), 0);
     ck_assert_int_eq(fusedrope_cache_device(NULL), FUSEDROPE_DEVICE_CPU);
+    ck_assert(fusedrope_cache_attention_factor(NULL) == 0.0);
+    ck_assert_int_eq(fusedrope_cache_longrope_long(NULL), -1);
+    {
+        double inv[1] = { 7.0 };
+        fusedrope_cache_config cfg;
+        fusedrope_cache *c = NULL;
+        ck_assert_int_eq(fusedrope_cache_inv_freq(NULL, inv), FUSEDROPE_ERR_INVALID);
+        ck_assert_str_eq(fusedrope_last_error(), "cache is NULL");
+        ck_assert(inv[0] == 7.0);
+        fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, 2, 4, 10000);
+        ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &c), FUSEDROPE_OK);
+        tu_track(c);
+        ck_assert_int_eq(fusedrope_cache_inv_freq(c, NULL), FUSEDROPE_ERR_INVALID);
+        ck_assert_str_eq(fusedrope_last_error(), "inv_freq is NULL");
+        /* rot_dim 2: the one pair's inv_0 = theta^0 = 1 exactly */
+        ck_assert_int_eq(fusedrope_cache_inv_freq(c, inv), FUSEDROPE_OK);
+        ck_assert(inv[0] == 1.0);
+        ck_assert(fusedrope_cache_attention_factor(c) == 1.0);
+        tu_free_all();
+    }
     fusedrope_cache_destroy(NULL);
 }
 END_TEST

@@ -6,6 +6,7 @@
  * bytes in place and out of place, through *_qk and through two single
  * calls, with a table-less cache and a table one, and through the
  * non-temporal store path (a large aligned output) and the plain one.
+ * A cache's num_threads: the team each call gets, the same bytes.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -21,6 +22,7 @@
 #endif
 
 #include "fusedrope.h"
+#include "internal.h" /* fr_cpu_team: the team size of this thread's last call */
 #include "util.h"
 
 enum { POS_IMPLICIT, POS_OFFSETS, POS_IDS, POS_CU, POS_CP, POS_TABLELESS, POS_N };
@@ -309,6 +311,165 @@ START_TEST(store_paths_agree)
 }
 END_TEST
 
+/* ------------------------------------------------- fusedrope_cache_config.num_threads */
+
+static fusedrope_cache *nt_cache(int num_threads, int64_t max_positions)
+{
+    fusedrope_cache_config cfg;
+    fusedrope_cache *c = NULL;
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_YARN, ROT, max_positions, 10000.0);
+    cfg.factor = 4;
+    cfg.original_max_positions = 256;
+    cfg.num_threads = num_threads;
+    ck_assert_msg(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &c) == FUSEDROPE_OK, "%s",
+                  fusedrope_last_error());
+    return c;
+}
+
+/* Forward of x into y (q, and k for _qk) with `c`; returns fr_cpu_team. */
+static int nt_call(const fusedrope_cache *c, fusedrope_dtype dt, int64_t s, int64_t h, void *x,
+                   void *y, int qk)
+{
+    fusedrope_tensor tx = fusedrope_tensor_sbhd(x, dt, s, 1, h, D);
+    fusedrope_tensor ty = fusedrope_tensor_sbhd(y, dt, s, 1, h, D);
+    fusedrope_status st;
+    if (qk) { /* the same rows as q (h - 1 heads) and k (1 head), as strided views */
+        fusedrope_tensor qx = tx, qy = ty, kx = tx, ky = ty;
+        qx.heads = qy.heads = h - 1;
+        kx.heads = ky.heads = 1;
+        kx.data = (char *)x + (size_t)((h - 1) * D) * ref_dtype_size(dt);
+        ky.data = (char *)y + (size_t)((h - 1) * D) * ref_dtype_size(dt);
+        st = fusedrope_forward_qk(c, FUSEDROPE_NEOX, NULL, &qx, &qy, &kx, &ky, NULL);
+    } else {
+        st = fusedrope_forward(c, FUSEDROPE_NEOX, NULL, &tx, &ty, NULL);
+    }
+    ck_assert_msg(st == FUSEDROPE_OK, "%s", fusedrope_last_error());
+    return fr_cpu_team;
+}
+
+/*
+ * A cache's num_threads bounds the OpenMP team of its large calls: 3 gives a
+ * team of 3 whatever omp_set_num_threads says, 1 and small calls run on the
+ * calling thread with no team at all (fr_cpu_team 0), 0 takes the OpenMP
+ * default; the bytes equal the default cache's and are within the float64
+ * reference's bound; a cache built with 3 threads has the same table.
+ * _i: dtype.  Without OpenMP only the bytes are checked.
+ */
+START_TEST(cache_num_threads)
+{
+    const fusedrope_dtype dt = (fusedrope_dtype)_i;
+    const int64_t s = 32, h = 17; /* 32 x 17 x 128 = 69632 elements: past the team threshold */
+    const size_t bytes = (size_t)(s * h * D) * ref_dtype_size(dt);
+    static const int counts[] = { 0, 1, 3 };
+    unsigned char *x = malloc(bytes), *want = malloc(bytes), *y = malloc(bytes);
+    fusedrope_cache *c[3], *tl, *neg = (fusedrope_cache *)x;
+    fusedrope_cache_config cfg;
+    ref_rope rr;
+    int64_t *positions;
+    char msg[512];
+    ck_assert(x && want && y);
+    fill(x, bytes, dt, 41);
+    for (int k = 0; k < 3; k++)
+        c[k] = nt_cache(counts[k], 4096);
+    tl = nt_cache(3, 0);
+#ifdef _OPENMP
+    omp_set_dynamic(0);
+    omp_set_max_active_levels(1);
+#endif
+    tu_threads(2);
+
+    /* the default cache's result, judged by the reference */
+    memset(want, 0xff, bytes);
+    nt_call(c[0], dt, s, h, x, want, 0);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_YARN, ROT, 4096, 10000.0);
+    cfg.factor = 4;
+    cfg.original_max_positions = 256;
+    ck_assert_int_eq(ref_rope_from_config(&rr, &cfg), 0);
+    positions = tu_positions(NULL, s, 1);
+    {
+        fusedrope_tensor tx = fusedrope_tensor_sbhd(x, dt, s, 1, h, D);
+        fusedrope_tensor ty = fusedrope_tensor_sbhd(want, dt, s, 1, h, D);
+        ck_assert_msg(ref_check_apply(&rr, FUSEDROPE_NEOX, positions, &tx, &ty, 0, msg, sizeof msg) == 0,
+                      "%s", msg);
+    }
+    ref_rope_free(&rr);
+
+    for (int qk = 0; qk < 2; qk++)
+        for (int k = 0; k < 4; k++) {
+            const fusedrope_cache *cc = k < 3 ? c[k] : tl;
+            const int n = k < 3 ? counts[k] : 3;
+            int team;
+            memset(y, qk ? 0x00 : 0xff, bytes);
+            team = nt_call(cc, dt, s, h, x, y, qk);
+            ck_assert_msg(memcmp(y, want, bytes) == 0,
+                          "num_threads %d%s%s: bytes differ from the default cache's", n,
+                          k == 3 ? " (table-less)" : "", qk ? " (_qk)" : "");
+#ifdef _OPENMP
+            ck_assert_msg(team == (n == 0 ? 2 : n == 1 ? 0 : n),
+                          "num_threads %d%s: a team of %d (0: none) with omp_set_num_threads(2)",
+                          n, qk ? " (_qk)" : "", team);
+#else
+            (void)team;
+#endif
+        }
+#ifdef _OPENMP
+    /* a small call (one token) on the 3-thread cache: no team */
+    ck_assert_int_eq(nt_call(c[2], dt, 1, h, x, y, 0), 0);
+    /* from inside the caller's parallel region: the nested region is
+     * inactive (max-active-levels 1), a team of one; with nesting allowed,
+     * each outer thread's call gets the cache's 3 threads */
+    for (int levels = 1; levels <= 2; levels++) {
+        int teams[2] = { -1, -1 }, same[2] = { 0, 0 };
+        unsigned char *ys[2] = { y, malloc(bytes) };
+        ck_assert(ys[1] != NULL);
+        omp_set_max_active_levels(levels);
+#pragma omp parallel num_threads(2)
+        {
+            int me = omp_get_thread_num();
+            teams[me] = nt_call(c[2], dt, s, h, x, ys[me], 0);
+            same[me] = memcmp(ys[me], want, bytes) == 0;
+        }
+        for (int t = 0; t < 2; t++) {
+            ck_assert_msg(teams[t] == (levels == 1 ? 1 : 3),
+                          "max-active-levels %d, outer thread %d: a team of %d", levels, t,
+                          teams[t]);
+            ck_assert_msg(same[t], "max-active-levels %d, outer thread %d: bytes differ", levels, t);
+        }
+        free(ys[1]);
+    }
+    omp_set_max_active_levels(1);
+#endif
+
+    /* the table built by 3 threads is the default's */
+    {
+        size_t n = (size_t)4096 * (ROT / 2) * sizeof(float);
+        float *c0 = malloc(n), *s0 = malloc(n), *c3 = malloc(n), *s3 = malloc(n);
+        ck_assert(c0 && s0 && c3 && s3);
+        ck_assert_int_eq(fusedrope_cache_copy_table(c[0], c0, s0), FUSEDROPE_OK);
+        ck_assert_int_eq(fusedrope_cache_copy_table(c[2], c3, s3), FUSEDROPE_OK);
+        ck_assert(memcmp(c0, c3, n) == 0 && memcmp(s0, s3, n) == 0);
+        free(c0), free(s0), free(c3), free(s3);
+    }
+
+    /* a negative count is refused */
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, ROT, 16, 10000.0);
+    cfg.num_threads = -1;
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &neg),
+                     FUSEDROPE_ERR_INVALID);
+    ck_assert_ptr_null(neg);
+    ck_assert_str_eq(fusedrope_last_error(),
+                     "num_threads is -1; it must be >= 0 (0 means the OpenMP default)");
+
+    for (int k = 0; k < 3; k++)
+        fusedrope_cache_destroy(c[k]);
+    fusedrope_cache_destroy(tl);
+    free(x);
+    free(want);
+    free(y);
+    tu_free_all();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("determinism");
@@ -319,6 +480,7 @@ int main(void)
     tcase_add_loop_test(tc, qk_equals_two_calls, 0, 9);
     tcase_add_loop_test(tc, tableless_equals_table, 0, 3);
     tcase_add_test(tc, store_paths_agree);
+    tcase_add_loop_test(tc, cache_num_threads, 0, 3);
     suite_add_tcase(s, tc);
     return tu_main(s, "test_determinism");
 }

@@ -716,6 +716,89 @@ START_TEST(test_sentences_verbatim)
     fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, ROT, ROWS, 0.5);
     expect_sentence(fusedrope_cache_create(&cfg, CPU, &cache), INV,
                     "theta is 0.5 for rope type default; it must be finite and > 1");
+
+    /* dtypes by name, with the shape's order */
+    setup(&c, V_SBHD);
+    c.y.dtype = FUSEDROPE_FLOAT16;
+    expect_sentence(do_call(&c, 0), INV,
+                    "x (float32, 8 x 2 x 3 x 20) and y (float16, 8 x 2 x 3 x 20) differ in "
+                    "dtype or shape (seq_len x batch x heads x head_dim)");
+    setup(&c, V_QK);
+    c.kx.dtype = c.ky.dtype = FUSEDROPE_BFLOAT16;
+    expect_sentence(do_call(&c, 1), INV,
+                    "dq_out (seq_len 8, batch 2, float32) and dk_out (seq_len 8, batch 2, "
+                    "bfloat16) must agree in seq_len, batch and dtype");
+    setup(&c, V_SBHD);
+    c.x.dtype = c.y.dtype = (fusedrope_dtype)3;
+    expect_sentence(do_call(&c, 0), INV,
+                    "x->dtype is 3, not a fusedrope_dtype (0 float32, 1 float16, 2 bfloat16)");
+    setup(&c, V_SBHD);
+    c.style = 2;
+    expect_sentence(do_call(&c, 0), INV,
+                    "style is 2, not a fusedrope_style (0 FUSEDROPE_NEOX, 1 "
+                    "FUSEDROPE_INTERLEAVED)");
+
+    /* the same data pointer with other strides: a failed in-place call */
+    setup(&c, V_SBHD);
+    c.y = c.x;
+    c.y.stride_head = D0 + 1;
+    c.y.stride_batch = H0 * (D0 + 1);
+    c.y.stride_seq = B0 * H0 * (D0 + 1);
+    expect_sentence(do_call(&c, 1), INV,
+                    "dx has the same data pointer as dy but different strides (dy: seq 120, "
+                    "batch 60, head 20; dx: seq 126, batch 63, head 21): not in place; give the "
+                    "output the input's strides for in place, or a separate buffer");
+    setup(&c, V_SBHD);
+    c.y = c.x;
+    c.y.data = (float *)c.x.data + 4;
+    expect_sentence(do_call(&c, 0), INV,
+                    "y partially overlaps x; an output must be the same view as its input (in "
+                    "place) or share no memory with any input");
+    setup(&c, V_SBHD);
+    c.y.stride_head = D0 - 1;
+    expect_sentence(do_call(&c, 0), INV,
+                    "y's elements overlap each other (strides seq 120, batch 60, head 19 with "
+                    "head_dim 20); the elements of an output must not share memory");
+    setup(&c, V_QK);
+    c.ky = c.y;
+    c.ky.heads = KH0;
+    c.ky.head_dim = KD0;
+    expect_sentence(do_call(&c, 0), INV,
+                    "q_out and k_out overlap; the two outputs must not share memory");
+    setup(&c, V_SBHD);
+    c.pos.ids = (const int64_t *)c.y.data;
+    expect_sentence(do_call(&c, 0), INV,
+                    "pos->ids overlaps the output y; the call writes it while reading "
+                    "positions, so they must not share memory");
+
+    /* positions */
+    setup(&c, V_ODD);
+    c.pos.cp_size = 2;
+    c.pos.cp_rank = 1;
+    expect_sentence(do_call(&c, 1), INV,
+                    "dy->seq_len is 7; context parallelism (pos->cp_size 2) needs an even "
+                    "local length");
+    setup(&c, V_THD);
+    c.pos.num_seqs = 0;
+    expect_sentence(do_call(&c, 0), INV, "pos->num_seqs is 0; it must be in [1, INT64_MAX)");
+
+    /* the cache module */
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DYNAMIC, ROT, ROWS, 10000);
+    cfg.factor = 2;
+    cfg.original_max_positions = 32;
+    cfg.seq_len = -1;
+    expect_sentence(fusedrope_cache_create(&cfg, CPU, &cache), INV,
+                    "seq_len is -1 for rope type dynamic; it must be >= 0 (0 means "
+                    "max_positions)");
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, ROT, 0, 10000);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), OK);
+    tu_track(cache);
+    {
+        float t[ROT / 2];
+        expect_sentence(fusedrope_cache_copy_table(cache, t, t), INV,
+                        "the cache has no table to copy (max_positions is 0: angles are "
+                        "computed at apply time)");
+    }
     tu_free_all();
 }
 END_TEST

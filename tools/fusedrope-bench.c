@@ -4,8 +4,8 @@
  *
  * For each shape: random input, a poisoned output, one call checked against
  * the tests' float64 reference (tests/ref.c in tests/libfrtest.a: default
- * rope, theta 10000, cos/sin in double, DESIGN.md's math and bound, the same
- * position model), a scan of the whole output for
+ * rope, theta 10000, cos/sin in double, the rotation and precision bound that
+ * fusedrope_forward(3) states under Rotation, the same position model), a scan of the whole output for
  * elements the call did not write, then a warm-up and N timed calls (median),
  * and a plain copy of the same number of bytes timed in the same run.
  *
@@ -825,8 +825,10 @@ static void usage(FILE *f)
 "cudaMemcpyAsync; CPU: memcpy split over the library's OpenMP threads). Times\n"
 "are medians. Each case is verified first on up to %d tokens spread over the\n"
 "tensor (all heads and channels of each): 'max ulp' is max |y - ref| / ulp(ref)\n"
-"in the output dtype; 'err/tol' is the same over DESIGN.md's bound ulp(ref) +\n"
-"2^-22 (|a| + |b|), which must be <= 1; the whole output is scanned for\n"
+"in the output dtype; 'err/tol' is the error over the library's precision\n"
+"bound, ulp(ref) + 2^-22 (|a| + |b|) max(1, attention factor) (stated in\n"
+"fusedrope_forward(3), Rotation; the default rope's attention factor is 1),\n"
+"which must be <= 1; the whole output is scanned for\n"
 "non-finite values and, out of place, for elements left unwritten (the output\n"
 "is poisoned with NaN bytes before the call).\n"
 "Exit status: 0 all verified, 1 a verification or a call failed, 2 bad options.\n",
@@ -1182,7 +1184,8 @@ int main(int argc, char **argv)
     }
     printf("\nGB/s = bytes that must move (MB) / median time; 'of copy' = that over a %s\n"
            "of the same bytes in this run. max ulp = max |y - ref| / ulp(ref) and err/tol = max\n"
-           "|y - ref| / (ulp(ref) + 2^-22 (|a| + |b|)), DESIGN.md's bound, which must be <= 1\n"
+           "|y - ref| / (ulp(ref) + 2^-22 (|a| + |b|) max(1, attention factor)), the bound of\n"
+           "fusedrope_forward(3) (Rotation; attention factor 1 here), which must be <= 1\n"
            "(max ulp may be large where a*cos - b*sin cancels), over all heads and channels of\n"
            "up to %d sampled tokens; every output element is checked for poison and NaN.\n",
            g_cuda ? "device-to-device cudaMemcpyAsync" : "memcpy on the library's threads",
