@@ -639,7 +639,7 @@ bad_dtype:
     return -1;
 }
 
-/* A position array: 1-D (or 2-D for ids of a 4-D layout), contiguous, of the
+/* A position array (offsets, cu_seqlens, range_status): contiguous, of the
  * given integer type and exact shape, on the cache's device. */
 static int fr_positions_array(const CacheObject *c, PyObject *cap, const char *what, int bits,
                               int ndim, const int64_t *shape, const void **data)
