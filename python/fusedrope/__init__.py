@@ -23,7 +23,7 @@ from ._version import __version__
 
 __all__ = [
     "Cache", "Error", "forward", "backward", "forward_qk", "backward_qk",
-    "version", "cuda_available", "ROPE_TYPES",
+    "version", "cuda_available", "ROPE_TYPES", "AXES",
 ]
 
 
@@ -46,7 +46,11 @@ class Error(RuntimeError, ValueError):
 
 _fusedrope._set_error_class(Error)
 
-ROPE_TYPES = {"default": 0, "linear": 1, "dynamic": 2, "yarn": 3, "longrope": 4, "llama3": 5}
+ROPE_TYPES = {"default": 0, "linear": 1, "dynamic": 2, "yarn": 3, "longrope": 4, "llama3": 5,
+              "proportional": 6}
+# fusedrope_axes: how each rotation pair picks its position axis and
+# frequency column (fusedrope.h; None is FUSEDROPE_AXES_NONE, 1D rope).
+AXES = {None: 0, "sections": 1, "interleaved": 2, "alternating": 3, "vision_2d": 4, "custom": 5}
 _STYLES = {"neox": 0, "interleaved": 1}
 _LAYOUTS = {"sbhd": 0, "bshd": 1, "thd": 2}
 _DEV_CPU, _DEV_CUDA = 1, 2
@@ -115,7 +119,8 @@ _caches = weakref.WeakValueDictionary()  # id -> Cache, for fusedrope.torch's op
 
 _FIELDS = ("factor", "original_max_positions", "seq_len", "attention_factor", "beta_fast",
            "beta_slow", "mscale", "mscale_all_dim", "truncate", "low_freq_factor",
-           "high_freq_factor", "short_factor", "long_factor")
+           "high_freq_factor", "short_factor", "long_factor", "partial_rotary_factor", "axes",
+           "sections", "pair_axis", "pair_col", "freq_dim", "num_threads")
 
 
 class Cache:
@@ -123,11 +128,29 @@ class Cache:
 
     ``Cache(type, rot_dim=..., max_positions=..., theta=10000.0, **fields,
     device="cpu")``: ``type`` is one of "default", "linear", "dynamic",
-    "yarn", "longrope", "llama3"; ``fields`` are the members of
-    fusedrope_cache_config by name (factor, original_max_positions, seq_len,
-    attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim, truncate,
-    low_freq_factor, high_freq_factor, short_factor, long_factor); those left
-    at None keep the library's defaults for the type (fusedrope_cache_create(3)).
+    "yarn", "longrope", "llama3", "proportional"; ``fields`` are the members
+    of fusedrope_cache_config by name (factor, original_max_positions,
+    seq_len, attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim,
+    truncate, low_freq_factor, high_freq_factor, short_factor, long_factor,
+    partial_rotary_factor, axes, sections, pair_axis, pair_col, freq_dim,
+    num_threads); those left at None keep the library's defaults for the
+    type (fusedrope_cache_create(3)).
+
+    - ``seq_len``: dynamic builds its table for it; longrope takes
+      long_factor when it exceeds original_max_positions, short_factor
+      otherwise (default: max_positions decides).
+    - ``partial_rotary_factor`` (proportional, Gemma 4): the share of the
+      rot_dim/2 pairs that rotate; the others keep angle 0.
+    - ``axes`` (multimodal rope): None, "sections", "interleaved",
+      "alternating", "vision_2d" or "custom"; ``sections``: up to 4 pair
+      counts per position axis (e.g. Qwen2-VL's mrope_section [16, 24, 24]);
+      ``pair_axis``/``pair_col``: rot_dim/2 ints each for "custom".  Pass
+      position ids with a row per axis to forward & co.
+    - ``freq_dim``: F in the exponents 2i/F (0 or None: rot_dim; rot_dim/2
+      for "vision_2d").
+    - ``num_threads``: most OpenMP threads a call on this cache uses; a
+      library built without support refuses it (Error, ERR_UNSUPPORTED).
+
     ``device`` is "cpu", "cuda" (the current CUDA device) or "cuda:N".
     """
 
@@ -135,25 +158,39 @@ class Cache:
                  factor=None, original_max_positions=None, seq_len=None, attention_factor=None,
                  beta_fast=None, beta_slow=None, mscale=None, mscale_all_dim=None, truncate=None,
                  low_freq_factor=None, high_freq_factor=None, short_factor=None, long_factor=None,
-                 device="cpu"):
+                 partial_rotary_factor=None, axes=None, sections=None, pair_axis=None,
+                 pair_col=None, freq_dim=None, num_threads=None, device="cpu"):
         if type not in ROPE_TYPES:
             raise ValueError(f"type must be one of {sorted(ROPE_TYPES)}, not {type!r}")
         if rot_dim is None or max_positions is None:
             raise TypeError("Cache() needs rot_dim and max_positions")
+        if axes not in AXES:
+            raise ValueError(f"axes must be one of {list(AXES)}, not {axes!r}")
+        if (pair_axis is not None or pair_col is not None) and axes != "custom":
+            raise ValueError("pair_axis and pair_col go with axes='custom'")
+
+        def ints(v):
+            return None if v is None else [int(x) for x in v]
         fields = dict(factor=factor, original_max_positions=original_max_positions,
                       seq_len=seq_len, attention_factor=attention_factor, beta_fast=beta_fast,
                       beta_slow=beta_slow, mscale=mscale, mscale_all_dim=mscale_all_dim,
                       truncate=truncate, low_freq_factor=low_freq_factor,
                       high_freq_factor=high_freq_factor,
                       short_factor=None if short_factor is None else [float(v) for v in short_factor],
-                      long_factor=None if long_factor is None else [float(v) for v in long_factor])
+                      long_factor=None if long_factor is None else [float(v) for v in long_factor],
+                      partial_rotary_factor=partial_rotary_factor,
+                      axes=AXES[axes] or None, sections=ints(sections),
+                      pair_axis=ints(pair_axis), pair_col=ints(pair_col), freq_dim=freq_dim,
+                      num_threads=num_threads)
         dev, dev_id = _parse_device(device)
         ctx = _cuda_device(dev_id) if dev == _DEV_CUDA else contextlib.nullcontext()
         with ctx:
             handle = _fusedrope.cache_create(ROPE_TYPES[type], int(rot_dim), int(max_positions),
                                              float(theta), dev, dev_id, fields)
-        self._init(handle, type, {"theta": float(theta), **{k: v for k, v in fields.items()
-                                                           if v is not None}})
+        params = {"theta": float(theta), **{k: v for k, v in fields.items() if v is not None}}
+        if axes is not None:
+            params["axes"] = axes
+        self._init(handle, type, params)
 
     def _init(self, handle, type, params):
         self._h = handle
@@ -185,7 +222,10 @@ class Cache:
                     layer_type=None):
         """A cache from a Hugging Face model config (a dict as in config.json,
         or a PretrainedConfig), mapped as transformers' modeling_rope_utils
-        does; see fusedrope._hf.cache_arguments."""
+        does; see fusedrope._hf.cache_arguments.  ``seq_len``: the sequence
+        length a dynamic table is built for, and the LongRoPE regime
+        (long factors past the original context): one cache per regime.
+        ``layer_type``: for per-layer-type rope parameters (Gemma 3/4)."""
         from ._hf import cache_arguments
         args = cache_arguments(config, max_positions=max_positions, seq_len=seq_len,
                                layer_type=layer_type)
@@ -291,7 +331,7 @@ def _positions(p, what, np_dtype, cache):
 
 
 def _apply(op, cache, ins, outs, names, style, layout, ids, offsets, cu_seqlens, cp_size,
-           cp_rank, dtype, stream):
+           cp_rank, dtype, stream, range_status=None):
     if not isinstance(cache, Cache):
         raise TypeError(f"cache must be a fusedrope.Cache, not {type(cache).__name__}")
     if style not in _STYLES:
@@ -321,12 +361,15 @@ def _apply(op, cache, ins, outs, names, style, layout, ids, offsets, cu_seqlens,
         if id(a) not in seen:
             seen[id(a)] = _capsule(a, name, s)
         caps.append(seen[id(a)])
+    if range_status is not None and not hasattr(range_status, "__dlpack__"):
+        raise TypeError("range_status must be an array (DLPack) of one int32")
     pos = [None if p is None else _capsule(p, n, s)
-           for p, n in ((ids, "ids"), (offsets, "offsets"), (cu_seqlens, "cu_seqlens"))]
+           for p, n in ((ids, "ids"), (offsets, "offsets"), (cu_seqlens, "cu_seqlens"),
+                        (range_status, "range_status"))]
     ctx = _cuda_device(dev_id) if cuda else contextlib.nullcontext()
     with ctx:
-        _fusedrope.apply(cache._h, op, _STYLES[style], _LAYOUTS[layout], bf16, caps, *pos,
-                         int(cp_size), int(cp_rank), s)
+        _fusedrope.apply(cache._h, op, _STYLES[style], _LAYOUTS[layout], bf16, caps, *pos[:3],
+                         int(cp_size), int(cp_rank), s, pos[3])
     return outs
 
 
@@ -334,9 +377,16 @@ _DOC = """
     style: "neox" (rotate_half) or "interleaved" (GPT-J).  layout: "sbhd",
     "bshd" (4-D arrays) or "thd" (3-D, packed).  Channels must be contiguous;
     the other strides are taken from the arrays.  Positions: ids ([batch,
-    seq] int64, or [tokens] for thd), offsets (int64 per batch entry or per
-    sequence), cu_seqlens (int32, num_seqs+1, thd), cp_size, cp_rank; arrays
-    on the cache's device (lists are accepted for a CPU cache).  out: the
+    seq] int64, or [tokens] for thd; for a cache with position axes, a row
+    per axis: [axes, batch, seq] or [axes, tokens], contiguous within a row,
+    rows any stride apart, e.g. a view of a [axes, max_tokens] buffer; a row
+    stride of 0, a broadcast view, puts every axis at the same position),
+    offsets (int64 per batch entry or per sequence), cu_seqlens (int32,
+    num_seqs+1, thd), cp_size, cp_rank; arrays on the cache's device (lists
+    are accepted for a CPU cache).  range_status: a one-element int32 device
+    array the CUDA kernels set to 1 for a position outside the table
+    (fusedrope_positions.range_status; a library without it raises Error,
+    ERR_UNSUPPORTED).  out: the
     output array(s) for an out-of-place call; in place by default.  dtype:
     "bfloat16" to pass bfloat16 as 16-bit integer arrays (NumPy).  stream: a
     CUDA stream (int, torch.cuda.Stream, cupy stream); default: PyTorch's
@@ -346,15 +396,15 @@ _DOC = """
 
 
 def forward(cache, x, *, style="neox", layout="sbhd", out=None, ids=None, offsets=None,
-            cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None, stream=None):
+            cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None, stream=None, range_status=None):
     return _apply(0, cache, [x], [out], ["x", "out"], style, layout, ids, offsets, cu_seqlens,
-                  cp_size, cp_rank, dtype, stream)[0]
+                  cp_size, cp_rank, dtype, stream, range_status)[0]
 
 
 def backward(cache, dy, *, style="neox", layout="sbhd", out=None, ids=None, offsets=None,
-             cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None, stream=None):
+             cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None, stream=None, range_status=None):
     return _apply(1, cache, [dy], [out], ["dy", "out"], style, layout, ids, offsets, cu_seqlens,
-                  cp_size, cp_rank, dtype, stream)[0]
+                  cp_size, cp_rank, dtype, stream, range_status)[0]
 
 
 def _pair(out):
@@ -366,17 +416,21 @@ def _pair(out):
 
 
 def forward_qk(cache, q, k, *, style="neox", layout="sbhd", out=None, ids=None, offsets=None,
-               cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None, stream=None):
+               cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None, stream=None,
+               range_status=None):
     qo, ko = _pair(out)
     return tuple(_apply(2, cache, [q, k], [qo, ko], ["q", "out[0]", "k", "out[1]"], style,
-                        layout, ids, offsets, cu_seqlens, cp_size, cp_rank, dtype, stream))
+                        layout, ids, offsets, cu_seqlens, cp_size, cp_rank, dtype, stream,
+                        range_status))
 
 
 def backward_qk(cache, dq, dk, *, style="neox", layout="sbhd", out=None, ids=None, offsets=None,
-                cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None, stream=None):
+                cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None, stream=None,
+                range_status=None):
     qo, ko = _pair(out)
     return tuple(_apply(3, cache, [dq, dk], [qo, ko], ["dq", "out[0]", "dk", "out[1]"], style,
-                        layout, ids, offsets, cu_seqlens, cp_size, cp_rank, dtype, stream))
+                        layout, ids, offsets, cu_seqlens, cp_size, cp_rank, dtype, stream,
+                        range_status))
 
 
 forward.__doc__ = "Rotates x (fusedrope_forward); returns the output array." + _DOC

@@ -20,15 +20,50 @@ Mirrors transformers' modeling_rope_utils (checked against transformers
   rope dict's original) with seq_len = max(seq_len, max_position_embeddings);
   the library's L = max(seq_len or max_positions, original_max_positions) is
   the same with original_max_positions = max_position_embeddings;
-- longrope: transformers picks long_factor when the running sequence is
-  longer than the original context, short_factor otherwise; the library
-  picks long_factor when max_positions > original_max_positions, so build
-  the cache with max_positions <= original for short-context use.
+- longrope: transformers' dynamic update picks long_factor when the running
+  sequence (max(position_ids) + 1) is longer than the original context,
+  short_factor otherwise, per forward call.  A cache holds one regime:
+  ``seq_len`` is passed to the library, which takes long_factor when
+  seq_len > original_max_positions (without seq_len: when max_positions
+  is).  Build one cache per regime, e.g. seq_len=original for prompts that
+  fit the original context and seq_len=original+1 past it;
+- proportional (Gemma 4 full-attention layers): rot_dim is the whole
+  head_dim (transformers' exponents are 2i/head_dim) and
+  partial_rotary_factor the share of pairs that rotate (the rest keep
+  angle 0), ``factor`` divides every frequency (default 1); head_dim is
+  the layer type's: ``global_head_dim`` for "full_attention" in a
+  config.json dict where present, the per-layer config's head_dim in a
+  PretrainedConfig;
+- multimodal rope (``mrope_section`` in the rope dict, pairs per T/H/W
+  axis; the legacy rope type "mrope" is "default"): the layout comes from
+  the model class in transformers, not from the config, so it is chosen by
+  model_type where known: Qwen2-VL, Qwen2.5-VL, GLM-4.1V, GLM-4.5V:
+  axes "sections"; Qwen3-VL, Qwen3.5 (and any config with
+  ``mrope_interleaved: true``): axes "interleaved".  A model type without
+  mrope_section in its rope dict gets transformers' class default.  The
+  rotation style is not in the config either: GLM-4.1V (model_type glm4v)
+  rotates interleaved pairs, so call forward with style="interleaved";
+  the others use "neox".  Ernie-4.5-VL's layout (pairs alternate H/W over
+  permuted frequency columns) is not mapped: build it with axes="custom".
+  Position ids then have a row per axis: [3, batch, seq] (or [3, tokens]).
 """
 
-_KNOWN_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+_KNOWN_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
 # Keys of rope dicts this library has no counterpart for yet.
-_UNSUPPORTED_KEYS = ("mrope_section", "mrope_interleaved", "axial", "rope_section")
+_UNSUPPORTED_KEYS = ("axial", "rope_section")
+# model_type (without "_text") -> (axes, transformers' default mrope_section)
+# for the models whose rotary embedding recomposes frequencies per axis.
+_MROPE_MODELS = {
+    "qwen2_vl": ("sections", [16, 24, 24]),
+    "qwen2_5_vl": ("sections", [16, 24, 24]),
+    "glm4v": ("sections", [8, 12, 12]),
+    "glm4v_moe": ("sections", [8, 12, 12]),
+    "qwen3_vl": ("interleaved", [24, 20, 20]),
+    "qwen3_vl_moe": ("interleaved", [24, 20, 20]),
+    "qwen3_5": ("interleaved", [11, 11, 10]),
+    "qwen3_5_moe": ("interleaved", [11, 11, 10]),
+}
+_UNMAPPED_MROPE = ("ernie4_5_vl", "ernie4_5_vl_moe")
 
 
 def _getter(config):
@@ -37,11 +72,42 @@ def _getter(config):
     if hasattr(config, "to_dict") and not hasattr(config, "max_position_embeddings"):
         d = config.to_dict()
         return lambda k, dflt=None: d.get(k, dflt)
-    return lambda k, d=None: getattr(config, k, d)
+
+    def get(k, d=None):
+        try:
+            return getattr(config, k, d)
+        except RuntimeError:
+            # transformers' heterogeneous configs (Gemma 4) refuse a global
+            # read of a per-layer attribute: read it per layer type instead
+            raise ValueError(f"'{k}' differs between layer types in this config: pass "
+                             f"layer_type=") from None
+    return get
+
+
+def _text_config(config):
+    """The language model's config of a multimodal config (text_config),
+    when the top level has no attention heads of its own."""
+    get = _getter(config)
+    text = get("text_config")
+    if text is not None and get("num_attention_heads") is None:
+        return text
+    return config
+
+
+def _layer_config(config, layer_type):
+    """transformers' per-layer-type view of a heterogeneous config (Gemma 4:
+    full-attention layers have their own head_dim), else the config."""
+    if layer_type is None or isinstance(config, dict) or not hasattr(config, "per_layer_config"):
+        return config
+    try:
+        return config.per_layer_config[layer_type]
+    except (ValueError, KeyError, TypeError, IndexError):
+        return config
 
 
 def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
     """The keyword arguments of fusedrope.Cache for a Hugging Face config."""
+    config = _layer_config(_text_config(config), layer_type)
     get = _getter(config)
     rope = get("rope_parameters") or get("rope_scaling") or {}
     if not isinstance(rope, dict):
@@ -62,6 +128,8 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type == "su":
         rope_type = "longrope"
+    if rope_type == "mrope":   # Qwen2-VL's legacy name: default frequencies, per-axis layout
+        rope_type = "default"
     if rope_type not in _KNOWN_TYPES:
         raise NotImplementedError(f"rope_type '{rope_type}' is not supported by libfusedrope "
                                   f"(supported: {', '.join(_KNOWN_TYPES)})")
@@ -69,8 +137,12 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
     theta = rope.get("rope_theta", get("rope_theta", 10000.0))
     prf = rope.get("partial_rotary_factor", get("partial_rotary_factor", None))
     prf = 1.0 if prf is None else prf
-    head_dim = get("head_dim", None) or get("hidden_size") // get("num_attention_heads")
-    rot_dim = int(head_dim * prf)
+    head_dim = None
+    if layer_type == "full_attention" and isinstance(config, dict):
+        head_dim = get("global_head_dim", None)     # Gemma 4's config.json
+    head_dim = head_dim or get("head_dim", None) or get("hidden_size") // get("num_attention_heads")
+    # proportional keeps the whole head in its exponents and rotates a share
+    rot_dim = head_dim if rope_type == "proportional" else int(head_dim * prf)
     max_pos = get("max_position_embeddings")
     if max_positions is None:
         if max_pos is None:
@@ -79,6 +151,7 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
 
     args = dict(type=rope_type, rot_dim=rot_dim, max_positions=int(max_positions),
                 theta=float(theta))
+    args.update(_mrope_arguments(get, rope))
     if rope_type in ("llama3", "yarn", "longrope"):
         orig = get("original_max_position_embeddings", None)
         if orig is None:
@@ -87,6 +160,9 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
 
     if rope_type == "linear":
         args["factor"] = float(rope["factor"])
+    elif rope_type == "proportional":
+        args["partial_rotary_factor"] = float(prf)
+        args["factor"] = float(rope.get("factor", 1.0) or 1.0)
     elif rope_type == "dynamic":
         args["factor"] = float(rope["factor"])
         args["original_max_positions"] = int(max_pos)
@@ -113,4 +189,28 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
         else:
             args.update(short_factor=[float(v) for v in rope["short_factor"]],
                         long_factor=[float(v) for v in rope["long_factor"]])
+            if seq_len is not None:
+                args["seq_len"] = int(seq_len)
     return args
+
+
+def _mrope_arguments(get, rope):
+    """axes= and sections= for a multimodal-rope config, else {}."""
+    model_type = str(get("model_type", "") or "")
+    base = model_type[:-5] if model_type.endswith("_text") else model_type
+    section = rope.get("mrope_section")
+    if base in _UNMAPPED_MROPE and (section is not None or "mrope" in str(rope.get("type"))):
+        raise NotImplementedError(
+            f"{model_type}: its multimodal rope layout is not mapped; build the cache with "
+            f"axes='custom' (pair_axis, pair_col)")
+    known = _MROPE_MODELS.get(base)
+    if section is None:
+        if known is None:
+            return {}
+        section = known[1]
+    section = [int(v) for v in section]
+    if rope.get("mrope_interleaved"):
+        axes = "interleaved"
+    else:
+        axes = known[0] if known else "sections"
+    return dict(axes=axes, sections=section)

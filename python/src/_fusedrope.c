@@ -195,9 +195,67 @@ static double *fr_doubles(PyObject *seq, Py_ssize_t n, const char *what)
     return v;
 }
 
+/* A sequence of ints into a new int array of exactly n entries (or at most n
+ * when `at_most`; *count gets the length), each in [lo, hi]. */
+static int *fr_ints(PyObject *seq, Py_ssize_t n, int at_most, long lo, long hi, const char *what,
+                    Py_ssize_t *count)
+{
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (!fast)
+        return NULL;
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(fast);
+    if (at_most ? len > n : len != n) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd entries; %s%zd expected", what, len,
+                     at_most ? "at most " : "rot_dim/2 = ", n);
+        Py_DECREF(fast);
+        return NULL;
+    }
+    int *v = PyMem_Calloc((size_t)(n ? n : 1), sizeof *v);
+    if (!v) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        long x = PyLong_AsLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (x == -1 && PyErr_Occurred())
+            goto fail;
+        if (x < lo || x > hi) {
+            PyErr_Format(PyExc_ValueError, "%s[%zd] is %ld; it must be in [%ld, %ld]", what, i, x,
+                         lo, hi);
+            goto fail;
+        }
+        v[i] = (int)x;
+    }
+    Py_DECREF(fast);
+    if (count)
+        *count = len;
+    return v;
+fail:
+    PyMem_Free(v);
+    Py_DECREF(fast);
+    return NULL;
+}
+
+/* An int field of the config from a Python int. */
+static int fr_int_field(PyObject *value, const char *what, int *dst)
+{
+    long v = PyLong_AsLong(value);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < INT32_MIN || v > INT32_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%s is %ld; it does not fit in a C int", what, v);
+        return -1;
+    }
+    *dst = (int)v;
+    return 0;
+}
+
 /* cache_create(type, rot_dim, max_positions, theta, device, device_id, fields)
  * fields: a dict of the config's other members; those absent keep
- * fusedrope_cache_config_init's defaults for the type. */
+ * fusedrope_cache_config_init's defaults for the type.  axes is the
+ * fusedrope_axes value, sections up to FUSEDROPE_MAX_AXES ints, pair_axis and
+ * pair_col rot_dim/2 ints each (copied by the library at create). */
 static PyObject *cache_create(PyObject *self, PyObject *args)
 {
     int type, rot_dim, device, device_id;
@@ -213,6 +271,9 @@ static PyObject *cache_create(PyObject *self, PyObject *args)
     fusedrope_cache_config_init(&cfg, (fusedrope_rope_type)type, rot_dim, (int64_t)max_positions,
                                 theta);
     double *shortf = NULL, *longf = NULL;
+    int *pair_axis = NULL, *pair_col = NULL;
+    unsigned char *pair_axis8 = NULL;
+    const Py_ssize_t half = rot_dim > 0 ? rot_dim / 2 : 0;
     PyObject *key, *value;
     Py_ssize_t it = 0;
     while (PyDict_Next(fields, &it, &key, &value)) {
@@ -241,8 +302,41 @@ static PyObject *cache_create(PyObject *self, PyObject *args)
             continue;
         } else if (!strcmp(k, "short_factor") || !strcmp(k, "long_factor")) {
             double **slot = k[0] == 's' ? &shortf : &longf;
-            *slot = fr_doubles(value, rot_dim > 0 ? rot_dim / 2 : 0, k);
+            *slot = fr_doubles(value, half, k);
             if (!*slot)
+                goto fail;
+            continue;
+        } else if (!strcmp(k, "partial_rotary_factor")) {
+            dst = &cfg.partial_rotary_factor;
+        } else if (!strcmp(k, "freq_dim") || !strcmp(k, "num_threads") || !strcmp(k, "axes")) {
+            int v;
+            if (fr_int_field(value, k, &v) < 0)
+                goto fail;
+            if (k[0] == 'f')
+                cfg.freq_dim = v;
+            else if (k[0] == 'n')
+                cfg.num_threads = v;
+            else
+                cfg.axes = (fusedrope_axes)v;
+            continue;
+        } else if (!strcmp(k, "sections")) {
+            Py_ssize_t cnt;
+            int *sec = fr_ints(value, FUSEDROPE_MAX_AXES, 1, INT32_MIN, INT32_MAX, k, &cnt);
+            if (!sec)
+                goto fail;
+            for (int i = 0; i < FUSEDROPE_MAX_AXES; i++)
+                cfg.sections[i] = i < cnt ? sec[i] : 0;
+            PyMem_Free(sec);
+            continue;
+        } else if (!strcmp(k, "pair_axis")) {
+            /* unsigned char in the config: values past 255 would wrap */
+            pair_axis = fr_ints(value, half, 0, 0, 255, k, NULL);
+            if (!pair_axis)
+                goto fail;
+            continue;
+        } else if (!strcmp(k, "pair_col")) {
+            pair_col = fr_ints(value, half, 0, INT32_MIN, INT32_MAX, k, NULL);
+            if (!pair_col)
                 goto fail;
             continue;
         } else {
@@ -262,20 +356,38 @@ static PyObject *cache_create(PyObject *self, PyObject *args)
     }
     cfg.short_factor = shortf;
     cfg.long_factor = longf;
+    if (pair_axis) {
+        pair_axis8 = PyMem_Malloc((size_t)(half ? half : 1));
+        if (!pair_axis8) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t j = 0; j < half; j++)
+            pair_axis8[j] = (unsigned char)pair_axis[j];
+        cfg.pair_axis = pair_axis8;
+    }
+    cfg.pair_col = pair_col;
 
     fusedrope_cache *c = NULL;
     fusedrope_status st;
     Py_BEGIN_ALLOW_THREADS
     st = fusedrope_cache_create(&cfg, (fusedrope_device)device, &c);
     Py_END_ALLOW_THREADS
-    PyMem_Free(shortf); /* copied by the library at create */
+    /* all copied by the library at create */
+    PyMem_Free(shortf);
     PyMem_Free(longf);
+    PyMem_Free(pair_axis);
+    PyMem_Free(pair_axis8);
+    PyMem_Free(pair_col);
     if (st != FUSEDROPE_OK)
         return fr_raise(st, fusedrope_last_error());
     return fr_new_cache(c, device_id);
 fail:
     PyMem_Free(shortf);
     PyMem_Free(longf);
+    PyMem_Free(pair_axis);
+    PyMem_Free(pair_axis8);
+    PyMem_Free(pair_col);
     return NULL;
 }
 
@@ -527,7 +639,7 @@ bad_dtype:
     return -1;
 }
 
-/* A position array: 1-D (or 2-D for ids of a 4-D layout), contiguous, of the
+/* A position array (offsets, cu_seqlens, range_status): contiguous, of the
  * given integer type and exact shape, on the cache's device. */
 static int fr_positions_array(const CacheObject *c, PyObject *cap, const char *what, int bits,
                               int ndim, const int64_t *shape, const void **data)
@@ -572,8 +684,91 @@ static int fr_positions_array(const CacheObject *c, PyObject *cap, const char *w
 }
 
 /*
+ * ids: one position per token ([batch, seq], THD: [tokens]), or one row per
+ * position axis ([axes, batch, seq], THD: [axes, tokens]).  Within a row the
+ * positions must be contiguous; the rows may lie any distance apart (a view
+ * of a persistent [axes, max_tokens] buffer): the array's row stride becomes
+ * pos->ids_axis_stride.  A row stride of 0 (a broadcast view, as
+ * position_ids.expand(3, ...)) means every axis at the same position: one
+ * row.  The library checks the row count against the cache's axes.
+ */
+static int fr_ids(const CacheObject *c, PyObject *cap, int layout, const fusedrope_tensor *t0,
+                  fusedrope_positions *pos)
+{
+    const int base = layout == LAYOUT_THD ? 1 : 2; /* dimensions of one row */
+    const char *what = layout == LAYOUT_THD ? "ids ([tokens] or [axes, tokens])"
+                                            : "ids ([batch, seq] or [axes, batch, seq])";
+    const int64_t want[2] = {layout == LAYOUT_THD ? t0->seq_len : t0->batch, t0->seq_len};
+    fr_dl_tensor *t;
+    int readonly;
+    if (fr_capsule_tensor(cap, "ids", &t, &readonly) < 0)
+        return -1;
+    if (!fr_device_ok(c, &t->device, "ids"))
+        return -1;
+    if (t->dtype.code != DL_INT || t->dtype.bits != 64 || t->dtype.lanes != 1) {
+        PyErr_Format(PyExc_TypeError, "ids must be int64 (got DLPack code %d, %d bits)",
+                     (int)t->dtype.code, (int)t->dtype.bits);
+        return -1;
+    }
+    if (t->ndim != base && t->ndim != base + 1) {
+        PyErr_Format(PyExc_ValueError, "%s has %d dimensions", what, (int)t->ndim);
+        return -1;
+    }
+    const int r = t->ndim - base; /* 1 when ids has a row per axis */
+    int shape_ok = 1;
+    for (int i = 0; i < base; i++)
+        shape_ok &= t->shape[r + i] == want[i];
+    if (!shape_ok || (r && (t->shape[0] < 1 || t->shape[0] > FUSEDROPE_MAX_AXES))) {
+        char got[96] = "";
+        for (int i = 0; i < t->ndim && i < 4; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "",
+                     (long long)t->shape[i]);
+        if (layout == LAYOUT_THD)
+            PyErr_Format(PyExc_ValueError, "%s has shape (%s); (%lld) or (axes <= %d, %lld) "
+                         "expected", what, got, (long long)want[0], FUSEDROPE_MAX_AXES,
+                         (long long)want[0]);
+        else
+            PyErr_Format(PyExc_ValueError, "%s has shape (%s); (%lld, %lld) or (axes <= %d, "
+                         "%lld, %lld) expected", what, got, (long long)want[0],
+                         (long long)want[1], FUSEDROPE_MAX_AXES, (long long)want[0],
+                         (long long)want[1]);
+        return -1;
+    }
+    /* within a row: compact row-major (strides NULL means all of it is) */
+    if (t->strides) {
+        int64_t step = 1;
+        for (int i = base - 1; i >= 0; i--) {
+            if (want[i] > 1 && t->strides[r + i] != step) {
+                PyErr_Format(PyExc_ValueError,
+                             "%s must be contiguous within a row (a row's strides must be "
+                             "compact; rows may be apart)", what);
+                return -1;
+            }
+            step *= want[i];
+        }
+    }
+    if (r && t->shape[0] > 1) {
+        const int64_t rs = t->strides ? t->strides[0] : want[0] * (base > 1 ? want[1] : 1);
+        if (rs < 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s: rows in reverse memory order (row stride %lld) are not supported",
+                         what, (long long)rs);
+            return -1;
+        }
+        /* rs == 0: a broadcast view, every axis at the same position: one row.
+         * Otherwise the library checks rs against the row length. */
+        if (rs > 0) {
+            pos->ids_axes = (int)t->shape[0];
+            pos->ids_axis_stride = rs;
+        }
+    }
+    pos->ids = t->data ? (const int64_t *)((const char *)t->data + t->byte_offset) : NULL;
+    return 0;
+}
+
+/*
  * apply(cache, op, style, layout, bf16, tensors, ids, offsets, cu_seqlens,
- *       cp_size, cp_rank, stream)
+ *       cp_size, cp_rank, stream, range_status)
  * op: 0 forward, 1 backward (tensors: [in, out]), 2 forward_qk, 3
  * backward_qk (tensors: [q_in, q_out, k_in, k_out]).  The same capsule may
  * appear as an input and its output (in place).  ids, offsets, cu_seqlens:
@@ -581,13 +776,13 @@ static int fr_positions_array(const CacheObject *c, PyObject *cap, const char *w
  */
 static PyObject *apply(PyObject *self, PyObject *args)
 {
-    PyObject *cacheobj, *tensors, *ids, *offsets, *cu;
+    PyObject *cacheobj, *tensors, *ids, *offsets, *cu, *range_status = Py_None;
     int op, style, layout, bf16, cp_size, cp_rank;
     unsigned long long stream;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!iiipO!OOOiiK", &CacheType, &cacheobj, &op, &style, &layout,
+    if (!PyArg_ParseTuple(args, "O!iiipO!OOOiiK|O", &CacheType, &cacheobj, &op, &style, &layout,
                           &bf16, &PyList_Type, &tensors, &ids, &offsets, &cu, &cp_size, &cp_rank,
-                          &stream))
+                          &stream, &range_status))
         return NULL;
     CacheObject *c = (CacheObject *)cacheobj;
     static const char *names[2][4] = {{"x", "out", "", ""}, {"q", "q_out", "k", "k_out"}};
@@ -634,16 +829,23 @@ static PyObject *apply(PyObject *self, PyObject *args)
             return NULL;
         pos.num_seqs = shape[0] - 1;
     }
-    if (ids != Py_None) {
-        int nd = layout == LAYOUT_THD ? 1 : 2;
-        if (layout == LAYOUT_THD)
-            shape[0] = t[0].seq_len;
-        else
-            shape[0] = t[0].batch, shape[1] = t[0].seq_len;
-        if (fr_positions_array(c, ids, layout == LAYOUT_THD ? "ids (one per token)"
-                                                            : "ids ([batch, seq])",
-                               64, nd, shape, (const void **)&pos.ids) < 0)
+    if (ids != Py_None && fr_ids(c, ids, layout, &t[0], &pos) < 0)
+        return NULL;
+    if (range_status != Py_None) {
+        fr_dl_tensor *rt;
+        int ro;
+        if (fr_capsule_tensor(range_status, "range_status", &rt, &ro) < 0)
             return NULL;
+        if (ro) {
+            PyErr_SetString(PyExc_ValueError, "range_status is read-only");
+            return NULL;
+        }
+        const void *word;
+        shape[0] = 1;
+        if (fr_positions_array(c, range_status, "range_status (one int32)", 32, rt->ndim ? 1 : 0,
+                               shape, &word) < 0)
+            return NULL;
+        pos.range_status = (int32_t *)(uintptr_t)word; /* checked writable above */
     }
     if (offsets != Py_None) {
         shape[0] = pos.cu_seqlens ? pos.num_seqs : t[0].batch;

@@ -42,6 +42,42 @@ GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 
 CONFIGS = {"llama3.1": LLAMA31, "qwen3": QWEN3, "qwen2.5-yarn": QWEN25_YARN,
            "phi3-longrope": PHI3_LONGROPE, "gpt-oss": GPT_OSS}
 
+# Multimodal rope configs (config.json excerpts: Qwen2-VL-7B-Instruct with
+# the legacy "mrope" type at the top level; Qwen3-VL-8B-Instruct and
+# Qwen3.5 with a text_config; GLM-4.1V; Gemma 4 with rope parameters per
+# layer type and a global_head_dim for its full-attention layers).
+QWEN2_VL = {"model_type": "qwen2_vl", "hidden_size": 3584, "num_attention_heads": 28,
+            "num_key_value_heads": 4, "max_position_embeddings": 32768, "rope_theta": 1000000.0,
+            "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}
+QWEN3_VL = {"model_type": "qwen3_vl",
+            "text_config": {"model_type": "qwen3_vl_text", "hidden_size": 4096,
+                            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                            "max_position_embeddings": 262144, "rope_theta": 5000000,
+                            "rope_scaling": {"mrope_interleaved": True,
+                                             "mrope_section": [24, 20, 20],
+                                             "rope_type": "default"}}}
+QWEN3_5 = {"model_type": "qwen3_5",
+           "text_config": {"model_type": "qwen3_5_text", "hidden_size": 2048,
+                           "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
+                           "max_position_embeddings": 262144,
+                           "rope_parameters": {"mrope_interleaved": True,
+                                               "mrope_section": [11, 11, 10],
+                                               "rope_type": "default", "rope_theta": 10000000,
+                                               "partial_rotary_factor": 0.25}}}
+GLM41V = {"model_type": "glm4v",
+          "text_config": {"model_type": "glm4v_text", "hidden_size": 4096,
+                          "num_attention_heads": 32, "num_key_value_heads": 2,
+                          "max_position_embeddings": 65536, "partial_rotary_factor": 0.5,
+                          "rope_theta": 10000,
+                          "rope_scaling": {"type": "default", "mrope_section": [8, 12, 12]}}}
+GEMMA4 = {"model_type": "gemma4_text", "hidden_size": 2560, "num_attention_heads": 8,
+          "num_key_value_heads": 2, "head_dim": 256, "global_head_dim": 512,
+          "max_position_embeddings": 131072,
+          "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                              "full_attention": {"rope_type": "proportional",
+                                                 "partial_rotary_factor": 0.25,
+                                                 "rope_theta": 1000000.0}}}
+
 
 # -------------------------------------------- the mapping (no torch needed)
 
@@ -74,12 +110,58 @@ def test_mapping_without_transformers():
     assert (a["type"], a["theta"], a["rot_dim"], a["factor"]) == ("linear", 5e5, 64, 2.0)
 
 
+def test_mapping_multimodal_and_proportional():
+    base = dict(type="default", max_positions=7)
+    assert cache_arguments(QWEN2_VL, max_positions=7) == dict(
+        base, rot_dim=128, theta=1e6, axes="sections", sections=[16, 24, 24])
+    assert cache_arguments(QWEN3_VL, max_positions=7) == dict(
+        base, rot_dim=128, theta=5e6, axes="interleaved", sections=[24, 20, 20])
+    assert cache_arguments(QWEN3_5, max_positions=7) == dict(
+        base, rot_dim=64, theta=1e7, axes="interleaved", sections=[11, 11, 10])
+    assert cache_arguments(GLM41V, max_positions=7) == dict(
+        base, rot_dim=64, theta=1e4, axes="sections", sections=[8, 12, 12])
+    # the layout follows the model class: Qwen3-VL interleaves without the flag too,
+    # and takes transformers' default sections when the config has none
+    q3 = dict(QWEN3_VL["text_config"], rope_scaling={"rope_type": "default"})
+    assert cache_arguments(q3, max_positions=7)["axes"] == "interleaved"
+    assert cache_arguments(q3, max_positions=7)["sections"] == [24, 20, 20]
+    # an unknown model with mrope_section: sections, or interleaved by the flag
+    other = dict(QWEN3, rope_scaling={"rope_type": "default", "mrope_section": [16, 24, 24]})
+    assert cache_arguments(other)["axes"] == "sections"
+    other["rope_scaling"]["mrope_interleaved"] = True
+    assert cache_arguments(other)["axes"] == "interleaved"
+    ernie = dict(QWEN3, model_type="ernie4_5_vl_moe",
+                 rope_scaling={"rope_type": "default", "mrope_section": [22, 22, 20]})
+    with pytest.raises(NotImplementedError, match="custom"):
+        cache_arguments(ernie)
+    # Gemma 4: global_head_dim for full attention; proportional keeps the whole head
+    assert cache_arguments(GEMMA4, layer_type="full_attention", max_positions=7) == dict(
+        type="proportional", rot_dim=512, max_positions=7, theta=1e6,
+        partial_rotary_factor=0.25, factor=1.0)
+    assert cache_arguments(GEMMA4, layer_type="sliding_attention", max_positions=7) == dict(
+        base, rot_dim=256, theta=1e4)
+    for name, cfg in (("qwen2-vl", QWEN2_VL), ("qwen3-vl", QWEN3_VL), ("qwen3.5", QWEN3_5),
+                      ("glm-4.1v", GLM41V)):
+        assert fusedrope.Cache.from_config(cfg, max_positions=16).params["axes"], name
+    c = fusedrope.Cache.from_config(GEMMA4, layer_type="full_attention", max_positions=16)
+    cos, sin = c.table()
+    assert (sin[:, 64:] == 0).all() and (sin[1:, :64] != 0).all()   # 0.25 * 256 pairs rotate
+    # LongRoPE: the regime follows seq_len
+    # (without seq_len, max_positions = 64 <= 4096 decides: short)
+    for seq_len, long in ((None, False), (4096, False), (4097, True)):
+        a = cache_arguments(PHI3_LONGROPE, seq_len=seq_len, max_positions=64)
+        assert a.get("seq_len") == seq_len
+        inv, _ = _lib_inv(fusedrope.Cache(**a))
+        f = np.asarray(PHI3_LONGROPE["rope_scaling"]["long_factor" if long else "short_factor"])
+        np.testing.assert_allclose(inv, 10000.0 ** (-np.arange(48) / 48.0) / f, rtol=1e-6)
+
+
 def test_mapping_unsupported():
-    mrope = dict(QWEN3, rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})
-    with pytest.raises(NotImplementedError, match="mrope_section"):
-        fusedrope.Cache.from_config(mrope)
-    with pytest.raises(NotImplementedError, match="proportional"):
-        fusedrope.Cache.from_config(dict(QWEN3, rope_scaling={"rope_type": "proportional"}))
+    vision = dict(QWEN3, rope_scaling={"rope_type": "default", "axial": True})
+    with pytest.raises(NotImplementedError, match="axial"):
+        fusedrope.Cache.from_config(vision)
+    with pytest.raises(NotImplementedError, match="ntk"):
+        fusedrope.Cache.from_config(dict(QWEN3, rope_scaling={"rope_type": "ntk"}))
     nested = dict(QWEN3, rope_parameters={"full_attention": {"rope_type": "default"},
                                           "sliding_attention": {"rope_type": "default",
                                                                 "rope_theta": 1e4}})
@@ -284,3 +366,153 @@ def test_torch_errors():
         rope(x, "cache")
     y = rope(torch.randn(4, 2, 3, 8, dtype=torch.bfloat16), cache)
     assert y.dtype == torch.bfloat16
+
+
+# ------------------------------------- multimodal rope against transformers
+
+def _qwen_vl(kind):
+    """(text config, rotary embedding, apply_rotary_pos_emb) of transformers'
+    Qwen2-VL or Qwen3-VL, built small (head_dim 64: 32 pairs)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    if kind == "qwen2_vl":
+        from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig as C
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import (
+            Qwen2VLRotaryEmbedding as R, apply_rotary_pos_emb as apply)
+        rp = {"rope_type": "default", "mrope_section": [8, 12, 12], "rope_theta": 1e6}
+    else:
+        from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig as C
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import (
+            Qwen3VLTextRotaryEmbedding as R, apply_rotary_pos_emb as apply)
+        rp = {"rope_type": "default", "mrope_section": [12, 10, 10], "mrope_interleaved": True,
+              "rope_theta": 5e6}
+    cfg = C(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+            max_position_embeddings=4096, rope_parameters=rp)
+    return cfg, R(cfg), apply
+
+
+def _vl_positions(g, b, s, torch):
+    """[3, b, s] position ids as a Qwen-VL prompt has them: text (all axes
+    equal), then an image grid (t fixed, h and w walking the grid), then
+    text again from the largest position on; plus a random batch entry."""
+    rows = []
+    for n in range(b):
+        t = torch.empty(3, s, dtype=torch.int64)
+        a, grid = 5 + 3 * n, 4
+        t[:, :a] = torch.arange(a)
+        img = s - a - 6
+        k = torch.arange(img)
+        t[0, a:a + img] = a
+        t[1, a:a + img] = a + k // grid
+        t[2, a:a + img] = a + k % grid
+        nxt = int(t[:, :a + img].max()) + 1
+        t[:, a + img:] = nxt + torch.arange(s - a - img)
+        rows.append(t)
+    rows[-1] = torch.randint(0, 4000, (3, s), generator=g)
+    return torch.stack(rows, 1)
+
+
+@pytest.mark.parametrize("kind", ["qwen2_vl", "qwen3_vl"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_multimodal_rope_against_transformers(kind, dtype):
+    """Cache.from_config(the transformers config) + forward_qk with [3, b, s]
+    position ids, against (a) transformers' own layout code (the rotary
+    class's recomposition_frequencies and apply_rotary_pos_emb) evaluated in
+    float64: within the library's bound; (b) transformers' float32 forward
+    (rotary class + apply): within bfloat16 tolerance."""
+    import torch
+    cfg, rotary, apply = _qwen_vl(kind)
+    cache = fusedrope.Cache.from_config(cfg)
+    assert cache.params["axes"] == ("sections" if kind == "qwen2_vl" else "interleaved")
+    b, s, hq, hk, d = 3, 29, 4, 2, 64
+    g = torch.Generator().manual_seed(ref.SEED)
+    tdt = getattr(torch, dtype)
+    q = (torch.randn(b, s, hq, d, generator=g) * 3).to(tdt)
+    k = (torch.randn(b, s, hk, d, generator=g) * 3).to(tdt)
+    pos = _vl_positions(g, b, s, torch)
+    qo, ko = fusedrope.forward_qk(cache, q, k, layout="bshd", ids=pos,
+                                  out=(torch.empty_like(q), torch.empty_like(k)))
+
+    # (a) float64: transformers' recomposition on float64 angles
+    theta = cfg.rope_parameters["rope_theta"]
+    inv64 = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    freqs = pos[..., None].double() * inv64                   # [3, b, s, d/2]
+    cos64 = rotary.recomposition_frequencies(freqs.cos())     # [b, s, d]
+    sin64 = rotary.recomposition_frequencies(freqs.sin())
+    rq, rk = apply(q.double().transpose(1, 2), k.double().transpose(1, 2), cos64, sin64)
+    # (b) transformers' own float32 path
+    cos32, sin32 = rotary(q.float(), pos)
+    hq32, hk32 = apply(q.float().transpose(1, 2), k.float().transpose(1, 2), cos32, sin32)
+    half = d // 2
+    for got, want, hf, src in ((qo, rq, hq32, q), (ko, rk, hk32, k)):
+        x = src.double().numpy()
+        mag = np.abs(x[..., :half]) + np.abs(x[..., half:])
+        mag = np.concatenate([mag, mag], -1)
+        g64 = got.double().numpy()
+        ref.assert_close(g64, want.transpose(1, 2).numpy(), mag, dtype, what=f"{kind} float64")
+        err = np.abs(g64 - hf.transpose(1, 2).double().numpy())
+        assert (err <= 2.0 ** -8 * mag + 1e-6).all(), (kind, float(err.max()))
+
+
+def test_multimodal_text_only_positions_match_1d():
+    """Qwen2-VL's text-only path expands position_ids to [3, b, s]: the
+    broadcast view gives the library's 1D rope, as transformers gives
+    its default rope."""
+    torch = pytest.importorskip("torch")
+    cfg, rotary, apply = _qwen_vl("qwen2_vl")
+    cache = fusedrope.Cache.from_config(cfg)
+    q = torch.randn(2, 7, 4, 64)
+    pos = torch.arange(7).repeat(2, 1)                    # [b, s], contiguous
+    a = fusedrope.forward(cache, q, layout="bshd", ids=pos[None].expand(3, 2, 7),
+                          out=torch.empty_like(q))
+    plain = fusedrope.Cache("default", rot_dim=64, max_positions=4096, theta=1e6)
+    b_ = fusedrope.forward(plain, q, layout="bshd", ids=pos, out=torch.empty_like(q))
+    assert torch.equal(a, b_)
+
+
+def test_gemma4_proportional_against_transformers():
+    """Gemma 4's full-attention inv_freq from transformers' own rotary class
+    (ROPE_INIT_FUNCTIONS["proportional"] on the layer type's config), and
+    the sliding layers' default one, against the library's tables."""
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    if "proportional" not in ROPE_INIT_FUNCTIONS:
+        pytest.skip("this transformers has no proportional rope")
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
+    for prf, factor in ((0.25, None), (0.5, 8.0)):
+        rp = {k: dict(v) for k, v in GEMMA4["rope_parameters"].items()}
+        rp["full_attention"]["partial_rotary_factor"] = prf
+        if factor:
+            rp["full_attention"]["factor"] = factor
+        hf = transformers.Gemma4TextConfig(num_hidden_layers=6, hidden_size=2560,
+                                           num_attention_heads=8, num_key_value_heads=2,
+                                           head_dim=256, global_head_dim=512,
+                                           rope_parameters=rp)
+        rotary = Gemma4TextRotaryEmbedding(hf)
+        for lt in ("full_attention", "sliding_attention"):
+            want = getattr(rotary, f"{lt}_inv_freq").double().numpy()
+            for config in (hf, dict(GEMMA4, rope_parameters=rp)):
+                cache = fusedrope.Cache.from_config(config, layer_type=lt, max_positions=4)
+                inv, att = _lib_inv(cache)
+                assert inv.shape == want.shape, (lt, inv.shape, want.shape)
+                np.testing.assert_allclose(inv, want, rtol=5e-6, atol=0)
+                assert att == getattr(rotary, f"{lt}_attention_scaling") == 1.0
+
+
+def test_longrope_regime_against_transformers_dynamic_update():
+    """Phi-3's rotary class switches short/long factors per call on
+    max(position_ids) + 1; from_config(seq_len=...) builds the same regime."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+    hf_config = _hf("phi3-longrope")
+    rotary = Phi3RotaryEmbedding(hf_config)
+    x = torch.zeros(1)
+    for seq_len in (4096, 4097, 1, 131072):
+        rotary(x, torch.tensor([[seq_len - 1]]))
+        want = rotary.inv_freq.double().numpy()
+        cache = fusedrope.Cache.from_config(hf_config, max_positions=64, seq_len=seq_len)
+        inv, att = _lib_inv(cache)
+        np.testing.assert_allclose(inv, want, rtol=5e-6, atol=0)
+        assert math.isclose(att, rotary.attention_scaling, rel_tol=2e-7)
