@@ -62,6 +62,14 @@ tests_test_unit_dims_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_unit_dims_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_unit_dims_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
+# The fused per-head RMSNorm + RoPE (lib/norm.c, lib/cpu_norm.c).
+check_PROGRAMS += tests/test_norm
+TESTS += tests/test_norm
+tests_test_norm_SOURCES = tests/test_norm.c
+tests_test_norm_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_norm_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_norm_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
 tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c
 tests_test_cpu_rows_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_cpu_rows_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
