@@ -27,7 +27,11 @@ dist_man_MANS += \
 	man/fusedrope_last_error.3 \
 	man/fusedrope_version.3 \
 	man/fusedrope_version_number.3 \
-	man/fusedrope_cuda_available.3
+	man/fusedrope_cuda_available.3 \
+	man/fusedrope_norm_forward_qk.3 \
+	man/fusedrope_norm_backward_qk.3 \
+	man/fusedrope_norm_init.3 \
+	man/fusedrope_norm_init_sized.3
 
 # mandoc -Tlint on every page; skips (77) where mandoc is not installed.
 TESTS += man/lint.sh
