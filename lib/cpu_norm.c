@@ -62,8 +62,34 @@ FR_CLONES static void narrow(const float *f, void *y, fusedrope_dtype dt, int64_
     }
 }
 
-/* Sum of a[c] * b[c] over n channels in norm_math.h's order. */
+/* Sum of a[c] * b[c] over n channels in norm_math.h's order: partial sum
+ * l is lane l % 8 of accumulator l / 8, which stay in registers (as an
+ * array of 32 floats gcc keeps them in memory, and the loop waits on it). */
+#if defined(__GNUC__)
+typedef float v8f __attribute__((vector_size(32)));
 FR_CLONES static float row_dot(const float *a, const float *b, int64_t n)
+{
+    v8f s0 = { 0 }, s1 = { 0 }, s2 = { 0 }, s3 = { 0 }, x[4], y[4];
+    float p[32];
+    int64_t c = 0;
+    for (; c + 32 <= n; c += 32) {
+        memcpy(x, a + c, sizeof x);
+        memcpy(y, b + c, sizeof y);
+        s0 = s0 + x[0] * y[0];
+        s1 = s1 + x[1] * y[1];
+        s2 = s2 + x[2] * y[2];
+        s3 = s3 + x[3] * y[3];
+    }
+    memcpy(p, &s0, sizeof s0);
+    memcpy(p + 8, &s1, sizeof s1);
+    memcpy(p + 16, &s2, sizeof s2);
+    memcpy(p + 24, &s3, sizeof s3);
+    for (int l = 0; c + l < n; l++)
+        p[l] = p[l] + a[c + l] * b[c + l];
+    return fr_norm_tree32(p);
+}
+#else
+static float row_dot(const float *a, const float *b, int64_t n)
 {
     float p[32];
     int64_t c = 0;
@@ -76,6 +102,7 @@ FR_CLONES static float row_dot(const float *a, const float *b, int64_t n)
         p[l] = p[l] + a[c + l] * b[c + l];
     return fr_norm_tree32(p);
 }
+#endif
 
 /* v[c] = the rotation's input of channel c (in place over the widened x). */
 FR_CLONES static void row_values(float *v, const float *wf, float rstd, int rounding, int dt,

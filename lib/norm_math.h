@@ -52,11 +52,21 @@ FR_HD float fr_norm_mean(float sum, int64_t head_dim)
 /* Rounding modes (fusedrope_norm_rounding's values). */
 enum { FR_ROUND_ONCE = 0, FR_ROUND_LLAMA = 1, FR_ROUND_GEMMA = 2 };
 
+/* fr_bf16_to_float(fr_float_to_bf16(v)), bit for bit, without leaving
+ * 32-bit lanes (a vector loop then needs no packing). */
+FR_HD float fr_norm_round_bf16(float v)
+{
+    const uint32_t u = fr_f2u(v);
+    const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return fr_u2f(nan ? (u & 0xffff0000u) | 0x00400000u : rounded);
+}
+
 /* v rounded to the tensors' dtype (0 float32, 1 float16, 2 bfloat16), as a float. */
 FR_HD float fr_norm_round(float v, int dt)
 {
     return dt == 1 ? fr_half_to_float(fr_float_to_half(v))
-         : dt == 2 ? fr_bf16_to_float(fr_float_to_bf16(v)) : v;
+         : dt == 2 ? fr_norm_round_bf16(v) : v;
 }
 
 /* The value a channel enters the rotation with: n = x * rstd, then the
