@@ -15,7 +15,8 @@ CUDA_HDRS = \
 	kernels/cuda_util.cuh
 
 # kernels/cuda_emu.h: the host emulation of the kernels (tests/test_apply_emu)
-EXTRA_DIST += $(CUDA_SRCS) $(CUDA_HDRS) lib/cuda_stub.c kernels/cuda_emu.h
+EXTRA_DIST += $(CUDA_SRCS) $(CUDA_HDRS) lib/cuda_stub.c kernels/cuda_emu.h \
+	kernels/cuda_norm_emu.cc
 
 if HAVE_CUDA
 CUDA_LOBJS = $(CUDA_SRCS:.cu=.lo)

@@ -90,6 +90,22 @@ tests_test_apply_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
 tests_test_apply_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_apply_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
+# test_norm again with the norm's OpenMP backend wrapped: every call runs
+# kernels/cuda_norm.cu's launcher and kernels built for the host, with three
+# launch shapes, and must match the OpenMP backend to the bit
+# (tests/cuda_norm_emu_wrap.c).
+check_PROGRAMS += tests/test_norm_emu
+TESTS += tests/test_norm_emu
+tests_test_norm_emu_SOURCES = tests/test_norm.c tests/cuda_norm_emu_wrap.c \
+	kernels/cuda_norm_emu.cc
+tests_test_norm_emu_CPPFLAGS = $(EMU_CPPFLAGS)
+tests_test_norm_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_norm_emu_CXXFLAGS = $(EMU_CXXFLAGS)
+tests_test_norm_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_norm_forward \
+	-Wl,--wrap=fusedrope__cpu_norm_backward
+tests_test_norm_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_norm_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
 # The kernels' own checks of device-side positions (NaN and the range flag),
 # on the same host build of the kernels.
 check_PROGRAMS += tests/test_kernel_emu
