@@ -1,7 +1,7 @@
 /*
  * cuda_emu.h - just enough of CUDA for a host C++ compiler to build
- * kernels/cuda_apply.cu (with FR_CUDA_EMULATE defined) and run its kernels on
- * the CPU, one thread after another.  This is how CI, which has no GPU, runs
+ * kernels/cuda_apply.cu and kernels/cuda_norm.cu (with FR_CUDA_EMULATE
+ * defined) and run their kernels on the CPU, one thread after another.  This is how CI, which has no GPU, runs
  * the kernels' code: their indexing, launch shapes, path choice and
  * arithmetic (tests/test_apply_emu).  It cannot stand in for a GPU run: no
  * memory model, no concurrency, no sanitizer (tests/test_cuda and
@@ -31,6 +31,10 @@
  * name lib/symbols.h sets). */
 #undef fr_cuda_apply
 #define fr_cuda_apply fr_emu_cuda_apply
+#undef fr_cuda_norm_forward
+#define fr_cuda_norm_forward fr_emu_cuda_norm_forward
+#undef fr_cuda_norm_backward
+#define fr_cuda_norm_backward fr_emu_cuda_norm_backward
 
 /* The CUDA headers give a host compiler attribute spellings of these; here
  * they mean nothing.  (Their types, cudaStream_t, cudaError_t and

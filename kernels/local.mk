@@ -9,12 +9,14 @@
 #                           the CPU: only for tests (tests/local.mk)
 CUDA_SRCS = \
 	kernels/cuda_cache.cu \
-	kernels/cuda_apply.cu
+	kernels/cuda_apply.cu \
+	kernels/cuda_norm.cu
 CUDA_HDRS = \
 	kernels/cuda_util.cuh
 
 # kernels/cuda_emu.h: the host emulation of the kernels (tests/test_apply_emu)
-EXTRA_DIST += $(CUDA_SRCS) $(CUDA_HDRS) lib/cuda_stub.c kernels/cuda_emu.h
+EXTRA_DIST += $(CUDA_SRCS) $(CUDA_HDRS) lib/cuda_stub.c kernels/cuda_emu.h \
+	kernels/cuda_norm_emu.cc
 
 if HAVE_CUDA
 CUDA_LOBJS = $(CUDA_SRCS:.cu=.lo)
@@ -31,7 +33,7 @@ am__v_NVCC_ = $(am__v_NVCC_@AM_DEFAULT_V@)
 am__v_NVCC_0 = @echo "  NVCC    " $@;
 am__v_NVCC_1 =
 
-$(CUDA_LOBJS): $(CUDA_HDRS) lib/internal.h lib/symbols.h lib/rope_math.h include/fusedrope.h
+$(CUDA_LOBJS): $(CUDA_HDRS) lib/internal.h lib/symbols.h lib/rope_math.h lib/norm_math.h include/fusedrope.h
 
 # libtool cannot drive nvcc, so the object is compiled here and described by
 # a .lo file of libtool's format (the PIC object serves both static and

@@ -446,16 +446,19 @@ static fusedrope_status check_position_values(const fr_pos_args *pa, int64_t bat
     return FUSEDROPE_OK;
 }
 
-fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, float sgn,
-                          const fusedrope_positions *pos, int count,
-                          const fusedrope_tensor *const user_in[2],
-                          const fusedrope_tensor *const user_out[2], const char *const names[4],
-                          void *stream)
+fusedrope_status fr_apply_prepare(const fusedrope_cache *cache, fusedrope_style style, float sgn,
+                                  const fusedrope_positions *pos, int count,
+                                  const fusedrope_tensor *const user_in[2],
+                                  const fusedrope_tensor *const user_out[2],
+                                  const char *const names[4], void *stream,
+                                  fr_apply_args *prepared)
 {
     int64_t bytes_in[2] = { 0, 0 }, bytes_out[2] = { 0, 0 };
     fusedrope_tensor canon[4];
     const fusedrope_tensor *in[2] = { NULL, NULL }, *out[2] = { NULL, NULL };
     fr_apply_args args;
+
+    memset(prepared, 0, sizeof *prepared); /* count 0: nothing to do */
 
     if (!cache)
         return fr_fail(FUSEDROPE_ERR_INVALID, "cache is NULL");
@@ -605,6 +608,23 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
         io->in_place = x->data == y->data;
         args.count++;
     }
+    *prepared = args;
+    return FUSEDROPE_OK;
+}
+
+/* ---- the plain calls: checks, then the backend (fr_apply_prepare is
+ * shared with lib/norm.c, which runs its own backends) ---- */
+
+fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, float sgn,
+                          const fusedrope_positions *pos, int count,
+                          const fusedrope_tensor *const in[2],
+                          const fusedrope_tensor *const out[2], const char *const names[4],
+                          void *stream)
+{
+    fr_apply_args args;
+    TRY(fr_apply_prepare(cache, style, sgn, pos, count, in, out, names, stream, &args));
+    if (args.count == 0)
+        return FUSEDROPE_OK;
     if (cache->device == FUSEDROPE_DEVICE_CUDA)
         return fr_cuda_apply(&args);
     fr_cpu_apply(&args);
@@ -628,4 +648,9 @@ fusedrope_status fr_apply_call(const fusedrope_cache *cache, fusedrope_style sty
     const fusedrope_tensor *const in[2] = { a_in, b_in }, *const out[2] = { a_out, b_out };
     return fr_apply(cache, style, backward ? -1.0f : 1.0f, pos, qk ? 2 : 1, in, out, names[call],
                     stream);
+}
+
+fusedrope_status fr_check_pointer(const void *p, const char *name, fusedrope_device dev)
+{
+    return check_pointer_device(p, name, dev);
 }

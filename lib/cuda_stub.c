@@ -50,3 +50,17 @@ fusedrope_status fr_cuda_apply(const fr_apply_args *args)
     return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
                    "a CUDA launch was requested but libfusedrope was built without CUDA");
 }
+
+fusedrope_status fr_cuda_norm_forward(const fr_norm_args *args)
+{
+    (void)args;
+    return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
+                   "a CUDA launch was requested but libfusedrope was built without CUDA");
+}
+
+fusedrope_status fr_cuda_norm_backward(const fr_norm_args *args)
+{
+    (void)args;
+    return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
+                   "a CUDA launch was requested but libfusedrope was built without CUDA");
+}

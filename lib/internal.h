@@ -203,6 +203,46 @@ static inline void fr_fpenv_leave(const fr_fpenv *saved)
 }
 #endif /* !__cplusplus: the kernels compute on the GPU */
 
+/* fr_apply's checks alone (lib/apply.c): on success *args is the validated
+ * call, args->count 0 when it has nothing to do; nothing is run.  The norm
+ * module (lib/norm.c) validates its tensors and positions with it. */
+fusedrope_status fr_apply_prepare(const fusedrope_cache *cache, fusedrope_style style, float sgn,
+                                  const fusedrope_positions *pos, int count,
+                                  const fusedrope_tensor *const in[2],
+                                  const fusedrope_tensor *const out[2],
+                                  const char *const names[4], void *stream,
+                                  fr_apply_args *args);
+/* fr_apply's rule for where a pointer may live given the cache's device. */
+fusedrope_status fr_check_pointer(const void *p, const char *name, fusedrope_device dev);
+
+/* A fused RMSNorm + RoPE call that passed every host-side check (lib/norm.c).
+ * a: the RoPE part, as fr_apply_prepare made it (forward: in = x, out = y;
+ * backward: in = dy, out = dx, sgn -1); io slot j of a holds tensor q or k
+ * as src[j] says. */
+typedef struct fr_norm_args {
+    fr_apply_args a;
+    int weight;               /* fusedrope_norm_weight */
+    int rounding;             /* fusedrope_norm_rounding */
+    int saved_y;              /* backward: saved tensors are y */
+    float eps;
+    fusedrope_dtype wdtype;   /* the weights' dtype */
+    const void *w[2];         /* per io slot: [head_dim] weight, NULL for WEIGHT_NONE */
+    float *rstd[2];           /* per io slot: [tokens][heads], or NULL (forward) */
+    float *dw[2];             /* backward, per io slot: [head_dim], or NULL */
+    const void *x[2];         /* backward, per io slot: the saved tensor ... */
+    int64_t x_ss[2], x_sb[2], x_sh[2]; /* ... and its element strides */
+    float *dw_zero[2];        /* backward: weight gradients of tensors without rows, ... */
+    int64_t dw_zero_n[2];     /* ... set to dw_zero_n[k] zeros */
+} fr_norm_args;
+
+/* The norm's OpenMP backend (lib/cpu_norm.c) and CUDA backend
+ * (kernels/cuda_norm.cu, or lib/cuda_stub.c).  The CPU ones return
+ * FUSEDROPE_ERR_NOMEM where scratch memory cannot be had, before writing. */
+fusedrope_status fr_cpu_norm_forward(const fr_norm_args *args);
+fusedrope_status fr_cpu_norm_backward(const fr_norm_args *args);
+fusedrope_status fr_cuda_norm_forward(const fr_norm_args *args);
+fusedrope_status fr_cuda_norm_backward(const fr_norm_args *args);
+
 /* OpenMP backend (lib/cpu_apply.c). */
 void fr_cpu_apply(const fr_apply_args *args);
 /* For tests: the size of the OpenMP team of this thread's last CPU call, or

@@ -35,5 +35,11 @@
 #define fr_cuda_cache_check fusedrope__cuda_cache_check
 #define fr_cuda_pointer_kind fusedrope__cuda_pointer_kind
 #define fr_cuda_apply fusedrope__cuda_apply
+#define fr_apply_prepare fusedrope__apply_prepare
+#define fr_check_pointer fusedrope__check_pointer
+#define fr_cpu_norm_forward fusedrope__cpu_norm_forward
+#define fr_cpu_norm_backward fusedrope__cpu_norm_backward
+#define fr_cuda_norm_forward fusedrope__cuda_norm_forward
+#define fr_cuda_norm_backward fusedrope__cuda_norm_backward
 
 #endif /* FUSEDROPE_SYMBOLS_H */

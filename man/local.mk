@@ -36,7 +36,11 @@ dist_man_MANS += \
 	man/fusedrope_float_to_bf16.3 \
 	man/fusedrope_bf16_to_float.3 \
 	man/fusedrope_float_to_half.3 \
-	man/fusedrope_half_to_float.3
+	man/fusedrope_half_to_float.3 \
+	man/fusedrope_norm_forward_qk.3 \
+	man/fusedrope_norm_backward_qk.3 \
+	man/fusedrope_norm_init.3 \
+	man/fusedrope_norm_init_sized.3
 
 # mandoc -Tlint on every page; skips (77) where mandoc is not installed.
 TESTS += man/lint.sh

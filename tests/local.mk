@@ -101,6 +101,14 @@ tests_test_bigindex_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_bigindex_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_bigindex_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
+# The fused per-head RMSNorm + RoPE (lib/norm.c, lib/cpu_norm.c).
+check_PROGRAMS += tests/test_norm
+TESTS += tests/test_norm
+tests_test_norm_SOURCES = tests/test_norm.c
+tests_test_norm_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_norm_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_norm_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
 tests_test_cpu_rows_SOURCES = tests/test_cpu_rows.c
 tests_test_cpu_rows_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_cpu_rows_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
@@ -145,6 +153,22 @@ tests_test_bigindex_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_test_bigindex_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
 tests_test_bigindex_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_bigindex_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
+# test_norm again with the norm's OpenMP backend wrapped: every call runs
+# kernels/cuda_norm.cu's launcher and kernels built for the host, with three
+# launch shapes, and must match the OpenMP backend to the bit
+# (tests/cuda_norm_emu_wrap.c).
+check_PROGRAMS += tests/test_norm_emu
+TESTS += tests/test_norm_emu
+tests_test_norm_emu_SOURCES = tests/test_norm.c tests/cuda_norm_emu_wrap.c \
+	kernels/cuda_norm_emu.cc
+tests_test_norm_emu_CPPFLAGS = $(EMU_CPPFLAGS)
+tests_test_norm_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_norm_emu_CXXFLAGS = $(EMU_CXXFLAGS)
+tests_test_norm_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_norm_forward \
+	-Wl,--wrap=fusedrope__cpu_norm_backward
+tests_test_norm_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_norm_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # The kernels' own checks of device-side positions (NaN and the range flag),
 # on the same host build of the kernels.

@@ -730,3 +730,118 @@ int64_t ref_check_apply(const ref_rope *r, fusedrope_style style, const int64_t 
     free(sn);
     return bad;
 }
+
+/* ------------------------------------------- fused per-head RMSNorm + RoPE */
+
+static double norm_wf(int kind, const double *w, int64_t c)
+{
+    return kind == 0 ? 1.0 : kind == 1 ? w[c] : 1.0 + w[c];
+}
+
+void ref_norm_forward(const ref_rope *r, fusedrope_style style, const int64_t *positions,
+                      const fusedrope_tensor *x, int weight_kind, const double *w, double eps,
+                      int rounding, double *out, double *v_out, double *rstd_out)
+{
+    const int64_t hd = x->head_dim;
+    const int half = r->rot_dim / 2;
+    double *v = malloc(sizeof(double) * (size_t)(hd > 0 ? hd : 1));
+    if (!v)
+        abort();
+    for (int64_t s = 0; s < x->seq_len; s++)
+        for (int64_t b = 0; b < x->batch; b++) {
+            const int64_t p = positions[b * x->seq_len + s];
+            for (int64_t h = 0; h < x->heads; h++) {
+                const int64_t row = ((s * x->batch + b) * x->heads + h) * hd;
+                double ss = 0, rstd;
+                for (int64_t c = 0; c < hd; c++) {
+                    const double xv = ref_load(x->data, x->dtype, ref_offset(x, s, b, h, c));
+                    v[c] = xv;
+                    ss += xv * xv;
+                }
+                rstd = 1.0 / sqrt(ss / (double)hd + eps);
+                if (rstd_out)
+                    rstd_out[(b * x->seq_len + s) * x->heads + h] = rstd;
+                for (int64_t c = 0; c < hd; c++) {
+                    double n = v[c] * rstd;
+                    if (rounding == 1)
+                        v[c] = ref_round(ref_round(n, x->dtype) * norm_wf(weight_kind, w, c),
+                                         x->dtype);
+                    else if (rounding == 2)
+                        v[c] = ref_round(n * norm_wf(weight_kind, w, c), x->dtype);
+                    else
+                        v[c] = n * norm_wf(weight_kind, w, c);
+                    if (v_out)
+                        v_out[row + c] = v[c];
+                    out[row + c] = v[c];
+                }
+                for (int i = 0; i < half; i++) {
+                    int64_t ca, cb;
+                    double cs, sn;
+                    ref_pair(style, r->rot_dim, i, &ca, &cb);
+                    ref_cos_sin(r, p, i, &cs, &sn);
+                    ref_rotate(v[ca], v[cb], cs, sn, 0, &out[row + ca], &out[row + cb]);
+                }
+            }
+        }
+    free(v);
+}
+
+void ref_norm_backward(const ref_rope *r, fusedrope_style style, const int64_t *positions,
+                       const fusedrope_tensor *saved, int saved_is_y,
+                       const fusedrope_tensor *dy, int weight_kind, const double *w, double eps,
+                       const float *rstd, double *dx, double *dw, double *dw_abs,
+                       double *scale)
+{
+    const int64_t hd = dy->head_dim;
+    const int half = r->rot_dim / 2;
+    double *g = malloc(sizeof(double) * 2 * (size_t)(hd > 0 ? hd : 1)), *n = g + hd;
+    if (!g)
+        abort();
+    for (int64_t s = 0; s < dy->seq_len; s++)
+        for (int64_t b = 0; b < dy->batch; b++) {
+            const int64_t p = positions[b * dy->seq_len + s];
+            for (int64_t h = 0; h < dy->heads; h++) {
+                const int64_t row = ((s * dy->batch + b) * dy->heads + h) * hd;
+                double rs, dot = 0, mean, maxdn = 0, maxn = 0;
+                for (int64_t c = 0; c < hd; c++) {
+                    g[c] = ref_load(dy->data, dy->dtype, ref_offset(dy, s, b, h, c));
+                    n[c] = ref_load(saved->data, saved->dtype, ref_offset(saved, s, b, h, c));
+                }
+                for (int i = 0; i < half; i++) {
+                    int64_t ca, cb;
+                    double cs, sn;
+                    ref_pair(style, r->rot_dim, i, &ca, &cb);
+                    ref_cos_sin(r, p, i, &cs, &sn);
+                    ref_rotate(g[ca], g[cb], cs, sn, 1, &g[ca], &g[cb]);
+                    if (saved_is_y)
+                        ref_rotate(n[ca], n[cb], cs, sn, 1, &n[ca], &n[cb]);
+                }
+                if (rstd) {
+                    rs = rstd[(b * dy->seq_len + s) * dy->heads + h];
+                } else {
+                    double ss = 0;
+                    for (int64_t c = 0; c < hd; c++)
+                        ss += n[c] * n[c];
+                    rs = 1.0 / sqrt(ss / (double)hd + eps);
+                }
+                for (int64_t c = 0; c < hd; c++) {
+                    const double wf = norm_wf(weight_kind, w, c);
+                    n[c] = saved_is_y ? n[c] / wf : n[c] * rs;
+                    if (dw)
+                        dw[c] += g[c] * n[c];
+                    if (dw_abs)
+                        dw_abs[c] += fabs(g[c] * n[c]);
+                    g[c] *= wf; /* dn */
+                    dot += g[c] * n[c];
+                    maxdn = fabs(g[c]) > maxdn ? fabs(g[c]) : maxdn;
+                    maxn = fabs(n[c]) > maxn ? fabs(n[c]) : maxn;
+                }
+                mean = dot / (double)hd;
+                for (int64_t c = 0; c < hd; c++)
+                    dx[row + c] = rs * (g[c] - n[c] * mean);
+                if (scale)
+                    scale[row / hd] = rs * (maxdn + maxn * fabs(mean));
+            }
+        }
+    free(g);
+}

@@ -196,4 +196,36 @@ int64_t ref_check_apply(const ref_rope *r, fusedrope_style style, const int64_t 
                         const fusedrope_tensor *x, const fusedrope_tensor *y, int backward,
                         char *msg, size_t msglen);
 
+/* ------------------------------------------- fused per-head RMSNorm + RoPE */
+
+/*
+ * fusedrope_norm_forward_qk's formula in float64, per (token, head) row of x:
+ * rstd = 1/sqrt(mean(x^2) + eps), n = x * rstd, v = n * w' with w' = 1
+ * (weight_kind 0), w (1) or 1 + w (2), w[head_dim] the weight's values (NULL
+ * for kind 0); rounding 1 (Llama/Qwen3) rounds n to x's dtype and then
+ * n * w' to it, 2 (Gemma) rounds n * w' to it, 0 rounds nothing; then the
+ * rotation of v (channels >= rot_dim: v).  out and v_out (may be NULL) in
+ * ref_apply's order, rstd_out (may be NULL) at [(b * seq_len + s) * heads + h].
+ */
+void ref_norm_forward(const ref_rope *r, fusedrope_style style, const int64_t *positions,
+                      const fusedrope_tensor *x, int weight_kind, const double *w, double eps,
+                      int rounding, double *out, double *v_out, double *rstd_out);
+
+/*
+ * The gradients of the (unrounded) forward above for the loss sum(y * dy):
+ * g = R^T dy, dn = g * w', dx = rstd * (dn - n * mean(dn * n)), and
+ * dw[c] += sum over rows of g[c] * n[c] (dw may be NULL; the caller zeroes
+ * it).  n = saved * rstd when saved holds the forward's input; with
+ * saved_is_y, saved holds its output and n = R^T saved / w'.  rstd: the
+ * given float32 values at [(b * seq_len + s) * heads + h], or NULL to compute
+ * it from saved (an input).  dw_abs (may be NULL) accumulates |g[c] * n[c]|.
+ * dx in ref_apply's order; scale (may be NULL), per row: rstd * (max |dn| + max |n| * |mean(dn * n)|), the size of dx's
+ * terms, for tolerances.
+ */
+void ref_norm_backward(const ref_rope *r, fusedrope_style style, const int64_t *positions,
+                       const fusedrope_tensor *saved, int saved_is_y,
+                       const fusedrope_tensor *dy, int weight_kind, const double *w, double eps,
+                       const float *rstd, double *dx, double *dw, double *dw_abs,
+                       double *scale);
+
 #endif /* FUSEDROPE_TEST_REF_H */

@@ -61,11 +61,25 @@ static struct {
     int offsets;               /* pos.offsets[b]: each batch entry at its own start */
     int qk;
     int64_t hq, hk;
+    int norm;                  /* --norm: 1 + the kind's index in norm_kinds */
     uint64_t seed;
     double working_set_mb;     /* 0: chosen from the device's cache size */
 } opt = {
     .nshapes = 0, .dtype = FUSEDROPE_BFLOAT16, .layout = L_SBHD, .style = FUSEDROPE_NEOX,
     .device = FUSEDROPE_DEVICE_AUTO, .iters = -1, .warmup = -1, .seed = 1,
+};
+
+/* --norm KIND: the fused per-head RMSNorm + RoPE (fusedrope_norm_forward_qk)
+ * with these weight kinds and rounding modes. */
+static const struct {
+    const char *name;
+    fusedrope_norm_weight weight;
+    fusedrope_norm_rounding rounding;
+} norm_kinds[] = {
+    { "qwen3", FUSEDROPE_NORM_WEIGHT, FUSEDROPE_NORM_ROUND_LLAMA },
+    { "gemma", FUSEDROPE_NORM_WEIGHT_PLUS_ONE, FUSEDROPE_NORM_ROUND_GEMMA },
+    { "once", FUSEDROPE_NORM_WEIGHT, FUSEDROPE_NORM_ROUND_ONCE },
+    { "none", FUSEDROPE_NORM_WEIGHT_NONE, FUSEDROPE_NORM_ROUND_ONCE },
 };
 
 static int g_cuda;             /* this run uses the CUDA device */
@@ -300,6 +314,12 @@ typedef struct {
     double bytes_moved;
     size_t copy_bytes;
     char shape_str[96];
+    /* --norm: weights ([head_dim] of the dtype), rstd ([tokens][heads]) and
+     * weight gradients per part, on the device; their host copies */
+    fusedrope_norm norm;
+    void *w_dev[2];
+    float *rstd_dev[2], *dw_dev[2];
+    double *w_host[2];
 } bcase;
 
 static char *in_ptr(const bcase *c, int set, int p)
@@ -396,6 +416,43 @@ static size_t working_set_target(void)
     if (t > 256 * MiB)
         t = 256 * MiB;
     return (size_t)t;
+}
+
+/* --norm: weights in the dtype (w near 1, or near 0 for 1 + w), rstd and
+ * dw arrays, each its own allocation (the library refuses them inside a
+ * tensor's buffer). */
+static void norm_setup(bcase *c)
+{
+    const size_t es = ref_dtype_size(opt.dtype), D = (size_t)c->sh.d;
+    fusedrope_norm_init(&c->norm);
+    c->norm.weight = norm_kinds[opt.norm - 1].weight;
+    c->norm.rounding = norm_kinds[opt.norm - 1].rounding;
+    c->norm.weight_dtype = opt.dtype;
+    for (int p = 0; p < c->nparts; p++) {
+        void *w = xmalloc(D * es);
+        uint64_t st = opt.seed * 7u + (uint64_t)p;
+        c->w_host[p] = xmalloc(D * sizeof(double));
+        for (size_t i = 0; i < D; i++) {
+            const double u = (double)(ref_splitmix(&st) >> 11) * 0x1p-53;
+            ref_store(w, opt.dtype, (int64_t)i,
+                      c->norm.weight == FUSEDROPE_NORM_WEIGHT_PLUS_ONE ? u - 0.5 : 0.5 + u);
+            c->w_host[p][i] = ref_load(w, opt.dtype, (int64_t)i);
+        }
+        if (c->norm.weight != FUSEDROPE_NORM_WEIGHT_NONE) {
+            c->w_dev[p] = buf_alloc(D * es);
+            buf_upload(c->w_dev[p], w, D * es);
+            c->dw_dev[p] = buf_alloc(D * sizeof(float));
+        }
+        free(w);
+        c->rstd_dev[p] = buf_alloc((size_t)(c->tokens * c->heads[p]) * sizeof(float));
+        buf_fill(c->rstd_dev[p], 0, (size_t)(c->tokens * c->heads[p]) * sizeof(float));
+    }
+    c->norm.q_weight = c->w_dev[0];
+    c->norm.k_weight = c->w_dev[1];
+    c->norm.q_rstd = c->rstd_dev[0];
+    c->norm.k_rstd = c->rstd_dev[1];
+    c->norm.dq_weight = c->dw_dev[0];
+    c->norm.dk_weight = c->dw_dev[1];
 }
 
 static void case_setup(bcase *c, shape sh)
@@ -514,6 +571,8 @@ static void case_setup(bcase *c, shape sh)
      * its positions: the same as the call's, from the host arrays. */
     if (ref_rope_from_config(&c->ref, &cfg) != 0)
         die("no reference for the config");
+    if (opt.norm)
+        norm_setup(c);
     c->hpos = c->pos;
     c->hpos.cu_seqlens = c->cu_host;
     c->hpos.offsets = c->off_host;
@@ -535,6 +594,13 @@ static void case_free(bcase *c)
     for (int p = 0; p < c->nparts; p++) {
         free(c->h_in[p]);
         free(c->h_out[p]);
+        free(c->w_host[p]);
+        if (c->w_dev[p])
+            buf_free(c->w_dev[p]);
+        if (c->dw_dev[p])
+            buf_free(c->dw_dev[p]);
+        if (c->rstd_dev[p])
+            buf_free(c->rstd_dev[p]);
     }
 }
 
@@ -542,6 +608,18 @@ static fusedrope_status run_op(const bcase *c, enum op op, int set)
 {
     const fusedrope_tensor *ti = &c->tin[2 * set], *to = &c->tout[2 * set];
     void *stream = stream_arg();
+    if (opt.norm) {
+        /* backward: the saved x and dy are both the input (timing only
+         * needs valid data; verify() checks the same call) */
+        const int two = c->nparts == 2;
+        if (op == OP_FWD)
+            return fusedrope_norm_forward_qk(c->cache, opt.style, c->ppos, &c->norm, &ti[0],
+                                             &to[0], two ? &ti[1] : NULL, two ? &to[1] : NULL,
+                                             stream);
+        return fusedrope_norm_backward_qk(c->cache, opt.style, c->ppos, &c->norm, &ti[0], &ti[0],
+                                          &to[0], two ? &ti[1] : NULL, two ? &ti[1] : NULL,
+                                          two ? &to[1] : NULL, stream);
+    }
     if (c->nparts == 1)
         return op == OP_FWD
                    ? fusedrope_forward(c->cache, opt.style, c->ppos, &ti[0], &to[0], stream)
@@ -651,6 +729,79 @@ static void verify_part(const bcase *c, enum op op, int p, vstats *v)
     }
 }
 
+/* --norm: the whole output against tests/ref.c's float64 ref_norm_forward
+ * (the tolerance of tests/test_norm.c: float32 rstd and n, and a value the
+ * mode rounds to the dtype may round the other way near a tie) or
+ * ref_norm_backward (saved x = dy = the input; float32 arithmetic against the
+ * size of dx's terms).  'err/tol' is over that tolerance. */
+static void verify_norm_part(const bcase *c, enum op op, int p, vstats *v)
+{
+    const int64_t H = c->heads[p], D = c->sh.d, R = c->rot, half = R / 2, T = c->tokens;
+    const int thd = opt.layout == L_THD;
+    const int64_t S = thd ? T : c->sh.s, B = thd ? 1 : c->sh.b;
+    fusedrope_tensor x = make_tensor(c, c->h_in[p], H), y = make_tensor(c, c->h_out[p], H);
+    double *ref = xmalloc((size_t)(T * H * D) * sizeof(double));
+    double *aux = xmalloc((size_t)(T * H * D) * sizeof(double));
+    int64_t *positions = xmalloc((size_t)T * sizeof(int64_t));
+    const int kind = (int)c->norm.weight, rounding = (int)c->norm.rounding;
+    const double *w = kind ? c->w_host[p] : NULL;
+    size_t es = ref_dtype_size(opt.dtype);
+
+    ref_positions(&c->hpos, S, B, positions);
+    if (op == OP_FWD)
+        ref_norm_forward(&c->ref, opt.style, positions, &x, kind, w, c->norm.eps, rounding, ref,
+                         aux, NULL);
+    else
+        ref_norm_backward(&c->ref, opt.style, positions, &x, 0, &x, kind, w, c->norm.eps, NULL,
+                          ref, NULL, NULL, aux);
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t h = 0; h < H; h++) {
+                const int64_t row = (s * B + b) * H + h;
+                for (int64_t ch = 0; ch < D; ch++) {
+                    const double want = ref[row * D + ch];
+                    const double got = ref_load(y.data, opt.dtype, ref_offset(&y, s, b, h, ch));
+                    double tol, err = isnan(got) ? INFINITY : fabs(got - want), ulp;
+                    if (op == OP_FWD) {
+                        const double *vv = aux + row * D;
+                        double mag, flip;
+                        if (ch < R) {
+                            int64_t ca, cb;
+                            const int64_t i = opt.style == FUSEDROPE_NEOX ? ch % half : ch / 2;
+                            ref_pair(opt.style, (int)R, (int)i, &ca, &cb);
+                            mag = fabs(vv[ca]) + fabs(vv[cb]);
+                            flip = ref_ulp(vv[ca], opt.dtype) + ref_ulp(vv[cb], opt.dtype);
+                        } else {
+                            mag = fabs(vv[ch]);
+                            flip = ref_ulp(vv[ch], opt.dtype);
+                        }
+                        tol = ref_ulp(want, opt.dtype) + mag * 0x1p-19 * c->ref.attn +
+                              (rounding ? flip * c->ref.attn : 0);
+                    } else {
+                        tol = ref_ulp(want, opt.dtype) + aux[row] * 0x1p-16;
+                    }
+                    ulp = ref_ulp(want, opt.dtype);
+                    v->checked++;
+                    if (err / ulp > v->max_ulp)
+                        v->max_ulp = err / ulp;
+                    if (err / tol > v->max_ratio)
+                        v->max_ratio = err / tol;
+                    if (!(err <= tol)) {
+                        v->bad++;
+                        if (v->reported++ < 5)
+                            fprintf(stderr, "  mismatch: %s seq %lld batch %lld head %lld "
+                                    "channel %lld: got %.9g, reference %.9g (tolerance %.3g)\n",
+                                    p ? "k" : "q", (long long)s, (long long)b, (long long)h,
+                                    (long long)ch, got, want, tol);
+                    }
+                }
+            }
+    (void)es;
+    free(ref);
+    free(aux);
+    free(positions);
+}
+
 /* One call on buffer set 0 with a poisoned output, checked. Returns 1 if ok. */
 static int verify(bcase *c, enum op op, vstats *v)
 {
@@ -666,7 +817,10 @@ static int verify(bcase *c, enum op op, vstats *v)
     lib_check(fusedrope_cache_check(c->cache, stream_arg()), "fusedrope_cache_check");
     for (int p = 0; p < c->nparts; p++) {
         buf_download(c->h_out[p], out_ptr(c, 0, p), c->bytes[p]);
-        verify_part(c, op, p, v);
+        if (opt.norm)
+            verify_norm_part(c, op, p, v);
+        else
+            verify_part(c, op, p, v);
     }
     if (v->poison)
         fprintf(stderr, "  %lld output elements never written (poison left)\n",
@@ -813,6 +967,12 @@ static void usage(FILE *f)
 "                      least %d positions (not with --layout thd)\n"
 "  --qk HQ,HK          time forward_qk/backward_qk with HQ query and HK key heads\n"
 "                      (the H of --shape is then ignored)\n"
+"  --norm KIND         time the fused per-head RMSNorm + RoPE\n"
+"                      (fusedrope_norm_forward_qk / _backward_qk, rstd saved,\n"
+"                      backward with dw) instead: qwen3 (w, Llama rounding),\n"
+"                      gemma (1 + w, Gemma rounding), once (w, one rounding)\n"
+"                      or none (no weight); verified against the float64\n"
+"                      reference of the norm\n"
 "  --seed N            seed of the random input (default 1)\n"
 "  --working-set MB    rotate through buffer sets until they hold at least this\n"
 "                      much (default: 4x the GPU's L2; on the CPU 2x the last-level\n"
@@ -914,7 +1074,7 @@ static void parse_args(int argc, char **argv)
         if (strcmp(name, "--shape") && strcmp(name, "--dtype") && strcmp(name, "--layout") &&
             strcmp(name, "--style") && strcmp(name, "--device") && strcmp(name, "--iters") &&
             strcmp(name, "--warmup") && strcmp(name, "--rot-dim") && strcmp(name, "--qk") &&
-            strcmp(name, "--seed") && strcmp(name, "--working-set"))
+            strcmp(name, "--seed") && strcmp(name, "--working-set") && strcmp(name, "--norm"))
             bad_option("unknown option '%s'", arg);
         if (eq)
             val = eq + 1;
@@ -979,6 +1139,13 @@ static void parse_args(int argc, char **argv)
             opt.qk = 1;
             opt.hq = v[0];
             opt.hk = v[1];
+        } else if (!strcmp(name, "--norm")) {
+            opt.norm = 0;
+            for (size_t k = 0; k < sizeof norm_kinds / sizeof norm_kinds[0]; k++)
+                if (!strcmp(val, norm_kinds[k].name))
+                    opt.norm = (int)k + 1;
+            if (!opt.norm)
+                bad_option("--norm: expected qwen3, gemma, once or none, got '%s'", val);
         } else if (!strcmp(name, "--seed")) {
             opt.seed = (uint64_t)parse_int(name, val, 0, INT64_MAX);
         } else if (!strcmp(name, "--working-set")) {
@@ -1149,8 +1316,9 @@ int main(int argc, char **argv)
             row *r = &rows[nrows++];
             vstats v;
             double t;
-            const char *opname = opt.qk ? (o ? "backward_qk" : "forward_qk")
-                                        : (o ? "backward" : "forward");
+            const char *opname = opt.norm ? (o ? "norm_bwd" : "norm_fwd")
+                                 : opt.qk ? (o ? "backward_qk" : "forward_qk")
+                                          : (o ? "backward" : "forward");
 
             fprintf(stderr, "[%d/%d] %s %s %s %s%s ...\n", nrows, total, opname,
                     dtype_name(opt.dtype), layout_name(opt.layout), c.shape_str,

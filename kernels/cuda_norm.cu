@@ -1,0 +1,479 @@
+/*
+ * cuda_norm.cu - the CUDA backend of the fused per-head RMSNorm + RoPE
+ * (fusedrope_norm_forward_qk(3)): fr_cuda_norm_forward and
+ * fr_cuda_norm_backward.
+ *
+ * One thread per (token, head) row, grid-stride, so the launch shape never
+ * changes a result.  A thread follows lib/cpu_norm.c's arithmetic operation
+ * for operation (lib/norm_math.h, rope_math.h's fr_rotate; -fmad=false as
+ * for the plain kernels), so the two backends agree to the bit:
+ *   forward   the row's sum of squares in the contract's order (32 partial
+ *             sums, channel c into sum c % 32, then the tree), rstd, then
+ *             pair by pair: both channels read, scaled as the rounding mode
+ *             says, rotated, written (in place safe: a pair is read before it
+ *             is written); channels past rot_dim scaled and written.
+ *   backward  (1) when a weight gradient is asked for, one thread per (chunk
+ *             of FUSEDROPE_NORM_DW_CHUNK tokens, channel): g * n over the
+ *             chunk's tokens in order and their heads in order, into a
+ *             stream-ordered scratch array; (2) one thread per channel sums
+ *             the chunks in order into dw; (3) one thread per row: sum of
+ *             dn * n in the contract's order, then dx pair by pair.  (1)
+ *             runs before (3) overwrites dy or the saved tensor in place.
+ * A row is not kept in registers: each pass reads it again (L1/L2), which
+ * keeps the code one simple path for any head_dim.  A first version, for
+ * correctness: no vector loads, rows not spread over a warp.
+ *
+ * With FR_CUDA_EMULATE (kernels/cuda_norm_emu.cc) the host C++ compiler
+ * builds it and kernels/cuda_emu.h runs the kernels on the CPU: its threads
+ * are independent (no shared memory, barriers or shuffles), so running them
+ * one after another gives what the device gives.
+ */
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef FR_CUDA_EMULATE
+#include "cuda_emu.h"
+#else
+#include <cuda_runtime.h>
+
+#include "internal.h"
+#include "cuda_util.cuh"
+#endif
+#include "norm_math.h"
+
+namespace {
+
+struct NIo {
+    const void *in;   /* forward: x; backward: dy */
+    void *out;        /* forward: y; backward: dx */
+    const void *x;    /* backward: the saved tensor */
+    const void *w;    /* [head_dim] weight, or NULL */
+    float *rstd;      /* [tokens][heads] */
+    float *dw;        /* backward: [head_dim], or NULL */
+    float *part;      /* backward: [chunks][head_dim] scratch, or NULL */
+    int64_t heads, hd;
+    int64_t in_ss, in_sb, in_sh, out_ss, out_sb, out_sh, x_ss, x_sb, x_sh;
+};
+
+struct NParams {
+    NIo io[2];
+    fr_pos_args pos;
+    const float *cos, *sin;
+    const double *inv_freq;
+    double attn;
+    int *flag;
+    int64_t tokens, seq_len, max_positions, half, rot_dim, heads0, heads, chunks;
+    int interleaved, dt, wdt, weight, rounding, saved_y;
+    float eps;
+};
+
+__device__ __forceinline__ float load_f(const void *p, int dt, int64_t i)
+{
+    if (dt == 0)
+        return ((const float *)p)[i];
+    const uint16_t h = ((const uint16_t *)p)[i];
+    return dt == 1 ? fr_half_to_float(h) : fr_bf16_to_float(h);
+}
+
+__device__ __forceinline__ void store_f(void *p, int dt, int64_t i, float v)
+{
+    if (dt == 0)
+        ((float *)p)[i] = v;
+    else
+        ((uint16_t *)p)[i] = dt == 1 ? fr_float_to_half(v) : fr_float_to_bf16(v);
+}
+
+__device__ __forceinline__ float weight_factor(const NParams &P, const NIo &io, int64_t c)
+{
+    return fr_norm_wf(P.weight, P.weight ? load_f(io.w, P.wdt, c) : 1.0f);
+}
+
+/* cos/sin of pair i at token (b, s); NaN (and the range flag) for a token
+ * without a position in the table: its rotated channels become NaN. */
+__device__ __forceinline__ void angle(const NParams &P, int64_t b, int64_t s, int64_t i, float *c,
+                                      float *sn)
+{
+    int bad = 0;
+    const int64_t p = fr_token_position(&P.pos, b, s, &bad);
+    if (bad || (P.max_positions > 0 && p >= P.max_positions)) {
+        if (P.flag != nullptr)
+            *P.flag = 1;
+        *c = *sn = fr_u2f(0x7fc00000u);
+        return;
+    }
+    if (P.cos != nullptr) {
+        *c = P.cos[p * P.half + i];
+        *sn = P.sin[p * P.half + i];
+    } else {
+        fr_angle(p, P.inv_freq[i], P.attn, c, sn);
+    }
+}
+
+/* Row r = (token t, head hh of q's then k's heads). */
+__device__ __forceinline__ const NIo &row_io(const NParams &P, int64_t r, int64_t *t, int64_t *h,
+                                             int64_t *b, int64_t *s)
+{
+    const int64_t hh = r % P.heads;
+    *t = r / P.heads;
+    *b = *t / P.seq_len;
+    *s = *t % P.seq_len;
+    *h = hh < P.heads0 ? hh : hh - P.heads0;
+    return P.io[hh < P.heads0 ? 0 : 1];
+}
+
+/* ------------------------------------------------------------------ forward */
+
+__global__ void norm_forward(const __grid_constant__ NParams P)
+{
+    const int64_t rows = P.tokens * P.heads;
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
+         r += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t, h, b, s;
+        const NIo &io = row_io(P, r, &t, &h, &b, &s);
+        const void *x = (const char *)io.in +
+                        (size_t)(s * io.in_ss + b * io.in_sb + h * io.in_sh) * (P.dt ? 2 : 4);
+        void *y = (char *)io.out +
+                  (size_t)(s * io.out_ss + b * io.out_sb + h * io.out_sh) * (P.dt ? 2 : 4);
+        float p[32];
+#pragma unroll
+        for (int l = 0; l < 32; l++)
+            p[l] = 0.0f;
+        for (int64_t c0 = 0; c0 < io.hd; c0 += 32) {
+#pragma unroll
+            for (int l = 0; l < 32; l++)
+                if (c0 + l < io.hd) {
+                    const float v = load_f(x, P.dt, c0 + l);
+                    p[l] = p[l] + v * v;
+                }
+        }
+        const float rstd = fr_norm_rstd(fr_norm_tree32(p), io.hd, P.eps);
+        if (io.rstd != nullptr)
+            io.rstd[t * io.heads + h] = rstd;
+        for (int64_t i = 0; i < P.half; i++) {
+            int64_t ca, cb;
+            float c, sn, ya, yb;
+            fr_pair_channels(P.interleaved, i, P.half, &ca, &cb);
+            const float va = fr_norm_value(load_f(x, P.dt, ca), rstd, weight_factor(P, io, ca),
+                                           P.rounding, P.dt);
+            const float vb = fr_norm_value(load_f(x, P.dt, cb), rstd, weight_factor(P, io, cb),
+                                           P.rounding, P.dt);
+            angle(P, b, s, i, &c, &sn);
+            fr_rotate(va, vb, c, sn, 1.0f, &ya, &yb);
+            store_f(y, P.dt, ca, ya);
+            store_f(y, P.dt, cb, yb);
+        }
+        for (int64_t ch = P.rot_dim; ch < io.hd; ch++)
+            store_f(y, P.dt, ch,
+                    fr_norm_value(load_f(x, P.dt, ch), rstd, weight_factor(P, io, ch), P.rounding,
+                                  P.dt));
+    }
+}
+
+/* ----------------------------------------------------------------- backward */
+
+/* g and n of channel ch of a row: g = (R^T dy)[ch]; n = x[ch] * rstd, or
+ * (R^T y)[ch] / w'[ch].  The pair's rotation is computed whole and one
+ * member taken: the same operations as the CPU's row rotation. */
+__device__ __forceinline__ void g_n(const NParams &P, const void *dy,
+                                    const void *xs, int64_t b, int64_t s, int64_t ch, float rstd,
+                                    float wf, float *g, float *n)
+{
+    if (ch < P.rot_dim) {
+        int64_t i, ca, cb;
+        float c, sn, ga, gb, ta, tb;
+        i = P.interleaved ? ch / 2 : (ch < P.half ? ch : ch - P.half);
+        fr_pair_channels(P.interleaved, i, P.half, &ca, &cb);
+        angle(P, b, s, i, &c, &sn);
+        fr_rotate(load_f(dy, P.dt, ca), load_f(dy, P.dt, cb), c, sn, -1.0f, &ga, &gb);
+        *g = ch == ca ? ga : gb;
+        if (P.saved_y) {
+            fr_rotate(load_f(xs, P.dt, ca), load_f(xs, P.dt, cb), c, sn, -1.0f, &ta, &tb);
+            *n = (ch == ca ? ta : tb) / wf;
+        } else {
+            *n = load_f(xs, P.dt, ch) * rstd;
+        }
+    } else {
+        *g = load_f(dy, P.dt, ch);
+        *n = P.saved_y ? load_f(xs, P.dt, ch) / wf : load_f(xs, P.dt, ch) * rstd;
+    }
+}
+
+__device__ __forceinline__ const void *row_ptr(const void *base, int64_t s, int64_t b, int64_t h,
+                                               int64_t ss, int64_t sb, int64_t sh, int dt)
+{
+    return (const char *)base + (size_t)(s * ss + b * sb + h * sh) * (dt ? 2 : 4);
+}
+
+/* (1) one thread per (tensor, chunk, channel): the chunk's partial dw. */
+__global__ void norm_dw_partial(const __grid_constant__ NParams P)
+{
+    const int64_t n0 = P.io[0].part ? P.chunks * P.io[0].hd : 0;
+    const int64_t n1 = P.io[1].part ? P.chunks * P.io[1].hd : 0;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n0 + n1;
+         q += (int64_t)gridDim.x * blockDim.x) {
+        const int k = q >= n0;
+        const NIo &io = P.io[k];
+        const int64_t e = q - (k ? n0 : 0), ch = e / io.hd, c = e % io.hd;
+        const int64_t t1 = (ch + 1) * FUSEDROPE_NORM_DW_CHUNK < P.tokens
+                               ? (ch + 1) * FUSEDROPE_NORM_DW_CHUNK : P.tokens;
+        const float wf = weight_factor(P, io, c);
+        float acc = 0.0f;
+        for (int64_t t = ch * FUSEDROPE_NORM_DW_CHUNK; t < t1; t++) {
+            const int64_t b = t / P.seq_len, s = t % P.seq_len;
+            for (int64_t h = 0; h < io.heads; h++) {
+                float g, n;
+                g_n(P, row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, P.dt),
+                    row_ptr(io.x, s, b, h, io.x_ss, io.x_sb, io.x_sh, P.dt), b, s, c,
+                    io.rstd[t * io.heads + h], wf, &g, &n);
+                acc = acc + g * n;
+            }
+        }
+        io.part[ch * io.hd + c] = acc;
+    }
+}
+
+/* (2) one thread per (tensor, channel): the partials in chunk order. */
+__global__ void norm_dw_sum(const __grid_constant__ NParams P)
+{
+    const int64_t n0 = P.io[0].part ? P.io[0].hd : 0, n1 = P.io[1].part ? P.io[1].hd : 0;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n0 + n1;
+         q += (int64_t)gridDim.x * blockDim.x) {
+        const int k = q >= n0;
+        const NIo &io = P.io[k];
+        const int64_t c = q - (k ? n0 : 0);
+        float sum = 0.0f;
+        for (int64_t ch = 0; ch < P.chunks; ch++)
+            sum = sum + io.part[ch * io.hd + c];
+        io.dw[c] = sum;
+    }
+}
+
+/* (3) one thread per row: dx. */
+__global__ void norm_dx(const __grid_constant__ NParams P)
+{
+    const int64_t rows = P.tokens * P.heads;
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
+         r += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t, h, b, s;
+        const NIo &io = row_io(P, r, &t, &h, &b, &s);
+        const void *dy = row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, P.dt);
+        const void *xs = row_ptr(io.x, s, b, h, io.x_ss, io.x_sb, io.x_sh, P.dt);
+        void *dx = (void *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, P.dt);
+        const float rstd = io.rstd[t * io.heads + h];
+        float p[32];
+#pragma unroll
+        for (int l = 0; l < 32; l++)
+            p[l] = 0.0f;
+        for (int64_t c0 = 0; c0 < io.hd; c0 += 32) {
+#pragma unroll
+            for (int l = 0; l < 32; l++)
+                if (c0 + l < io.hd) {
+                    const float wf = weight_factor(P, io, c0 + l);
+                    float g, n;
+                    g_n(P, dy, xs, b, s, c0 + l, rstd, wf, &g, &n);
+                    const float dn = g * wf;
+                    p[l] = p[l] + dn * n;
+                }
+        }
+        const float m = fr_norm_mean(fr_norm_tree32(p), io.hd);
+        /* pair by pair: both members read before either is written */
+        for (int64_t i = 0; i < P.half; i++) {
+            int64_t ca, cb;
+            float ga, na, gb, nb;
+            fr_pair_channels(P.interleaved, i, P.half, &ca, &cb);
+            const float wa = weight_factor(P, io, ca), wb = weight_factor(P, io, cb);
+            g_n(P, dy, xs, b, s, ca, rstd, wa, &ga, &na);
+            g_n(P, dy, xs, b, s, cb, rstd, wb, &gb, &nb);
+            const float dna = ga * wa, dnb = gb * wb;
+            store_f(dx, P.dt, ca, rstd * (dna - na * m));
+            store_f(dx, P.dt, cb, rstd * (dnb - nb * m));
+        }
+        for (int64_t ch = P.rot_dim; ch < io.hd; ch++) {
+            const float wf = weight_factor(P, io, ch);
+            float g, n;
+            g_n(P, dy, xs, b, s, ch, rstd, wf, &g, &n);
+            const float dn = g * wf;
+            store_f(dx, P.dt, ch, rstd * (dn - n * m));
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- host side */
+
+int sms(void)
+{
+#ifdef FR_CUDA_EMULATE
+    return fr_emu_sms;
+#else
+    int dev = 0, n = 0;
+    cudaError_t err = cudaGetDevice(&dev);
+    if (err == cudaSuccess)
+        err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess || n <= 0) {
+        fr_cuda_forget(err);
+        return 132;
+    }
+    return n;
+#endif
+}
+
+/* A grid-stride launch of n threads: blocks of 128, at most 8 per SM. */
+template <typename K>
+cudaError_t launch(K kernel, int64_t n, const NParams &P, cudaStream_t stream)
+{
+    cudaLaunchConfig_t cfg = {};
+    int64_t blocks = (n + 127) / 128, cap = 8 * (int64_t)sms();
+    if (n <= 0)
+        return cudaSuccess;
+    cfg.gridDim = dim3((unsigned)(blocks < cap ? blocks : cap), 1, 1);
+    cfg.blockDim = dim3(128, 1, 1);
+    cfg.stream = stream;
+    return cudaLaunchKernelEx(&cfg, kernel, P);
+}
+
+/* Stream-ordered scratch and zeroing (plain host memory when emulated). */
+cudaError_t scratch_alloc(void **p, size_t n, cudaStream_t stream)
+{
+#ifdef FR_CUDA_EMULATE
+    (void)stream;
+    *p = malloc(n);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+#else
+    return cudaMallocAsync(p, n, stream);
+#endif
+}
+
+cudaError_t scratch_free(void *p, cudaStream_t stream)
+{
+#ifdef FR_CUDA_EMULATE
+    (void)stream;
+    free(p);
+    return cudaSuccess;
+#else
+    return cudaFreeAsync(p, stream);
+#endif
+}
+
+cudaError_t zero(void *p, size_t n, cudaStream_t stream)
+{
+#ifdef FR_CUDA_EMULATE
+    (void)stream;
+    memset(p, 0, n);
+    return cudaSuccess;
+#else
+    return cudaMemsetAsync(p, 0, n, stream);
+#endif
+}
+
+void params(const fr_norm_args *na, NParams *P)
+{
+    const fr_apply_args *a = &na->a;
+    const fusedrope_cache *cache = a->cache;
+    memset(P, 0, sizeof *P);
+    for (int k = 0; k < a->count && k < 2; k++) {
+        const fr_io *io = &a->io[k];
+        NIo *o = &P->io[k];
+        o->in = io->in;
+        o->out = io->out;
+        o->x = na->x[k];
+        o->w = na->w[k];
+        o->rstd = na->rstd[k];
+        o->dw = na->dw[k];
+        o->heads = io->heads;
+        o->hd = io->head_dim;
+        o->in_ss = io->in_ss;
+        o->in_sb = io->in_sb;
+        o->in_sh = io->in_sh;
+        o->out_ss = io->out_ss;
+        o->out_sb = io->out_sb;
+        o->out_sh = io->out_sh;
+        o->x_ss = na->x_ss[k];
+        o->x_sb = na->x_sb[k];
+        o->x_sh = na->x_sh[k];
+    }
+    P->pos = a->pos;
+    P->cos = cache->max_positions > 0 ? cache->cos : nullptr;
+    P->sin = cache->max_positions > 0 ? cache->sin : nullptr;
+    P->inv_freq = cache->inv_freq_dev;
+    P->attn = cache->attention_factor;
+    P->flag = cache->range_flag_dev;
+    P->tokens = a->seq_len * a->batch;
+    P->seq_len = a->seq_len;
+    P->max_positions = cache->max_positions;
+    P->half = cache->rot_dim / 2;
+    P->rot_dim = cache->rot_dim;
+    P->heads0 = P->io[0].heads;
+    P->heads = P->io[0].heads + P->io[1].heads;
+    P->chunks = (P->tokens + FUSEDROPE_NORM_DW_CHUNK - 1) / FUSEDROPE_NORM_DW_CHUNK;
+    P->interleaved = a->interleaved;
+    P->dt = (int)a->dtype;
+    P->wdt = (int)na->wdtype;
+    P->weight = na->weight;
+    P->rounding = na->rounding;
+    P->saved_y = na->saved_y;
+    P->eps = na->eps;
+}
+
+} /* namespace */
+
+extern "C" fusedrope_status fr_cuda_norm_forward(const fr_norm_args *na)
+{
+    NParams P;
+    cudaError_t err;
+    params(na, &P);
+    if (P.cos == nullptr && P.inv_freq == nullptr)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "fr_cuda_norm_forward: the cache has neither a device table nor frequencies");
+    err = launch(norm_forward, P.tokens * P.heads, P, (cudaStream_t)na->a.stream);
+    if (err != cudaSuccess)
+        return fr_cuda_fail(err, "the norm forward kernel launch");
+    return FUSEDROPE_OK;
+}
+
+extern "C" fusedrope_status fr_cuda_norm_backward(const fr_norm_args *na)
+{
+    cudaStream_t stream = (cudaStream_t)na->a.stream;
+    NParams P;
+    cudaError_t err = cudaSuccess;
+    void *scratch = nullptr;
+    size_t n0 = 0, n1 = 0;
+
+    for (int k = 0; k < 2; k++)
+        if (na->dw_zero[k] != nullptr &&
+            (err = zero(na->dw_zero[k], (size_t)na->dw_zero_n[k] * sizeof(float), stream)) !=
+                cudaSuccess)
+            return fr_cuda_fail(err, "zeroing a weight gradient");
+    if (na->a.count == 0)
+        return FUSEDROPE_OK;
+    params(na, &P);
+    if (P.cos == nullptr && P.inv_freq == nullptr)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "fr_cuda_norm_backward: the cache has neither a device table nor frequencies");
+    n0 = P.io[0].dw ? (size_t)(P.chunks * P.io[0].hd) : 0;
+    n1 = P.io[1].dw ? (size_t)(P.chunks * P.io[1].hd) : 0;
+    if (n0 + n1 > 0) {
+        if ((err = scratch_alloc(&scratch, (n0 + n1) * sizeof(float), stream)) != cudaSuccess)
+            return fr_cuda_fail(err, "the norm backward's dw scratch");
+        P.io[0].part = n0 ? (float *)scratch : nullptr;
+        P.io[1].part = n1 ? (float *)scratch + n0 : nullptr;
+        err = launch(norm_dw_partial, (int64_t)(n0 + n1), P, stream);
+        if (err == cudaSuccess)
+            err = launch(norm_dw_sum, (n0 ? P.io[0].hd : 0) + (n1 ? P.io[1].hd : 0), P, stream);
+        if (err != cudaSuccess) {
+            const fusedrope_status st = fr_cuda_fail(err, "the norm dw kernel launch");
+            (void)scratch_free(scratch, stream);
+            return st;
+        }
+    }
+    err = launch(norm_dx, P.tokens * P.heads, P, stream);
+    if (scratch != nullptr) {
+        const cudaError_t e2 = scratch_free(scratch, stream);
+        if (err == cudaSuccess)
+            err = e2;
+    }
+    if (err != cudaSuccess)
+        return fr_cuda_fail(err, "the norm backward kernel launch");
+    return FUSEDROPE_OK;
+}

@@ -1,0 +1,90 @@
+/*
+ * norm_math.h - the fused RMSNorm's arithmetic that both backends must
+ * perform identically (gcc builds lib/cpu_norm.c from it, nvcc
+ * kernels/cuda_norm.cu); fusedrope_norm_forward_qk(3) states the contract.
+ *
+ * Row sums (sum of x^2 in the forward, of dn*n in the backward) over the
+ * head_dim channels of a row, in float32: 32 partial sums, p[l] adding the
+ * terms of channels l, l+32, l+64, ... in that order starting from 0.0f,
+ * then the fixed tree p[l] += p[l + off] for off = 16, 8, 4, 2, 1; the sum
+ * is p[0].  A warp of 32 lanes follows it with a butterfly (a + b == b + a
+ * in IEEE arithmetic, so every lane gets p[0]'s bits), one thread with a
+ * loop, a vector unit with four 8-wide accumulators.
+ */
+#ifndef FUSEDROPE_NORM_MATH_H
+#define FUSEDROPE_NORM_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "rope_math.h"
+
+/* The tree over the 32 partial sums (p is clobbered). */
+FR_HD float fr_norm_tree32(float *p)
+{
+    for (int off = 16; off >= 1; off /= 2)
+        for (int l = 0; l < off; l++)
+            p[l] = p[l] + p[l + off];
+    return p[0];
+}
+
+/* rstd = 1 / sqrt(sum / head_dim + eps), each operation rounded to float
+ * (IEEE division and square root on the GPU too, never rsqrt). */
+FR_HD float fr_norm_rstd(float sum, int64_t head_dim, float eps)
+{
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, (float)head_dim), eps)));
+#else
+    return 1.0f / sqrtf(sum / (float)head_dim + eps);
+#endif
+}
+
+/* mean = sum / head_dim, rounded to float. */
+FR_HD float fr_norm_mean(float sum, int64_t head_dim)
+{
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(sum, (float)head_dim);
+#else
+    return sum / (float)head_dim;
+#endif
+}
+
+/* Rounding modes (fusedrope_norm_rounding's values). */
+enum { FR_ROUND_ONCE = 0, FR_ROUND_LLAMA = 1, FR_ROUND_GEMMA = 2 };
+
+/* fr_bf16_to_float(fr_float_to_bf16(v)), bit for bit, without leaving
+ * 32-bit lanes (a vector loop then needs no packing). */
+FR_HD float fr_norm_round_bf16(float v)
+{
+    const uint32_t u = fr_f2u(v);
+    const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return fr_u2f(nan ? (u & 0xffff0000u) | 0x00400000u : rounded);
+}
+
+/* v rounded to the tensors' dtype (0 float32, 1 float16, 2 bfloat16), as a float. */
+FR_HD float fr_norm_round(float v, int dt)
+{
+    return dt == 1 ? fr_half_to_float(fr_float_to_half(v))
+         : dt == 2 ? fr_norm_round_bf16(v) : v;
+}
+
+/* The value a channel enters the rotation with: n = x * rstd, then the
+ * weight wf (w, 1 + w, or 1) as the rounding mode says. */
+FR_HD float fr_norm_value(float x, float rstd, float wf, int rounding, int dt)
+{
+    const float n = x * rstd;
+    if (rounding == FR_ROUND_LLAMA)
+        return fr_norm_round(fr_norm_round(n, dt) * wf, dt);
+    if (rounding == FR_ROUND_GEMMA)
+        return fr_norm_round(n * wf, dt);
+    return n * wf;
+}
+
+/* The weight factor w' of channel c: weight kind 0 (none) 1, 1 (w) w, 2 (1 + w) 1 + w. */
+FR_HD float fr_norm_wf(int kind, float w)
+{
+    return kind == 0 ? 1.0f : kind == 1 ? w : 1.0f + w;
+}
+
+#endif /* FUSEDROPE_NORM_MATH_H */

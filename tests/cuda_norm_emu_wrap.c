@@ -1,0 +1,169 @@
+/*
+ * cuda_norm_emu_wrap.c - linked into test_norm_emu with
+ * -Wl,--wrap=fusedrope__cpu_norm_forward,--wrap=fusedrope__cpu_norm_backward:
+ * every norm call the library would run on its OpenMP backend runs instead
+ * through the CUDA backend's launcher and kernels built for the host
+ * (kernels/cuda_norm_emu.cc), and test_norm's checks judge their output.
+ *
+ * Each call runs with the launcher planning for 132, 1 and 5 SMs (other
+ * grids: the kernels are grid-stride) from the same starting bytes, which
+ * must give the same output bytes (y and rstd; dx and dw); then the real
+ * OpenMP backend runs from the same bytes, and its output must be the
+ * kernels' to the bit (a NaN need only be NaN).  The kernels' output stays.
+ * The CPU cache serves as the device's, as in cuda_emu_wrap.c.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "ref.h"
+
+fusedrope_status fr_emu_cuda_norm_forward(const fr_norm_args *a);
+fusedrope_status fr_emu_cuda_norm_backward(const fr_norm_args *a);
+fusedrope_status __real_fusedrope__cpu_norm_forward(const fr_norm_args *a);
+fusedrope_status __real_fusedrope__cpu_norm_backward(const fr_norm_args *a);
+fusedrope_status __wrap_fusedrope__cpu_norm_forward(const fr_norm_args *a);
+fusedrope_status __wrap_fusedrope__cpu_norm_backward(const fr_norm_args *a);
+
+int fr_emu_sms = 132;
+
+/* The call's outputs as (pointer, bytes, element size) pieces. */
+typedef struct { unsigned char *p; size_t n, es; } piece;
+
+static int pieces(const fr_norm_args *na, int backward, piece *pc, int max)
+{
+    const fr_apply_args *a = &na->a;
+    const size_t es = fr_dtype_size(a->dtype);
+    int n = 0;
+    for (int k = 0; k < a->count; k++) {
+        const fr_io *io = &a->io[k];
+        for (int64_t b = 0; b < a->batch; b++)
+            for (int64_t s = 0; s < a->seq_len; s++)
+                for (int64_t h = 0; h < io->heads; h++) {
+                    if (n == max)
+                        abort();
+                    pc[n].p = (unsigned char *)io->out +
+                              (size_t)(b * io->out_sb + s * io->out_ss + h * io->out_sh) * es;
+                    pc[n].n = (size_t)io->head_dim * es;
+                    pc[n++].es = es;
+                }
+        if (!backward && na->rstd[k]) {
+            pc[n].p = (unsigned char *)na->rstd[k];
+            pc[n].n = (size_t)(a->seq_len * a->batch * io->heads) * sizeof(float);
+            pc[n++].es = sizeof(float);
+        }
+        if (backward && na->dw[k]) {
+            pc[n].p = (unsigned char *)na->dw[k];
+            pc[n].n = (size_t)io->head_dim * sizeof(float);
+            pc[n++].es = sizeof(float);
+        }
+    }
+    for (int k = 0; k < 2 && backward; k++)
+        if (na->dw_zero[k]) {
+            pc[n].p = (unsigned char *)na->dw_zero[k];
+            pc[n].n = (size_t)na->dw_zero_n[k] * sizeof(float);
+            pc[n++].es = sizeof(float);
+        }
+    return n;
+}
+
+static void save(const piece *pc, int n, unsigned char *buf, int out)
+{
+    size_t o = 0;
+    for (int i = 0; i < n; i++) {
+        if (out)
+            memcpy(buf + o, pc[i].p, pc[i].n);
+        else
+            memcpy(pc[i].p, buf + o, pc[i].n);
+        o += pc[i].n;
+    }
+}
+
+static int is_nan(const unsigned char *p, size_t es, fusedrope_dtype dt)
+{
+    return isnan(ref_load(p, es == 4 ? FUSEDROPE_FLOAT32 : dt, 0));
+}
+
+static fusedrope_status both(const fr_norm_args *na, int backward)
+{
+    static const int sms[] = { 132, 1, 5 };
+    const int max = 4 + 2 * (int)(na->a.seq_len * na->a.batch *
+                                  (na->a.io[0].heads + (na->a.count > 1 ? na->a.io[1].heads : 0)));
+    piece *pc = malloc(sizeof *pc * (size_t)max);
+    int n;
+    size_t total = 0;
+    unsigned char *start, *first, *now;
+    fusedrope_cache c = *na->a.cache;
+    fr_norm_args e = *na;
+    fusedrope_status st;
+    int flag = 0;
+
+    if (!pc)
+        abort();
+    n = pieces(na, backward, pc, max);
+    for (int i = 0; i < n; i++)
+        total += pc[i].n;
+    start = malloc(total + 1);
+    first = malloc(total + 1);
+    now = malloc(total + 1);
+    if (!start || !first || !now)
+        abort();
+    save(pc, n, start, 1);
+    c.inv_freq_dev = c.inv_freq;
+    c.range_flag = c.range_flag_dev = &flag;
+    e.a.cache = &c;
+    for (size_t i = 0; i < sizeof sms / sizeof sms[0]; i++) {
+        if (i > 0)
+            save(pc, n, start, 0);
+        fr_emu_sms = sms[i];
+        st = backward ? fr_emu_cuda_norm_backward(&e) : fr_emu_cuda_norm_forward(&e);
+        if (st != FUSEDROPE_OK || flag) {
+            fprintf(stderr, "emulated CUDA norm %s, %d SMs: status %d, flag %d (%s)\n",
+                    backward ? "backward" : "forward", sms[i], (int)st, flag,
+                    fusedrope_last_error());
+            abort();
+        }
+        save(pc, n, i == 0 ? first : now, 1);
+        if (i > 0 && memcmp(first, now, total) != 0) {
+            fprintf(stderr, "emulated CUDA norm: %d SMs and %d SMs differ\n", sms[0], sms[i]);
+            abort();
+        }
+    }
+    save(pc, n, start, 0);
+    st = backward ? __real_fusedrope__cpu_norm_backward(na) : __real_fusedrope__cpu_norm_forward(na);
+    if (st != FUSEDROPE_OK)
+        abort();
+    save(pc, n, now, 1);
+    {
+        size_t o = 0;
+        for (int i = 0; i < n; i++) {
+            for (size_t j = 0; j < pc[i].n; j += pc[i].es)
+                if (memcmp(first + o + j, now + o + j, pc[i].es) != 0 &&
+                    !(is_nan(first + o + j, pc[i].es, na->a.dtype) &&
+                      is_nan(now + o + j, pc[i].es, na->a.dtype))) {
+                    fprintf(stderr, "emulated CUDA norm %s and the OpenMP backend differ in "
+                            "output piece %d byte %zu\n", backward ? "backward" : "forward", i, j);
+                    abort();
+                }
+            o += pc[i].n;
+        }
+    }
+    save(pc, n, first, 0);
+    free(start);
+    free(first);
+    free(now);
+    free(pc);
+    return FUSEDROPE_OK;
+}
+
+fusedrope_status __wrap_fusedrope__cpu_norm_forward(const fr_norm_args *a)
+{
+    return both(a, 0);
+}
+
+fusedrope_status __wrap_fusedrope__cpu_norm_backward(const fr_norm_args *a)
+{
+    return both(a, 1);
+}

@@ -1,0 +1,940 @@
+/*
+ * test_norm.c - the fused per-head RMSNorm + RoPE (fusedrope_norm_forward_qk,
+ * fusedrope_norm_backward_qk) against the float64 reference of tests/ref.c
+ * (ref_norm_forward, ref_norm_backward, themselves checked by finite
+ * differences here), against a literal unfused evaluation in the dtype for
+ * each rounding mode (bit for bit), with poisoned outputs, odd sizes,
+ * strides, packed QKV views, in place, partial rotary, GQA head counts,
+ * table-less caches and THD; dw and dx the same bytes for 1, 2 and 7
+ * threads; every refusal.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <check.h>
+
+#include "fusedrope.h"
+#include "ref.h"
+#include "util.h"
+
+#define CPU FUSEDROPE_DEVICE_CPU
+#define MSG 1024
+
+static const fusedrope_dtype dtypes[3] = { FUSEDROPE_FLOAT32, FUSEDROPE_FLOAT16,
+                                           FUSEDROPE_BFLOAT16 };
+
+/* ------------------------------------------------------------------ a case */
+
+typedef struct ncase {
+    fusedrope_dtype dt;
+    fusedrope_style style;
+    int weight;          /* fusedrope_norm_weight */
+    int rounding;        /* fusedrope_norm_rounding */
+    int w_f32;           /* weights in float32 (else the tensors' dtype) */
+    int layout;          /* LAY_*; LAY_THD: packed, cu_seqlens */
+    int64_t s, b, hq, hk, hd;
+    int rot_dim;
+    int tableless;
+    int ids;             /* explicit positions */
+    int in_place;
+    int k_present;
+} ncase;
+
+typedef struct run {
+    fusedrope_cache *cache;
+    ref_rope ref;
+    fusedrope_positions pos;
+    const fusedrope_positions *posp;
+    int64_t *positions;  /* per token, for the reference */
+    fusedrope_norm norm;
+    tu_buf qb, kb, qob, kob, qsave, ksave;
+    fusedrope_tensor q, k, qo, ko, qx, kx; /* qx/kx: copies of the inputs */
+    double *wq, *wk;     /* the weights' values */
+    int64_t tokens;
+} run;
+
+static void make_cache(run *R, const ncase *c)
+{
+    fusedrope_cache_config cfg;
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, c->rot_dim, c->tableless ? 0 : 256,
+                                10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &R->cache), FUSEDROPE_OK);
+    tu_track(R->cache);
+    ck_assert_int_eq(ref_rope_from_config(&R->ref, &cfg), 0);
+}
+
+static double *make_weight(tu_rng *r, const ncase *c, fusedrope_dtype wdt, const void **out)
+{
+    double *w = tu_alloc(sizeof(double) * (size_t)c->hd);
+    void *p = tu_alloc(ref_dtype_size(wdt) * (size_t)c->hd);
+    for (int64_t i = 0; i < c->hd; i++) {
+        const double v = c->weight == 2 ? tu_uniform(r, -0.6, 0.6) : tu_uniform(r, 0.4, 1.7);
+        ref_store(p, wdt, i, v);
+        w[i] = ref_load(p, wdt, i);
+    }
+    *out = p;
+    return w;
+}
+
+/* Builds tensors, weights, positions and the norm of a case (inputs filled). */
+static void setup(run *R, const ncase *c, tu_rng *r)
+{
+    const fusedrope_dtype wdt = c->w_f32 ? FUSEDROPE_FLOAT32 : c->dt;
+    const int64_t b = c->layout == LAY_THD ? 1 : c->b;
+    memset(R, 0, sizeof *R);
+    make_cache(R, c);
+    R->q = tu_tensor(c->layout, c->dt, c->s, b, c->hq, c->hd, &R->qb);
+    tu_fill_view(&R->q, r, -2.5, 2.5);
+    R->qsave = tu_buf_copy(&R->qb);
+    R->qx = tu_rebase(&R->q, &R->qb, &R->qsave);
+    if (c->in_place) {
+        R->qo = R->q;
+    } else {
+        R->qo = tu_tensor(c->layout, c->dt, c->s, b, c->hq, c->hd, &R->qob);
+    }
+    if (c->k_present) {
+        R->k = tu_tensor(c->layout, c->dt, c->s, b, c->hk, c->hd, &R->kb);
+        tu_fill_view(&R->k, r, -0.01, 0.01); /* small: eps matters */
+        R->ksave = tu_buf_copy(&R->kb);
+        R->kx = tu_rebase(&R->k, &R->kb, &R->ksave);
+        if (c->in_place)
+            R->ko = R->k;
+        else
+            R->ko = tu_tensor(c->layout, c->dt, c->s, b, c->hk, c->hd, &R->kob);
+    }
+    R->tokens = c->s * b;
+    fusedrope_norm_init(&R->norm);
+    R->norm.weight = (fusedrope_norm_weight)c->weight;
+    R->norm.rounding = (fusedrope_norm_rounding)c->rounding;
+    R->norm.weight_dtype = wdt;
+    R->norm.eps = 1e-5;
+    if (c->weight) {
+        R->wq = make_weight(r, c, wdt, &R->norm.q_weight);
+        if (c->k_present)
+            R->wk = make_weight(r, c, wdt, &R->norm.k_weight);
+    }
+    fusedrope_positions_init(&R->pos);
+    R->posp = NULL;
+    if (c->layout == LAY_THD) {
+        /* two or three packed sequences */
+        int32_t *cu = tu_alloc(4 * sizeof(int32_t));
+        int64_t n = c->s >= 3 ? 3 : 1;
+        cu[0] = 0;
+        for (int64_t i = 1; i < n; i++)
+            cu[i] = (int32_t)(c->s * i / n);
+        cu[n] = (int32_t)c->s;
+        R->pos.cu_seqlens = cu;
+        R->pos.num_seqs = n;
+        R->posp = &R->pos;
+    }
+    if (c->ids) {
+        int64_t *ids = tu_alloc(sizeof(int64_t) * (size_t)R->tokens);
+        for (int64_t i = 0; i < R->tokens; i++)
+            ids[i] = tu_int(r, 0, 255);
+        R->pos.ids = ids;
+        R->posp = &R->pos;
+    }
+    R->positions = tu_positions(R->posp, c->s, b);
+}
+
+static float *poisoned_floats(int64_t n)
+{
+    float *p = tu_alloc(sizeof(float) * (size_t)(n + 1));
+    memset(p, 0xff, sizeof(float) * (size_t)(n + 1));
+    return p;
+}
+
+static fusedrope_status forward(run *R, const ncase *c)
+{
+    return fusedrope_norm_forward_qk(R->cache, c->style, R->posp, &R->norm, &R->q, &R->qo,
+                                     c->k_present ? &R->k : NULL, c->k_present ? &R->ko : NULL,
+                                     NULL);
+}
+
+static void describe(const ncase *c, char *buf, size_t n)
+{
+    snprintf(buf, n,
+             "%s %s weight %d rounding %d w_f32 %d %s s %lld b %lld hq %lld hk %lld hd %lld "
+             "rot %d%s%s%s (seed %llu)",
+             ref_dtype_name(c->dt), c->style == FUSEDROPE_NEOX ? "neox" : "interleaved",
+             c->weight, c->rounding, c->w_f32, tu_layout_name(c->layout), (long long)c->s,
+             (long long)c->b, (long long)c->hq, (long long)c->hk, (long long)c->hd, c->rot_dim,
+             c->tableless ? " table-less" : "", c->ids ? " ids" : "",
+             c->in_place ? " in place" : "", (unsigned long long)tu_seed);
+}
+
+/* The forward's output against ref_norm_forward; rstd against its rstd.
+ * The library rounds rstd and n in float32 (a few 2^-24 relative, times the
+ * reduction's depth), and where the mode rounds v to the dtype a value that
+ * close to a tie may round the other way: one dtype ulp of each input. */
+static int64_t check_forward_tensor(run *R, const ncase *c, const fusedrope_tensor *x,
+                                    const fusedrope_tensor *y, const double *w, const float *rstd,
+                                    char *msg)
+{
+    const int64_t rows = R->tokens * x->heads, n = rows * x->head_dim;
+    double *out = tu_alloc(sizeof(double) * (size_t)n), *v = tu_alloc(sizeof(double) * (size_t)n);
+    double *rs = tu_alloc(sizeof(double) * (size_t)rows);
+    int64_t bad = 0;
+    const int half = c->rot_dim / 2;
+    ref_norm_forward(&R->ref, c->style, R->positions, x, c->weight, w, R->norm.eps, c->rounding,
+                     out, v, rs);
+    for (int64_t s = 0; s < x->seq_len; s++)
+        for (int64_t b = 0; b < x->batch; b++)
+            for (int64_t h = 0; h < x->heads; h++) {
+                const int64_t row = (s * x->batch + b) * x->heads + h;
+                const double *o = out + row * x->head_dim, *vv = v + row * x->head_dim;
+                if (rstd) {
+                    const double got = rstd[(b * x->seq_len + s) * x->heads + h],
+                                 want = rs[(b * x->seq_len + s) * x->heads + h];
+                    if (!(fabs(got - want) <= want * 0x1p-20) && bad++ < 3)
+                        snprintf(msg + strlen(msg), MSG - strlen(msg),
+                                 " rstd(s %lld b %lld h %lld) %.9g want %.9g;", (long long)s,
+                                 (long long)b, (long long)h, got, want);
+                }
+                for (int64_t ch = 0; ch < x->head_dim; ch++) {
+                    const double got = ref_load(y->data, y->dtype, ref_offset(y, s, b, h, ch));
+                    double mag, flip, tol;
+                    if (ch < c->rot_dim) {
+                        const int64_t i = c->style == FUSEDROPE_NEOX ? ch % half : ch / 2;
+                        int64_t ca, cb;
+                        ref_pair(c->style, c->rot_dim, (int)i, &ca, &cb);
+                        mag = fabs(vv[ca]) + fabs(vv[cb]);
+                        flip = ref_ulp(vv[ca], c->dt) + ref_ulp(vv[cb], c->dt);
+                    } else {
+                        mag = fabs(vv[ch]);
+                        flip = ref_ulp(vv[ch], c->dt);
+                    }
+                    tol = ref_ulp(o[ch], c->dt) + mag * 0x1p-19 * R->ref.attn +
+                          (c->rounding ? flip * R->ref.attn : 0);
+                    if (!(fabs(got - o[ch]) <= tol) && bad++ < 3)
+                        snprintf(msg + strlen(msg), MSG - strlen(msg),
+                                 " y(s %lld b %lld h %lld c %lld) %.9g want %.9g tol %.3g;",
+                                 (long long)s, (long long)b, (long long)h, (long long)ch, got,
+                                 o[ch], tol);
+                }
+            }
+    return bad;
+}
+
+static void check_forward(run *R, const ncase *c)
+{
+    char msg[MSG] = "", what[256];
+    float *rq = poisoned_floats(R->tokens * c->hq), *rk = NULL;
+    int64_t bad;
+    size_t first = 0;
+    tu_buf qsnap;
+    unsigned char *mask;
+
+    R->norm.q_rstd = rq;
+    if (c->k_present)
+        R->norm.k_rstd = rk = poisoned_floats(R->tokens * c->hk);
+    qsnap = tu_buf_copy(c->in_place ? &R->qb : &R->qob);
+    describe(c, what, sizeof what);
+    ck_assert_msg(forward(R, c) == FUSEDROPE_OK, "%s: %s", what, fusedrope_last_error());
+    bad = check_forward_tensor(R, c, &R->qx, &R->qo, R->wq, rq, msg);
+    if (c->k_present)
+        bad += check_forward_tensor(R, c, &R->kx, &R->ko, R->wk, rk, msg);
+    ck_assert_msg(bad == 0, "%s: %lld bad:%s", what, (long long)bad, msg);
+    /* nothing outside q's output view written, nor past the rstd arrays */
+    mask = tu_alloc(qsnap.nbytes);
+    tu_mask_view(c->in_place ? &R->qb : &R->qob, &R->qo, mask);
+    ck_assert_msg(tu_changed_outside(c->in_place ? &R->qb : &R->qob, &qsnap, mask, &first) == 0,
+                  "%s: q's buffer changed outside the view at byte %zu", what, first);
+    ck_assert_msg(isnan(rq[R->tokens * c->hq]), "%s: written past q_rstd", what);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+static void random_case(ncase *c, tu_rng *r, int i)
+{
+    static const int64_t hds[] = { 64, 128, 40, 6, 96, 34 };
+    memset(c, 0, sizeof *c);
+    c->dt = dtypes[i % 3];
+    c->style = (i / 3) % 2 ? FUSEDROPE_INTERLEAVED : FUSEDROPE_NEOX;
+    c->weight = (i / 6) % 3;
+    c->rounding = (i / 18) % 3;
+    c->w_f32 = (int)tu_int(r, 0, 1);
+    c->layout = (int)tu_int(r, 0, LAY_NUM - 1);
+    c->s = tu_int(r, 1, 9);
+    c->b = tu_int(r, 1, 3);
+    c->hq = tu_int(r, 1, 6);
+    c->hk = tu_int(r, 1, 3);
+    c->hd = hds[tu_int(r, 0, 5)];
+    /* full or partial rotary (GLM-4.5: half; Qwen3.5: a quarter) */
+    c->rot_dim = (int)(tu_int(r, 0, 1) ? c->hd : (c->hd / 4 > 1 ? c->hd / 4 / 2 * 2 : 2));
+    c->tableless = tu_int(r, 0, 4) == 0;
+    c->ids = c->layout != LAY_THD && tu_int(r, 0, 2) == 0;
+    c->in_place = (int)tu_int(r, 0, 1);
+    c->k_present = tu_int(r, 0, 5) != 0;
+}
+
+/* 54 combinations of dtype x style x weight x rounding, random shapes. */
+START_TEST(test_forward_matrix)
+{
+    tu_rng r;
+    ncase c;
+    run R;
+    tu_rng_init(&r, 100 + (uint64_t)_i);
+    for (int rep = 0; rep < 3; rep++) {
+        random_case(&c, &r, _i);
+        setup(&R, &c, &r);
+        check_forward(&R, &c);
+    }
+    tu_free_all();
+}
+END_TEST
+
+/* q, k and v as views of one packed [tokens][(hq + 2 hk) * hd] buffer, in place. */
+START_TEST(test_forward_packed_qkv)
+{
+    tu_rng r;
+    const int64_t T = 13, hq = 4, hk = 2, hd = 64, W = (hq + 2 * hk) * hd;
+    const fusedrope_dtype dt = dtypes[_i % 3];
+    fusedrope_cache *cache;
+    fusedrope_cache_config cfg;
+    ref_rope ref;
+    tu_buf buf, save;
+    fusedrope_tensor q, k, qx, kx;
+    fusedrope_norm nm;
+    const void *wq, *wk;
+    double *dwq, *dwk, *out;
+    int64_t *positions;
+    ncase c;
+    char msg[MSG] = "";
+    run R;
+
+    tu_rng_init(&r, 200 + (uint64_t)_i);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, hd, 64, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+    tu_track(cache);
+    ck_assert_int_eq(ref_rope_from_config(&ref, &cfg), 0);
+    buf = tu_buf_new(dt, T * W);
+    tu_fill_random(&buf, &r, -2, 2);
+    save = tu_buf_copy(&buf);
+    q = fusedrope_tensor_thd(buf.p, dt, T, hq, hd);
+    q.stride_seq = W;
+    k = q;
+    k.heads = hk;
+    k.data = buf.p + (size_t)(hq * hd) * ref_dtype_size(dt);
+    qx = tu_rebase(&q, &buf, &save);
+    kx = tu_rebase(&k, &buf, &save);
+    memset(&c, 0, sizeof c);
+    c.dt = dt;
+    c.style = FUSEDROPE_NEOX;
+    c.weight = 1;
+    c.rounding = 1;
+    c.hd = hd;
+    dwq = make_weight(&r, &c, dt, &wq);
+    dwk = make_weight(&r, &c, dt, &wk);
+    fusedrope_norm_init(&nm);
+    nm.weight = FUSEDROPE_NORM_WEIGHT;
+    nm.rounding = FUSEDROPE_NORM_ROUND_LLAMA;
+    nm.weight_dtype = dt;
+    nm.q_weight = wq;
+    nm.k_weight = wk;
+    ck_assert_msg(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &q, &k, &k,
+                                            NULL) == FUSEDROPE_OK,
+                  "%s", fusedrope_last_error());
+    /* v untouched */
+    ck_assert(memcmp(buf.p + (size_t)((hq + hk) * hd) * ref_dtype_size(dt),
+                     save.p + (size_t)((hq + hk) * hd) * ref_dtype_size(dt),
+                     (size_t)(hk * hd) * ref_dtype_size(dt)) == 0);
+    memset(&R, 0, sizeof R);
+    R.ref = ref;
+    R.tokens = T;
+    R.norm = nm;
+    positions = tu_positions(NULL, T, 1);
+    R.positions = positions;
+    c.rot_dim = (int)hd;
+    ck_assert_msg(check_forward_tensor(&R, &c, &qx, &q, dwq, NULL, msg) == 0, "q:%s", msg);
+    ck_assert_msg(check_forward_tensor(&R, &c, &kx, &k, dwk, NULL, msg) == 0, "k:%s", msg);
+    (void)out;
+    ref_rope_free(&ref);
+    tu_free_all();
+}
+END_TEST
+
+/* ------------------------------------------- literal unfused evaluation */
+
+/*
+ * Each rounding mode against the unfused model evaluated literally in the
+ * dtype with the ref.h codecs, bit for bit: rstd in float32 with the
+ * documented reduction order (32 partial sums, then the tree), n = x * rstd
+ * in float32; ONCE: v = n * w'; LLAMA: v = dtype(dtype(n) * w'); GEMMA:
+ * v = dtype(n * w'); then the rotation a*c - b*s, b*c + a*s in float32 with
+ * the user table's entries, rounded once to the dtype.
+ */
+static float lit_sum_sq(const float *x, int64_t hd)
+{
+    float p[32];
+    for (int l = 0; l < 32; l++) {
+        p[l] = 0.0f;
+        for (int64_t ch = l; ch < hd; ch += 32)
+            p[l] = p[l] + x[ch] * x[ch];
+    }
+    for (int off = 16; off >= 1; off /= 2)
+        for (int l = 0; l < off; l++)
+            p[l] = p[l] + p[l + off];
+    return p[0];
+}
+
+static float to_dt(float v, fusedrope_dtype dt)
+{
+    return (float)ref_round((double)v, dt);
+}
+
+START_TEST(test_unfused_literal)
+{
+    const fusedrope_dtype dt = dtypes[_i % 3];
+    const int weight = (_i / 3) % 3;
+    const fusedrope_style style = (_i / 9) % 2 ? FUSEDROPE_INTERLEAVED : FUSEDROPE_NEOX;
+    const int64_t T = 7, H = 3, hd = 72, rot = 48, half = rot / 2, rows = 16;
+    const float eps = 1e-6f;
+    tu_rng r;
+    float *tc = tu_alloc(sizeof(float) * rows * half), *ts = tu_alloc(sizeof(float) * rows * half);
+    fusedrope_cache *cache;
+    tu_buf xb, yb[3];
+    fusedrope_tensor x, y[3];
+    fusedrope_norm nm;
+    void *wp;
+    int64_t differ = 0;
+
+    tu_rng_init(&r, 300 + (uint64_t)_i);
+    for (int64_t i = 0; i < rows * half; i++) {
+        const double a = tu_uniform(&r, 0, 6.3);
+        tc[i] = (float)cos(a);
+        ts[i] = (float)sin(a);
+    }
+    ck_assert_int_eq(fusedrope_cache_create_from_table(tc, ts, rows, (int)rot, CPU, &cache),
+                     FUSEDROPE_OK);
+    tu_track(cache);
+    x = tu_tensor(LAY_BSHD, dt, T, 1, H, hd, &xb);
+    tu_fill_view(&x, &r, -3, 3);
+    wp = tu_alloc(ref_dtype_size(dt) * hd);
+    tu_fill(wp, hd, dt, &r, weight == 2 ? -0.7 : 0.3, weight == 2 ? 0.7 : 1.9);
+    fusedrope_norm_init(&nm);
+    nm.weight = (fusedrope_norm_weight)weight;
+    nm.weight_dtype = dt;
+    nm.eps = eps;
+    nm.q_weight = weight ? wp : NULL;
+    for (int mode = 0; mode < 3; mode++) {
+        y[mode] = tu_tensor(LAY_BSHD, dt, T, 1, H, hd, &yb[mode]);
+        nm.rounding = (fusedrope_norm_rounding)mode;
+        ck_assert_msg(fusedrope_norm_forward_qk(cache, style, NULL, &nm, &x, &y[mode], NULL,
+                                                NULL, NULL) == FUSEDROPE_OK,
+                      "%s", fusedrope_last_error());
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < H; h++) {
+                float xs[72], v[72], want[72], rs;
+                for (int64_t ch = 0; ch < hd; ch++)
+                    xs[ch] = (float)ref_load(x.data, dt, ref_offset(&x, t, 0, h, ch));
+                rs = 1.0f / sqrtf(lit_sum_sq(xs, hd) / (float)hd + eps);
+                for (int64_t ch = 0; ch < hd; ch++) {
+                    const float wv = (float)ref_load(wp, dt, ch);
+                    const float wf = weight == 0 ? 1.0f : weight == 1 ? wv : 1.0f + wv;
+                    const float n = xs[ch] * rs;
+                    v[ch] = mode == 0 ? n * wf
+                          : mode == 1 ? to_dt(to_dt(n, dt) * wf, dt) : to_dt(n * wf, dt);
+                    want[ch] = v[ch];
+                }
+                for (int64_t i = 0; i < half; i++) {
+                    int64_t ca, cb;
+                    const float cs = tc[t * half + i], sn = ts[t * half + i];
+                    ref_pair(style, (int)rot, (int)i, &ca, &cb);
+                    want[ca] = v[ca] * cs - v[cb] * sn;
+                    want[cb] = v[cb] * cs + v[ca] * sn;
+                }
+                for (int64_t ch = 0; ch < hd; ch++) {
+                    const double got = ref_load(y[mode].data, dt, ref_offset(&y[mode], t, 0, h, ch));
+                    ck_assert_msg(got == ref_round(want[ch], dt),
+                                  "%s weight %d mode %d t %lld h %lld c %lld: %.9g, the unfused "
+                                  "evaluation gives %.9g (seed %llu)",
+                                  ref_dtype_name(dt), weight, mode, (long long)t, (long long)h,
+                                  (long long)ch, got, ref_round(want[ch], dt),
+                                  (unsigned long long)tu_seed);
+                }
+            }
+    }
+    /* the modes are not the same computation: in a 16-bit dtype, with a
+     * weight, rounding n first changes some outputs */
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t ch = 0; ch < hd; ch++)
+                differ += ref_load(y[0].data, dt, ref_offset(&y[0], t, 0, h, ch)) !=
+                          ref_load(y[1].data, dt, ref_offset(&y[1], t, 0, h, ch));
+    if (dt != FUSEDROPE_FLOAT32 && weight != 0)
+        ck_assert_msg(differ > 0, "ROUND_ONCE and ROUND_LLAMA gave the same bytes");
+    if (dt == FUSEDROPE_FLOAT32)
+        ck_assert_msg(differ == 0, "float32: the modes must agree");
+    tu_free_all();
+}
+END_TEST
+
+/* --------------------------------------------------------------- backward */
+
+static int64_t check_backward_tensor(run *R, const ncase *c, const fusedrope_tensor *saved,
+                                     int saved_y, const fusedrope_tensor *dy,
+                                     const fusedrope_tensor *dx, const double *w,
+                                     const float *rstd, const float *dw, char *msg)
+{
+    const int64_t rows = R->tokens * dy->heads, n = rows * dy->head_dim;
+    double *want = tu_alloc(sizeof(double) * (size_t)n), *scale = tu_alloc(sizeof(double) * rows);
+    double *dwr = tu_alloc(sizeof(double) * (size_t)dy->head_dim),
+           *dwa = tu_alloc(sizeof(double) * (size_t)dy->head_dim);
+    int64_t bad = 0;
+    ref_norm_backward(&R->ref, c->style, R->positions, saved, saved_y, dy, c->weight, w,
+                      R->norm.eps, saved_y ? rstd : NULL, want, dwr, dwa, scale);
+    for (int64_t s = 0; s < dy->seq_len; s++)
+        for (int64_t b = 0; b < dy->batch; b++)
+            for (int64_t h = 0; h < dy->heads; h++) {
+                const int64_t row = (s * dy->batch + b) * dy->heads + h;
+                for (int64_t ch = 0; ch < dy->head_dim; ch++) {
+                    const double got = ref_load(dx->data, dx->dtype, ref_offset(dx, s, b, h, ch));
+                    const double wv = want[row * dy->head_dim + ch];
+                    const double tol = ref_ulp(wv, c->dt) + scale[row] * 0x1p-16;
+                    if (!(fabs(got - wv) <= tol) && bad++ < 3)
+                        snprintf(msg + strlen(msg), MSG - strlen(msg),
+                                 " dx(s %lld b %lld h %lld c %lld) %.9g want %.9g tol %.3g;",
+                                 (long long)s, (long long)b, (long long)h, (long long)ch, got, wv,
+                                 tol);
+                }
+            }
+    if (dw)
+        for (int64_t ch = 0; ch < dy->head_dim; ch++) {
+            const double tol = dwa[ch] * 0x1p-15 + 1e-30;
+            if (!(fabs(dw[ch] - dwr[ch]) <= tol) && bad++ < 6)
+                snprintf(msg + strlen(msg), MSG - strlen(msg), " dw[%lld] %.9g want %.9g tol %.3g;",
+                         (long long)ch, (double)dw[ch], dwr[ch], tol);
+        }
+    return bad;
+}
+
+/* Forward (rstd, y), then backward from the saved x or the saved y, dx in
+ * place over dy or not, dw for both weights; against ref_norm_backward. */
+START_TEST(test_backward_matrix)
+{
+    tu_rng r;
+    ncase c;
+    run R;
+    char msg[MSG] = "", what[256];
+    tu_rng_init(&r, 400 + (uint64_t)_i);
+    for (int rep = 0; rep < 2; rep++) {
+        const int saved_y = (_i + rep) % 2;
+        tu_buf dqb, dkb, dxqb, dxkb;
+        fusedrope_tensor dq, dk, dxq, dxk;
+        float *rq, *rk = NULL, *dwq = NULL, *dwk = NULL;
+        int in_place_dx = (int)tu_int(&r, 0, 1);
+        int64_t bad;
+        random_case(&c, &r, _i);
+        c.in_place = 0; /* keep x: the forward's input is the saved one */
+        setup(&R, &c, &r);
+        rq = poisoned_floats(R.tokens * c.hq);
+        R.norm.q_rstd = rq;
+        if (c.k_present)
+            R.norm.k_rstd = rk = poisoned_floats(R.tokens * c.hk);
+        ck_assert_msg(forward(&R, &c) == FUSEDROPE_OK, "%s", fusedrope_last_error());
+        if (saved_y && c.weight == 2) {
+            /* n = R^T y / (1 + w): keep 1 + w away from 0 */
+            for (int64_t i = 0; i < c.hd; i++)
+                ck_assert(fabs(1 + R.wq[i]) > 0.3);
+        }
+        dq = tu_tensor(c.layout, c.dt, c.s, R.q.batch, c.hq, c.hd, &dqb);
+        tu_fill_view(&dq, &r, -1, 1);
+        dxq = in_place_dx ? dq : tu_tensor(c.layout, c.dt, c.s, R.q.batch, c.hq, c.hd, &dxqb);
+        if (c.k_present) {
+            dk = tu_tensor(c.layout, c.dt, c.s, R.q.batch, c.hk, c.hd, &dkb);
+            tu_fill_view(&dk, &r, -1, 1);
+            dxk = in_place_dx ? dk : tu_tensor(c.layout, c.dt, c.s, R.q.batch, c.hk, c.hd, &dxkb);
+        }
+        {
+            /* keep dy: in place it is overwritten */
+            tu_buf dqs = tu_buf_copy(&dqb), dks;
+            fusedrope_tensor dqx = tu_rebase(&dq, &dqb, &dqs), dkx = dq;
+            if (c.k_present) {
+                dks = tu_buf_copy(&dkb);
+                dkx = tu_rebase(&dk, &dkb, &dks);
+            }
+            if (c.weight) {
+                R.norm.dq_weight = dwq = poisoned_floats(c.hd);
+                if (c.k_present)
+                    R.norm.dk_weight = dwk = poisoned_floats(c.hd);
+            }
+            R.norm.saved_output = saved_y;
+            describe(&c, what, sizeof what);
+            ck_assert_msg(fusedrope_norm_backward_qk(R.cache, c.style, R.posp, &R.norm,
+                                                     saved_y ? &R.qo : &R.q, &dq, &dxq,
+                                                     c.k_present ? (saved_y ? &R.ko : &R.k) : NULL,
+                                                     c.k_present ? &dk : NULL,
+                                                     c.k_present ? &dxk : NULL,
+                                                     NULL) == FUSEDROPE_OK,
+                          "%s: %s", what, fusedrope_last_error());
+            bad = check_backward_tensor(&R, &c, saved_y ? &R.qo : &R.q, saved_y, &dqx, &dxq,
+                                        R.wq, rq, dwq, msg);
+            if (c.k_present)
+                bad += check_backward_tensor(&R, &c, saved_y ? &R.ko : &R.k, saved_y, &dkx,
+                                             &dxk, R.wk, rk, dwk, msg);
+            ck_assert_msg(bad == 0, "%s saved %s dx %s: %lld bad:%s", what, saved_y ? "y" : "x",
+                          in_place_dx ? "in place" : "apart", (long long)bad, msg);
+        }
+        tu_free_all();
+    }
+}
+END_TEST
+
+/* ------------------------------------------- the reference's gradients */
+
+/* L = sum(y * dy) of ref_norm_forward; its derivatives by central
+ * differences against ref_norm_backward's dx and dw. */
+START_TEST(test_reference_finite_differences)
+{
+    const int weight = _i % 3;
+    const fusedrope_style style = (_i / 3) % 2 ? FUSEDROPE_INTERLEAVED : FUSEDROPE_NEOX;
+    const int64_t S = 2, H = 2, hd = 10;
+    const int rot = (_i / 6) % 2 ? 6 : 10;
+    fusedrope_cache_config cfg;
+    ref_rope ref;
+    tu_rng r;
+    tu_buf xb, dyb;
+    fusedrope_tensor x, dy;
+    double w[10], dx[40], dw[10] = { 0 }, y[40], yp[40];
+    int64_t *positions;
+    const double eps = 1e-3;
+
+    tu_rng_init(&r, 500 + (uint64_t)_i);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, rot, 16, 100.0);
+    ck_assert_int_eq(ref_rope_from_config(&ref, &cfg), 0);
+    x = tu_tensor(LAY_SBHD, FUSEDROPE_FLOAT32, S, 1, H, hd, &xb);
+    dy = tu_tensor(LAY_SBHD, FUSEDROPE_FLOAT32, S, 1, H, hd, &dyb);
+    tu_fill_view(&x, &r, -1, 1);
+    tu_fill_view(&dy, &r, -1, 1);
+    for (int i = 0; i < hd; i++)
+        w[i] = tu_uniform(&r, -0.8, 0.8);
+    positions = tu_positions(NULL, S, 1);
+    positions[1] = 5;
+    ref_norm_backward(&ref, style, positions, &x, 0, &dy, weight, w, eps, NULL, dx, dw, NULL,
+                      NULL);
+    for (int64_t e = 0; e < S * H * hd; e++) {
+        /* perturb one element of x (stored as float: use the stored values) */
+        float *px = (float *)x.data + e;
+        const float x0 = *px, xp = x0 + 1e-3f, xm = x0 - 1e-3f;
+        double lp = 0, lm = 0, fd;
+        *px = xp;
+        ref_norm_forward(&ref, style, positions, &x, weight, w, eps, 0, y, NULL, NULL);
+        for (int64_t i = 0; i < S * H * hd; i++)
+            lp += y[i] * ref_load(dy.data, FUSEDROPE_FLOAT32, i);
+        *px = xm;
+        ref_norm_forward(&ref, style, positions, &x, weight, w, eps, 0, yp, NULL, NULL);
+        for (int64_t i = 0; i < S * H * hd; i++)
+            lm += yp[i] * ref_load(dy.data, FUSEDROPE_FLOAT32, i);
+        *px = x0;
+        fd = (lp - lm) / ((double)xp - (double)xm);
+        ck_assert_msg(fabs(fd - dx[e]) <= 1e-5 * (1 + fabs(fd)),
+                      "weight %d rot %d: dx[%lld] %.10g, finite differences %.10g", weight, rot,
+                      (long long)e, dx[e], fd);
+    }
+    for (int c = 0; c < hd && weight; c++) {
+        const double w0 = w[c], h = 1e-5;
+        double lp = 0, lm = 0, fd;
+        w[c] = w0 + h;
+        ref_norm_forward(&ref, style, positions, &x, weight, w, eps, 0, y, NULL, NULL);
+        w[c] = w0 - h;
+        ref_norm_forward(&ref, style, positions, &x, weight, w, eps, 0, yp, NULL, NULL);
+        w[c] = w0;
+        for (int64_t i = 0; i < S * H * hd; i++) {
+            lp += y[i] * ref_load(dy.data, FUSEDROPE_FLOAT32, i);
+            lm += yp[i] * ref_load(dy.data, FUSEDROPE_FLOAT32, i);
+        }
+        fd = (lp - lm) / (2 * h);
+        ck_assert_msg(fabs(fd - dw[c]) <= 1e-6 * (1 + fabs(fd)),
+                      "weight %d: dw[%d] %.10g, finite differences %.10g", weight, c, dw[c], fd);
+    }
+    ref_rope_free(&ref);
+    tu_free_all();
+}
+END_TEST
+
+/* ------------------------------------------------------------ determinism */
+
+/* dx and dw the same bytes for 1, 2 and 7 threads (more than one chunk of
+ * FUSEDROPE_NORM_DW_CHUNK tokens, more than the threshold for threads). */
+START_TEST(test_threads_determinism)
+{
+    const fusedrope_dtype dt = dtypes[_i % 3];
+    static const int nthreads[3] = { 1, 2, 7 };
+    tu_rng r;
+    ncase c;
+    run R;
+    unsigned char *first_dx = NULL, *first_y = NULL;
+    float first_dw[2][128];
+    tu_buf dqb, dxqb;
+    fusedrope_tensor dq, dxq;
+
+    tu_rng_init(&r, 600 + (uint64_t)_i);
+    memset(&c, 0, sizeof c);
+    c.dt = dt;
+    c.style = FUSEDROPE_NEOX;
+    c.weight = 1 + _i % 2;
+    c.rounding = 1;
+    c.layout = LAY_BSHD;
+    c.s = 150;
+    c.b = 2;
+    c.hq = 5;
+    c.hk = 2;
+    c.hd = 128;
+    c.rot_dim = 64;
+    c.k_present = 1;
+    setup(&R, &c, &r);
+    R.norm.q_rstd = tu_alloc(sizeof(float) * (size_t)(R.tokens * c.hq));
+    R.norm.k_rstd = tu_alloc(sizeof(float) * (size_t)(R.tokens * c.hk));
+    R.norm.dq_weight = tu_alloc(sizeof(float) * 128);
+    R.norm.dk_weight = tu_alloc(sizeof(float) * 128);
+    dq = tu_tensor(LAY_BSHD, dt, c.s, c.b, c.hq, c.hd, &dqb);
+    tu_fill_view(&dq, &r, -1, 1);
+    dxq = tu_tensor(LAY_BSHD, dt, c.s, c.b, c.hq, c.hd, &dxqb);
+    for (int i = 0; i < 3; i++) {
+        tu_threads(nthreads[i]);
+        ck_assert_int_eq(forward(&R, &c), FUSEDROPE_OK);
+        ck_assert_msg(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &dq,
+                                                 &dxq, &R.k, &R.ko, &R.ko, NULL) ==
+                          FUSEDROPE_OK,
+                      "%s", fusedrope_last_error());
+        if (i == 0) {
+            first_dx = tu_dup(dxqb.p, dxqb.nbytes);
+            first_y = tu_dup(R.qob.p, R.qob.nbytes);
+            memcpy(first_dw[0], R.norm.dq_weight, sizeof first_dw[0]);
+            memcpy(first_dw[1], R.norm.dk_weight, sizeof first_dw[1]);
+        } else {
+            ck_assert_msg(memcmp(first_dx, dxqb.p, dxqb.nbytes) == 0,
+                          "dx differs between 1 and %d threads", nthreads[i]);
+            ck_assert_msg(memcmp(first_y, R.qob.p, R.qob.nbytes) == 0,
+                          "y differs between 1 and %d threads", nthreads[i]);
+            ck_assert_msg(memcmp(first_dw[0], R.norm.dq_weight, sizeof first_dw[0]) == 0,
+                          "dq_weight differs between 1 and %d threads", nthreads[i]);
+            ck_assert_msg(memcmp(first_dw[1], R.norm.dk_weight, sizeof first_dw[1]) == 0,
+                          "dk_weight differs between 1 and %d threads", nthreads[i]);
+        }
+        /* the next round's backward reads k's forward output again */
+        ck_assert_int_eq(forward(&R, &c), FUSEDROPE_OK);
+    }
+    tu_free_all();
+}
+END_TEST
+
+/* --------------------------------------------------------------- refusals */
+
+static void expect(fusedrope_status got, fusedrope_status want, const char *needle,
+                   const char *what)
+{
+    ck_assert_msg(got == want, "%s: status %d, want %d (%s)", what, (int)got, (int)want,
+                  fusedrope_last_error());
+    ck_assert_msg(tu_contains(fusedrope_last_error(), needle), "%s: message '%s' lacks '%s'",
+                  what, fusedrope_last_error(), needle);
+}
+
+START_TEST(test_refusals)
+{
+    tu_rng r;
+    ncase c;
+    run R;
+    fusedrope_norm saved;
+    tu_buf snap;
+    float *rq;
+    fusedrope_tensor bad;
+
+    tu_rng_init(&r, 700);
+    memset(&c, 0, sizeof c);
+    c.dt = FUSEDROPE_BFLOAT16;
+    c.weight = 1;
+    c.rounding = 1;
+    c.layout = LAY_BSHD;
+    c.s = 4;
+    c.b = 2;
+    c.hq = 4;
+    c.hk = 2;
+    c.hd = 64;
+    c.rot_dim = 64;
+    c.k_present = 1;
+    setup(&R, &c, &r);
+    rq = tu_alloc(sizeof(float) * (size_t)(R.tokens * c.hq));
+    R.norm.q_rstd = rq;
+    saved = R.norm;
+    snap = tu_buf_copy(&R.qob);
+
+    R.norm.eps = 0;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "eps", "eps 0");
+    R.norm.eps = -1e-6;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "eps", "eps < 0");
+    R.norm.eps = NAN;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "eps", "eps NaN");
+    R.norm.eps = 1e-300; /* 0 as a float32 */
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "eps", "eps underflowing");
+    R.norm.eps = INFINITY;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "eps", "eps Inf");
+    R.norm = saved;
+    R.norm.k_weight = NULL;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "k_weight", "NULL k weight");
+    R.norm = saved;
+    R.norm.weight = FUSEDROPE_NORM_WEIGHT_NONE;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "WEIGHT_NONE", "weights with WEIGHT_NONE");
+    R.norm = saved;
+    R.norm.weight_dtype = FUSEDROPE_FLOAT16;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "weight_dtype", "weight dtype f16 on bf16");
+    R.norm.weight_dtype = (fusedrope_dtype)7;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "weight_dtype", "weight dtype 7");
+    R.norm = saved;
+    R.norm.weight = (fusedrope_norm_weight)3;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "weight", "weight kind 3");
+    R.norm = saved;
+    R.norm.rounding = (fusedrope_norm_rounding)-1;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "rounding", "rounding -1");
+    R.norm = saved;
+    R.norm.struct_size = 0;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "struct_size", "struct_size 0");
+    R.norm = saved;
+    R.norm.struct_size = 12;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "struct_size", "struct_size 12");
+    R.norm = saved;
+    expect(fusedrope_norm_forward_qk(R.cache, c.style, NULL, NULL, &R.q, &R.qo, NULL, NULL, NULL),
+           FUSEDROPE_ERR_INVALID, "norm", "norm NULL");
+    /* rstd overlapping an output, an input, the other rstd */
+    R.norm.q_rstd = (float *)R.qo.data;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "q_rstd", "rstd over q_out");
+    R.norm.q_rstd = (float *)R.k.data;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "q_rstd", "rstd over k_in");
+    R.norm.q_rstd = rq;
+    R.norm.k_rstd = rq + 3;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "rstd", "rstd over rstd");
+    R.norm.k_rstd = NULL;
+    R.norm.q_rstd = (float *)((char *)rq + 2);
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "aligned", "misaligned rstd");
+    R.norm = saved;
+    /* a weight inside an output */
+    R.norm.q_weight = R.ko.data;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "q_weight", "weight inside k_out");
+    R.norm = saved;
+    R.norm.q_weight = (const char *)saved.q_weight + 1;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "aligned", "misaligned weight");
+    R.norm = saved;
+    /* partial overlap of q_out with q_in (fr_apply's rule) */
+    bad = R.q;
+    bad.data = (char *)R.q.data + 2;
+    expect(fusedrope_norm_forward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &bad, &R.k, &R.ko,
+                                     NULL),
+           FUSEDROPE_ERR_INVALID, "overlap", "partial overlap");
+    /* what the plain calls check: style, head_dim < rot_dim, k without k_out */
+    expect(fusedrope_norm_forward_qk(R.cache, (fusedrope_style)5, NULL, &R.norm, &R.q, &R.qo,
+                                     &R.k, &R.ko, NULL),
+           FUSEDROPE_ERR_INVALID, "style", "style 5");
+    expect(fusedrope_norm_forward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, &R.k, NULL,
+                                     NULL),
+           FUSEDROPE_ERR_INVALID, "k_out", "k_out NULL");
+    expect(fusedrope_norm_forward_qk(NULL, c.style, NULL, &R.norm, &R.q, &R.qo, &R.k, &R.ko,
+                                     NULL),
+           FUSEDROPE_ERR_INVALID, "cache", "cache NULL");
+    /* nothing written by any refused call */
+    ck_assert(tu_changed(&R.qob, &snap, NULL) == 0);
+
+    /* backward: rstd required, dw without a weight, dw overlapping */
+    R.norm.q_rstd = NULL;
+    expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, &R.qo, &R.k,
+                                      &R.ko, &R.ko, NULL),
+           FUSEDROPE_ERR_INVALID, "rstd", "backward without rstd");
+    R.norm.q_rstd = rq;
+    R.norm.k_rstd = tu_alloc(sizeof(float) * (size_t)(R.tokens * c.hk));
+    R.norm.dq_weight = rq;
+    expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, &R.qo, &R.k,
+                                      &R.ko, &R.ko, NULL),
+           FUSEDROPE_ERR_INVALID, "dq_weight", "dw over rstd");
+    R.norm.dq_weight = (float *)R.qo.data;
+    expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, &R.qo, &R.k,
+                                      &R.ko, &R.ko, NULL),
+           FUSEDROPE_ERR_INVALID, "dq_weight", "dw over dy");
+    R.norm.dq_weight = tu_alloc(sizeof(float) * 64);
+    R.norm.dk_weight = R.norm.dq_weight + 8;
+    expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, &R.qo, &R.k,
+                                      &R.ko, &R.ko, NULL),
+           FUSEDROPE_ERR_INVALID, "weight", "dw over dw");
+    R.norm.dk_weight = NULL;
+    R.norm.saved_output = 2;
+    expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, &R.qo, &R.k,
+                                      &R.ko, &R.ko, NULL),
+           FUSEDROPE_ERR_INVALID, "saved_output", "saved_output 2");
+    R.norm.saved_output = 0;
+    /* the saved tensor partially overlapping dx */
+    bad = R.qo;
+    bad.data = (char *)R.qo.data + 2;
+    expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &bad, &R.q, &R.qo, &R.k,
+                                      &R.ko, &R.ko, NULL),
+           FUSEDROPE_ERR_INVALID, "overlap", "saved over dx");
+    R.norm.weight = FUSEDROPE_NORM_WEIGHT_NONE;
+    R.norm.q_weight = R.norm.k_weight = NULL;
+    expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, &R.qo, &R.k,
+                                      &R.ko, &R.ko, NULL),
+           FUSEDROPE_ERR_INVALID, "WEIGHT_NONE", "dw without a weight");
+    tu_free_all();
+}
+END_TEST
+
+/* No tokens: nothing to do, and a weight gradient is zero. */
+START_TEST(test_empty)
+{
+    tu_rng r;
+    ncase c;
+    run R;
+    float dw[64];
+    fusedrope_tensor dq;
+    tu_rng_init(&r, 800);
+    memset(&c, 0, sizeof c);
+    c.dt = FUSEDROPE_FLOAT32;
+    c.weight = 1;
+    c.layout = LAY_BSHD;
+    c.s = 0;
+    c.b = 2;
+    c.hq = 4;
+    c.hd = 64;
+    c.rot_dim = 64;
+    setup(&R, &c, &r);
+    ck_assert_int_eq(forward(&R, &c), FUSEDROPE_OK);
+    memset(dw, 0xff, sizeof dw);
+    R.norm.q_rstd = (float *)dw; /* never read: no rows */
+    R.norm.dq_weight = dw;
+    R.norm.q_rstd = tu_alloc(4);
+    dq = R.q;
+    ck_assert_msg(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &dq, &dq,
+                                             NULL, NULL, NULL, NULL) == FUSEDROPE_OK,
+                  "%s", fusedrope_last_error());
+    for (int i = 0; i < 64; i++)
+        ck_assert(dw[i] == 0.0f && !signbit(dw[i]));
+    tu_free_all();
+}
+END_TEST
+
+static Suite *norm_suite(void)
+{
+    Suite *s = suite_create("norm");
+    TCase *tc = tcase_create("forward");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, test_forward_matrix, 0, 54);
+    tcase_add_loop_test(tc, test_forward_packed_qkv, 0, 3);
+    tcase_add_loop_test(tc, test_unfused_literal, 0, 18);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("backward");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, test_backward_matrix, 0, 54);
+    tcase_add_loop_test(tc, test_reference_finite_differences, 0, 12);
+    tcase_add_loop_test(tc, test_threads_determinism, 0, 6);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("refusals");
+    tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_empty);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return tu_main(norm_suite(), "test_norm");
+}
