@@ -43,8 +43,11 @@ Mirrors transformers' modeling_rope_utils (checked against transformers
   mrope_section in its rope dict gets transformers' class default.  The
   rotation style is not in the config either: GLM-4.1V (model_type glm4v)
   rotates interleaved pairs, so call forward with style="interleaved";
-  the others use "neox".  Ernie-4.5-VL's layout (pairs alternate H/W over
-  permuted frequency columns) is not mapped: build it with axes="custom".
+  the others use "neox".  Ernie-4.5-VL (ernie4_5_vl_moe): axes
+  "alternating"; its config lists the sections as [h, w, t] (default
+  [22, 22, 20]), which become sections [t, h, w]; transformers pre-permutes
+  the H/W frequencies and undoes it when it interleaves them, so pair j
+  keeps frequency column j; it rotates GPT-J pairs: style="interleaved".
   Position ids then have a row per axis: [3, batch, seq] (or [3, tokens]).
 """
 
@@ -63,7 +66,9 @@ _MROPE_MODELS = {
     "qwen3_5": ("interleaved", [11, 11, 10]),
     "qwen3_5_moe": ("interleaved", [11, 11, 10]),
 }
-_UNMAPPED_MROPE = ("ernie4_5_vl", "ernie4_5_vl_moe")
+# Ernie-4.5-VL: sections given as [h, w, t]; transformers' default.
+_ERNIE_MROPE = ("ernie4_5_vl", "ernie4_5_vl_moe")
+_ERNIE_DEFAULT_SECTION = [22, 22, 20]
 
 
 def _getter(config):
@@ -199,10 +204,9 @@ def _mrope_arguments(get, rope):
     model_type = str(get("model_type", "") or "")
     base = model_type[:-5] if model_type.endswith("_text") else model_type
     section = rope.get("mrope_section")
-    if base in _UNMAPPED_MROPE and (section is not None or "mrope" in str(rope.get("type"))):
-        raise NotImplementedError(
-            f"{model_type}: its multimodal rope layout is not mapped; build the cache with "
-            f"axes='custom' (pair_axis, pair_col)")
+    if base in _ERNIE_MROPE:
+        h, w, t = [int(v) for v in (section or _ERNIE_DEFAULT_SECTION)]
+        return dict(axes="alternating", sections=[t, h, w])
     known = _MROPE_MODELS.get(base)
     if section is None:
         if known is None:

@@ -130,10 +130,11 @@ def test_mapping_multimodal_and_proportional():
     assert cache_arguments(other)["axes"] == "sections"
     other["rope_scaling"]["mrope_interleaved"] = True
     assert cache_arguments(other)["axes"] == "interleaved"
+    # Ernie-4.5-VL: sections given as [h, w, t], alternating H/W, then T
     ernie = dict(QWEN3, model_type="ernie4_5_vl_moe",
-                 rope_scaling={"rope_type": "default", "mrope_section": [22, 22, 20]})
-    with pytest.raises(NotImplementedError, match="custom"):
-        cache_arguments(ernie)
+                 rope_scaling={"rope_type": "default", "mrope_section": [22, 22, 18]})
+    assert cache_arguments(ernie)["axes"] == "alternating"
+    assert cache_arguments(ernie)["sections"] == [18, 22, 22]
     # Gemma 4: global_head_dim for full attention; proportional keeps the whole head
     assert cache_arguments(GEMMA4, layer_type="full_attention", max_positions=7) == dict(
         type="proportional", rot_dim=512, max_positions=7, theta=1e6,
@@ -516,3 +517,55 @@ def test_longrope_regime_against_transformers_dynamic_update():
         inv, att = _lib_inv(cache)
         np.testing.assert_allclose(inv, want, rtol=5e-6, atol=0)
         assert math.isclose(att, rotary.attention_scaling, rel_tol=2e-7)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_ernie_multimodal_rope_against_transformers(dtype):
+    """Ernie-4.5-VL: Cache.from_config + forward_qk (GPT-J pairs) with
+    [3, b, s] position ids against transformers' rotary class (its
+    pre-permuted frequencies and recomposition_frequencies) and its
+    apply_rotary_pos_emb: in float64 within the library's bound, and its own
+    float32 path within bfloat16 tolerance."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import torch
+    from transformers.models.ernie4_5_vl_moe import modeling_ernie4_5_vl_moe as m
+    from transformers.models.ernie4_5_vl_moe.configuration_ernie4_5_vl_moe import (
+        Ernie4_5_VLMoeTextConfig as C)
+    sec = [12, 12, 8]  # [h, w, t] over 32 pairs (head_dim 64)
+    cfg = C(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+            max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 5e5, "mrope_section": sec})
+    rotary = m.Ernie4_5_VLMoeTextRotaryEmbedding(cfg)
+    cache = fusedrope.Cache.from_config(cfg)
+    assert cache.params["axes"] == "alternating"
+    b, s, hq, hk, d = 2, 23, 4, 2, 64
+    g = torch.Generator().manual_seed(ref.SEED)
+    tdt = getattr(torch, dtype)
+    q = (torch.randn(b, s, hq, d, generator=g) * 3).to(tdt)
+    k = (torch.randn(b, s, hk, d, generator=g) * 3).to(tdt)
+    pos = _vl_positions(g, b, s, torch)
+    qo, ko = fusedrope.forward_qk(cache, q, k, layout="bshd", ids=pos, style="interleaved",
+                                  out=(torch.empty_like(q), torch.empty_like(k)))
+    # (a) float64: transformers' pre-permutation and recomposition on float64 angles
+    inv64 = 5e5 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    t = sec[2]
+    inv3d = torch.cat([inv64[:-t][0::2], inv64[:-t][1::2], inv64[-t:]])
+    freqs = pos[..., None].double() * inv3d                    # [3, b, s, d/2]
+    cos64 = rotary.recomposition_frequencies(freqs.cos())
+    sin64 = rotary.recomposition_frequencies(freqs.sin())
+    rq, rk = m.apply_rotary_pos_emb(q.double().transpose(1, 2), k.double().transpose(1, 2),
+                                    cos64, sin64)
+    # (b) transformers' own float32 path
+    cos32, sin32 = rotary(q.float(), pos)
+    hq32, hk32 = m.apply_rotary_pos_emb(q.float().transpose(1, 2), k.float().transpose(1, 2),
+                                        cos32, sin32)
+    for got, want, hf, src in ((qo, rq, hq32, q), (ko, rk, hk32, k)):
+        x = src.double().numpy()
+        mag = np.abs(x[..., 0::2]) + np.abs(x[..., 1::2])
+        mag = np.repeat(mag, 2, -1)
+        g64 = got.double().numpy()
+        ref.assert_close(g64, want.transpose(1, 2).double().numpy(), mag, dtype,
+                         what="ernie float64")
+        err = np.abs(g64 - hf.transpose(1, 2).double().numpy())
+        assert (err <= 2.0 ** -8 * mag + 1e-6).all(), float(err.max())
