@@ -128,22 +128,26 @@ static void setup(void)
     /* backward, bf16, bshd, offsets, in place */
     jobs[njobs] = (job){ J_BWD, cache_table, FUSEDROPE_INTERLEAVED, FUSEDROPE_BFLOAT16, 1, s, 2, hq,
                          0, 128, 1, { 0 }, 1, { 0 }, { 0 }, { 0 } };
-    jobs[njobs].pos = (fusedrope_positions){ sizeof(fusedrope_positions), NULL, offs_buf, NULL, 0, 1, 0 };
+    jobs[njobs].pos = (fusedrope_positions){
+        .struct_size = sizeof(fusedrope_positions), .offsets = offs_buf };
     njobs++;
     /* forward_qk, f16, thd with cu_seqlens (an empty sequence too), GQA */
     jobs[njobs] = (job){ J_FWD_QK, cache_table, FUSEDROPE_NEOX, FUSEDROPE_FLOAT16, 2, 2 * s, 1, hq,
                          2, 128, 0, { 0 }, 1, { 0 }, { 0 }, { 0 } };
-    jobs[njobs].pos = (fusedrope_positions){ sizeof(fusedrope_positions), NULL, NULL, cu_buf, 3, 1, 0 };
+    jobs[njobs].pos = (fusedrope_positions){
+        .struct_size = sizeof(fusedrope_positions), .cu_seqlens = cu_buf, .num_seqs = 3 };
     njobs++;
     /* backward_qk, f32, sbhd, ids */
     jobs[njobs] = (job){ J_BWD_QK, cache_table, FUSEDROPE_NEOX, FUSEDROPE_FLOAT32, 0, s, 2, hq, 4,
                          128, 0, { 0 }, 1, { 0 }, { 0 }, { 0 } };
-    jobs[njobs].pos = (fusedrope_positions){ sizeof(fusedrope_positions), ids_buf, NULL, NULL, 0, 1, 0 };
+    jobs[njobs].pos = (fusedrope_positions){
+        .struct_size = sizeof(fusedrope_positions), .ids = ids_buf };
     njobs++;
     /* forward, bf16, bshd, context parallelism 4 rank 1, table-less cache, in place */
     jobs[njobs] = (job){ J_FWD, cache_free, FUSEDROPE_INTERLEAVED, FUSEDROPE_BFLOAT16, 1, s, 2, hq,
                          0, 128, 1, { 0 }, 1, { 0 }, { 0 }, { 0 } };
-    jobs[njobs].pos = (fusedrope_positions){ sizeof(fusedrope_positions), NULL, NULL, NULL, 0, 4, 1 };
+    jobs[njobs].pos = (fusedrope_positions){
+        .struct_size = sizeof(fusedrope_positions), .cp_size = 4, .cp_rank = 1 };
     njobs++;
     /* backward_qk, f16, thd, table-less, implicit */
     jobs[njobs++] = (job){ J_BWD_QK, cache_free, FUSEDROPE_NEOX, FUSEDROPE_FLOAT16, 2, 2 * s, 1, hq,

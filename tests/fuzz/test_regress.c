@@ -53,8 +53,9 @@ START_TEST(cp_size_above_2_30)
         fusedrope_tensor tx = fusedrope_tensor_sbhd(x, FUSEDROPE_FLOAT32, 2, 1, 1, 4);
         fusedrope_tensor t1 = fusedrope_tensor_sbhd(y1, FUSEDROPE_FLOAT32, 2, 1, 1, 4);
         fusedrope_tensor t2 = fusedrope_tensor_sbhd(y2, FUSEDROPE_FLOAT32, 2, 1, 1, 4);
-        fusedrope_positions pcp = { sizeof(fusedrope_positions), NULL, NULL, NULL, 0, cp, r };
-        fusedrope_positions pid = { sizeof(fusedrope_positions), ids, NULL, NULL, 0, 1, 0 };
+        fusedrope_positions pcp = {
+            .struct_size = sizeof(fusedrope_positions), .cp_size = cp, .cp_rank = r };
+        fusedrope_positions pid = { .struct_size = sizeof(fusedrope_positions), .ids = ids };
         fusedrope_status st;
         ids[0] = (int64_t)r;                          /* chunk 1: r * 1 + 0 */
         ids[1] = 2 * (int64_t)cp - 1 - (int64_t)r;    /* (2 cp - 1 - r) * 1 + 0 */
@@ -155,7 +156,7 @@ START_TEST(position_arrays_inside_output)
         float *snap = malloc(S * D * sizeof(float));
         fusedrope_tensor tx = fusedrope_tensor_sbhd(x, FUSEDROPE_FLOAT32, S, 1, 1, D);
         fusedrope_tensor ty = fusedrope_tensor_sbhd(y, FUSEDROPE_FLOAT32, S, 1, 1, D);
-        fusedrope_positions pos = { sizeof(fusedrope_positions), NULL, NULL, NULL, 0, 1, 0 };
+        fusedrope_positions pos = { .struct_size = sizeof(fusedrope_positions) };
         const char *what = which == 0 ? "ids" : which == 1 ? "offsets" : "cu_seqlens";
         fusedrope_status st;
         ck_assert_ptr_nonnull(y);
@@ -226,7 +227,8 @@ START_TEST(misaligned_pointers)
         fusedrope_tensor tx = fusedrope_tensor_sbhd(xb, FUSEDROPE_FLOAT32, S, 1, 1, D);
         fusedrope_tensor ty = fusedrope_tensor_sbhd(yb, FUSEDROPE_FLOAT32, S, 1, 1, D);
         int64_t ids[S] = { 0, 1, 2, 3 };
-        fusedrope_positions pos = { sizeof(fusedrope_positions), (const int64_t *)(const void *)(pb + 4), NULL, NULL, 0, 1, 0 };
+        fusedrope_positions pos = {
+            .struct_size = sizeof(fusedrope_positions), .ids = (const int64_t *)(const void *)(pb + 4) };
         fusedrope_status st;
         memcpy(pb + 4, ids, sizeof ids);
         st = fusedrope_forward(c, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL);
