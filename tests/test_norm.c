@@ -282,6 +282,7 @@ START_TEST(test_forward_matrix)
         random_case(&c, &r, _i);
         setup(&R, &c, &r);
         check_forward(&R, &c);
+        ref_rope_free(&R.ref);
     }
     tu_free_all();
 }
@@ -579,6 +580,7 @@ START_TEST(test_backward_matrix)
             ck_assert_msg(bad == 0, "%s saved %s dx %s: %lld bad:%s", what, saved_y ? "y" : "x",
                           in_place_dx ? "in place" : "apart", (long long)bad, msg);
         }
+        ref_rope_free(&R.ref);
         tu_free_all();
     }
 }
@@ -719,6 +721,7 @@ START_TEST(test_threads_determinism)
         /* the next round's backward reads k's forward output again */
         ck_assert_int_eq(forward(&R, &c), FUSEDROPE_OK);
     }
+    ref_rope_free(&R.ref);
     tu_free_all();
 }
 END_TEST
@@ -874,6 +877,7 @@ START_TEST(test_refusals)
     expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, &R.qo, &R.k,
                                       &R.ko, &R.ko, NULL),
            FUSEDROPE_ERR_INVALID, "WEIGHT_NONE", "dw without a weight");
+    ref_rope_free(&R.ref);
     tu_free_all();
 }
 END_TEST
@@ -908,6 +912,7 @@ START_TEST(test_empty)
                   "%s", fusedrope_last_error());
     for (int i = 0; i < 64; i++)
         ck_assert(dw[i] == 0.0f && !signbit(dw[i]));
+    ref_rope_free(&R.ref);
     tu_free_all();
 }
 END_TEST
