@@ -144,7 +144,13 @@ enum {
     ANGLE_PAIRS = 256,
     STREAM_ROW_BYTES = 8192,      /* heads streamed without cpu_avx2.c: up to this */
     STREAM_DIRECT_BYTES = 16384,  /* heads streamed straight from cpu_avx2.c: up to this */
-    STREAM_MIN_BYTES = 1 << 22    /* outputs smaller than this stay in the cache */
+    STREAM_MIN_BYTES = 1 << 22,   /* outputs smaller than this stay in the cache */
+    /* A call of fewer elements runs on the calling thread alone: starting a
+     * team cost 1.3-2 us a call, the work ~0.2 ns an element on one core
+     * (decode calls, 1 token x 40 heads x 128 channels per batch entry,
+     * bench/RESULTS.md), so 2 threads broke even at 10-20K elements and
+     * saved >= 15% from 30K on */
+    TEAM_MIN_ELEMS = 1 << 15
 };
 
 /* cos/sin of pairs [i0, i0 + m) of a token whose position on axis a is
@@ -214,6 +220,25 @@ static void rotate_head(const row_conv *rc, const void *x, void *y, const float 
     }
 }
 
+/* A whole head (pairs [0, half)): rotate_head, with its AVX2 case called
+ * straight, since per head of 128 channels going through rotate_head cost
+ * 0.37 instructions per element (bench/RESULTS.md, "CPU roofline"). */
+static inline void rotate_whole_head(const row_conv *rc, const void *x, void *y, const float *cs,
+                                     const float *sn, int64_t half, int interleaved, float sgn,
+                                     int nt_stores, float *tmp, uint16_t *tmp16)
+{
+    if (rc != NULL && rc->rotate != NULL) {
+        const uint16_t *x16 = x;
+        uint16_t *y16 = y;
+        if (interleaved)
+            rc->rotate_pairs(x16, y16, cs, sn, half, sgn, nt_stores);
+        else
+            rc->rotate(x16, x16 + half, y16, y16 + half, cs, sn, half, sgn, nt_stores);
+        return;
+    }
+    rotate_head(rc, x, y, cs, sn, half, 0, half, interleaved, sgn, nt_stores, tmp, tmp16);
+}
+
 #ifdef __SSE2__
 /* Out of place, a large output is written with non-temporal stores: a plain
  * store first reads the line it fills, a third memory transfer per element
@@ -281,7 +306,7 @@ void fr_cpu_apply(const fr_apply_args *args)
      * bench/RESULTS.md, "CPU roofline"), bshd's positions inside each entry. */
     s_outer = args->batch > 1 && args->io[0].in_sb < args->io[0].in_ss;
 
-#pragma omp parallel if (elems > (1 << 16))
+#pragma omp parallel if (elems >= TEAM_MIN_ELEMS)
     {
         int threads = 1, id = 0;
         int64_t n0, n1, base, rem;
@@ -384,9 +409,8 @@ void fr_cpu_apply(const fr_apply_args *args)
                 y = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb + h0 * io->out_sh) * es;
 #ifdef __SSE2__
                 if (direct[k]) {
-                    /* rotate_head's AVX2 case, called straight: per head
-                     * of 128 channels its dispatch cost 0.37 instructions
-                     * per element (bench/RESULTS.md, "CPU roofline") */
+                    /* direct[k]: rc->rotate is there (rotate_whole_head's
+                     * AVX2 case without its test, 5 instructions a head) */
                     for (int64_t h = h0; h < h1; h++, x += xstep, y += ystep) {
                         const uint16_t *x16 = (const uint16_t *)x;
                         uint16_t *y16 = (uint16_t *)y;
@@ -404,8 +428,8 @@ void fr_cpu_apply(const fr_apply_args *args)
                 for (int64_t h = h0; h < h1; h++, x += xstep, y += ystep) {
                     /* A streamed head is assembled in `row`, then written past the cache. */
                     char *dst = stream[k] ? row : y;
-                    rotate_head(rc, x, dst, cs, sn, half, 0, half, args->interleaved, args->sgn, 0,
-                                frow, hrow);
+                    rotate_whole_head(rc, x, dst, cs, sn, half, args->interleaved, args->sgn, 0,
+                                      frow, hrow);
                     if (!io->in_place && pass)
                         memcpy(dst + rot, x + rot, pass);
 #ifdef __SSE2__
