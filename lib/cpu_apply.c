@@ -1,7 +1,9 @@
 /*
  * cpu_apply.c - the OpenMP backend.  The work is a flat range of
  * (token, head) items split evenly over the threads, so prefill (many tokens)
- * and decode (few tokens, many heads) both use every core.  A head's rotated
+ * and decode (few tokens, many heads) both use every core; tokens are
+ * numbered in the order they lie in memory, so each thread streams through
+ * one contiguous range of a dense tensor.  A head's rotated
  * channels are rotated by one float loop over pairs that the compiler
  * vectorises; an iteration reads both elements of its pair before writing
  * either, which makes in place safe.  16-bit heads go through cpu_avx2.c's
@@ -142,7 +144,13 @@ enum {
     ANGLE_PAIRS = 256,
     STREAM_ROW_BYTES = 8192,      /* heads streamed without cpu_avx2.c: up to this */
     STREAM_DIRECT_BYTES = 16384,  /* heads streamed straight from cpu_avx2.c: up to this */
-    STREAM_MIN_BYTES = 1 << 22    /* outputs smaller than this stay in the cache */
+    STREAM_MIN_BYTES = 1 << 22,   /* outputs smaller than this stay in the cache */
+    /* A call of fewer elements runs on the calling thread alone: starting a
+     * team cost 1.3-2 us a call, the work ~0.2 ns an element on one core
+     * (decode calls, 1 token x 40 heads x 128 channels per batch entry,
+     * bench/RESULTS.md), so 2 threads broke even at 10-20K elements and
+     * saved >= 15% from 30K on */
+    TEAM_MIN_ELEMS = 1 << 15
 };
 
 /* cos/sin of pairs [i0, i0 + m) of a token whose position on axis a is
@@ -212,6 +220,25 @@ static void rotate_head(const row_conv *rc, const void *x, void *y, const float 
     }
 }
 
+/* A whole head (pairs [0, half)): rotate_head, with its AVX2 case called
+ * straight, since per head of 128 channels going through rotate_head cost
+ * 0.37 instructions per element (bench/RESULTS.md, "CPU roofline"). */
+static inline void rotate_whole_head(const row_conv *rc, const void *x, void *y, const float *cs,
+                                     const float *sn, int64_t half, int interleaved, float sgn,
+                                     int nt_stores, float *tmp, uint16_t *tmp16)
+{
+    if (rc != NULL && rc->rotate != NULL) {
+        const uint16_t *x16 = x;
+        uint16_t *y16 = y;
+        if (interleaved)
+            rc->rotate_pairs(x16, y16, cs, sn, half, sgn, nt_stores);
+        else
+            rc->rotate(x16, x16 + half, y16, y16 + half, cs, sn, half, sgn, nt_stores);
+        return;
+    }
+    rotate_head(rc, x, y, cs, sn, half, 0, half, interleaved, sgn, nt_stores, tmp, tmp16);
+}
+
 #ifdef __SSE2__
 /* Out of place, a large output is written with non-temporal stores: a plain
  * store first reads the line it fills, a third memory transfer per element
@@ -254,6 +281,11 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
     const int64_t heads0 = args->io[0].heads;
     const int64_t heads = heads0 + (args->count > 1 ? args->io[1].heads : 0);
     const int64_t items = args->seq_len * args->batch * heads;
+    /* Tokens are walked in the order they lie in memory: sbhd's batch
+     * entries inside each position (its threads then stream through
+     * contiguous memory, not through a token's few KiB every seq stride;
+     * bench/RESULTS.md, "CPU roofline"), bshd's positions inside each entry. */
+    const int s_outer = args->batch > 1 && args->io[0].in_sb < args->io[0].in_ss;
     /* a 1D table's row is used in place; otherwise each token's cos/sin are
      * gathered per pair (axes) or computed (no table) into row_c/row_s */
     const int gather = cache->max_positions == 0 || cache->pair_map != NULL;
@@ -261,7 +293,7 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
     (void)direct; /* read only where there is SSE2, as on every CPU with AVX2 */
     {
         int threads = 1, id = 0;
-        int64_t n0, n1, base, rem, t, hh, b = 0, s = 0, token = -1;
+        int64_t n0, n1, base, rem;
         int64_t pax[FUSEDROPE_MAX_AXES] = { 0, 0, 0, 0 }; /* the token's position per axis */
         const float *cs = NULL, *sn = NULL;
         /* Gathered or computed: this token's cos/sin (ANGLE_PAIRS of them at a time). */
@@ -280,39 +312,37 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
         n0 = id * base + (id < rem ? id : rem);
         n1 = n0 + base + (id < rem);
 
-        /* item n is head hh of token t: divided once, then counted */
-        t = heads ? n0 / heads : 0;
-        hh = heads ? n0 % heads : 0;
-        for (int64_t n = n0; n < n1; n++, hh = hh + 1 < heads ? hh + 1 : (t++, 0)) {
-            const int k = hh >= heads0;
-            const fr_io *io = &args->io[k];
-            const int64_t h = hh - (k ? heads0 : 0);
-            const char *x;
-            char *y, *dst;
+        /* Items n0..n1-1, one token's run of heads [hh, hh + run) at a time:
+         * the token's position and cos/sin once per run, each tensor's head
+         * pointers stepped by its head stride. */
+        for (int64_t n = n0; n < n1;) {
+            const int64_t t = n / heads, hh = n % heads;
+            const int64_t run = n1 - n < heads - hh ? n1 - n : heads - hh;
+            int64_t b, s;
+            int bad = 0;
 
-            if (t != token) {
-                int bad = 0;
+            if (s_outer) {
+                s = t / args->batch;
+                b = t % args->batch;
+            } else {
                 b = t / args->seq_len;
                 s = t % args->seq_len;
-                pax[0] = fr_token_position(&args->pos, b, s, &bad);
-                for (int a = 1; a < args->pos.num_axes; a++)
-                    pax[a] = fr_token_axis_position(&args->pos, b, s, a, pax[0], &bad);
-                token = t;
-                if (!gather) {
-                    cs = cache->cos + pax[0] * half;
-                    sn = cache->sin + pax[0] * half;
-                } else if (half <= ANGLE_PAIRS) {
-                    token_angles(cache, pax, 0, half, row_c, row_s);
-                    cs = row_c;
-                    sn = row_s;
-                }
             }
-            if (gather && half > ANGLE_PAIRS) {
-                /* A table-less cache with more angles than row_c holds: this
-                 * thread's heads of the token, [hh, hh + run), are rotated
-                 * ANGLE_PAIRS pairs at a time, each piece's angles computed
-                 * once for all of them; plain stores. */
-                const int64_t run = n1 - n < heads - hh ? n1 - n : heads - hh;
+            pax[0] = fr_token_position(&args->pos, b, s, &bad);
+            for (int a = 1; a < args->pos.num_axes; a++)
+                pax[a] = fr_token_axis_position(&args->pos, b, s, a, pax[0], &bad);
+            n += run;
+            if (!gather) {
+                cs = cache->cos + pax[0] * half;
+                sn = cache->sin + pax[0] * half;
+            } else if (half <= ANGLE_PAIRS) {
+                token_angles(cache, pax, 0, half, row_c, row_s);
+                cs = row_c;
+                sn = row_s;
+            } else {
+                /* A table-less cache with more angles than row_c holds: the
+                 * run's heads are rotated ANGLE_PAIRS pairs at a time, each
+                 * piece's angles computed once for all of them; plain stores. */
                 for (int64_t i0 = 0; i0 < half; i0 += ANGLE_PAIRS) {
                     const int64_t m = half - i0 < ANGLE_PAIRS ? half - i0 : ANGLE_PAIRS;
                     token_angles(cache, pax, i0, m, row_c, row_s);
@@ -343,33 +373,55 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
                                        es + rot,
                                (size_t)(ioj->head_dim - cache->rot_dim) * es);
                 }
-                /* the loop's step moves on to item n + run */
-                n += run - 1;
-                hh += run - 1;
                 continue;
             }
-            x = (const char *)io->in + (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es;
-            y = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es;
-#ifdef __SSE2__
-            if (direct[k]) {
+            /* each tensor's share of the run: its heads [h0, h1) */
+            for (int k = 0; k < args->count; k++) {
+                const fr_io *io = &args->io[k];
+                const int64_t lo = k ? heads0 : 0;
+                const int64_t h0 = hh > lo ? hh - lo : 0;
+                const int64_t h1 = hh + run - lo < io->heads ? hh + run - lo : io->heads;
                 const size_t rot = (size_t)cache->rot_dim * es;
-                rotate_head(rc, x, y, cs, sn, half, 0, half, args->interleaved, args->sgn, 1, frow,
-                            hrow);
-                stream_row(y + rot, x + rot, (size_t)io->head_dim * es - rot);
-                continue;
-            }
-#endif
-            /* A streamed head is assembled in `row`, then written past the cache. */
-            dst = stream[k] ? row : y;
-            rotate_head(rc, x, dst, cs, sn, half, 0, half, args->interleaved, args->sgn, 0, frow,
-                        hrow);
-            if (!io->in_place && io->head_dim > cache->rot_dim)
-                memcpy(dst + (size_t)cache->rot_dim * es, x + (size_t)cache->rot_dim * es,
-                       (size_t)(io->head_dim - cache->rot_dim) * es);
+                const size_t pass = (size_t)(io->head_dim - cache->rot_dim) * es;
+                const size_t xstep = (size_t)io->in_sh * es, ystep = (size_t)io->out_sh * es;
+                const char *x;
+                char *y;
+
+                if (h0 >= h1)
+                    continue;
+                x = (const char *)io->in + (size_t)(s * io->in_ss + b * io->in_sb + h0 * io->in_sh) * es;
+                y = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb + h0 * io->out_sh) * es;
 #ifdef __SSE2__
-            if (stream[k])
-                stream_row(y, row, (size_t)io->head_dim * es);
+                if (direct[k]) {
+                    /* direct[k]: rc->rotate is there (rotate_whole_head's
+                     * AVX2 case without its test, 5 instructions a head) */
+                    for (int64_t h = h0; h < h1; h++, x += xstep, y += ystep) {
+                        const uint16_t *x16 = (const uint16_t *)x;
+                        uint16_t *y16 = (uint16_t *)y;
+                        if (args->interleaved)
+                            rc->rotate_pairs(x16, y16, cs, sn, half, args->sgn, 1);
+                        else
+                            rc->rotate(x16, x16 + half, y16, y16 + half, cs, sn, half, args->sgn,
+                                       1);
+                        if (pass)
+                            stream_row(y + rot, x + rot, pass);
+                    }
+                    continue;
+                }
 #endif
+                for (int64_t h = h0; h < h1; h++, x += xstep, y += ystep) {
+                    /* A streamed head is assembled in `row`, then written past the cache. */
+                    char *dst = stream[k] ? row : y;
+                    rotate_whole_head(rc, x, dst, cs, sn, half, args->interleaved, args->sgn, 0,
+                                      frow, hrow);
+                    if (!io->in_place && pass)
+                        memcpy(dst + rot, x + rot, pass);
+#ifdef __SSE2__
+                    if (stream[k])
+                        stream_row(y, row, (size_t)io->head_dim * es);
+#endif
+                }
+            }
         }
         FR_STREAM_FENCE();
         fr_fpenv_leave(&fpenv);
@@ -409,7 +461,7 @@ void fr_cpu_apply(const fr_apply_args *args)
          * OpenMP default.  Inside the caller's active parallel region the
          * nested region is normally inactive (one thread) and still gives
          * cpu_share its own team of one. */
-        const int nthreads = elems <= (1 << 16) ? 1
+        const int nthreads = elems < TEAM_MIN_ELEMS ? 1
                              : cache->num_threads > 0 ? cache->num_threads
                                                       : omp_get_max_threads();
         if (nthreads > 1 || omp_in_parallel()) {
