@@ -147,6 +147,14 @@ FR_HD int64_t fr_ids_index(const fr_pos_args *pa, int64_t b, int64_t s)
  * when the position arrays describe no valid position for it (a token outside
  * every sequence, a negative result); the caller then skips the token.  Sums
  * wrap instead of overflowing so garbage in device memory is never UB.
+ *
+ * The one position rule, for every caller.  Where host and device differ is
+ * only in when the rule's verdict is taken: lib/apply.c runs it over every
+ * token of a CPU call before anything is written (and checks cu_seqlens'
+ * shape there), so the OpenMP backend never meets a bad token; a CUDA call's
+ * arrays are in device memory, so the kernels run it per token and write NaN
+ * plus the range flag (or pos->range_status) for a bad one, and check
+ * cu_seqlens' two ends once (kernels/cuda_apply.cu, rope_kernel).
  */
 FR_HD int64_t fr_token_position(const fr_pos_args *pa, int64_t b, int64_t s, int *bad)
 {
