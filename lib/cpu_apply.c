@@ -154,44 +154,39 @@ static void token_angles(const fusedrope_cache *cache, const int64_t *pax, int64
 {
     const int64_t half = cache->rot_dim / 2;
     if (cache->cos && cache->pair_map) {
-        /* A run of pairs on one axis with consecutive columns (a section:
-         * map entries 4 apart) is one contiguous piece of that axis's table
-         * row, copied as such: per pair a fraction of a compare and of a
-         * copy, where a gather costs a decode, an index and two scalar loads
-         * (callgrind, bench/RESULTS.md: 22 instructions a pair before, 3
-         * after, on SECTIONS {16, 24, 24}).  The same values either way. */
+        /* A table: four pairs on one axis with consecutive columns (map
+         * entries 4 apart: inside a section) are four adjacent floats of
+         * that axis's row, copied as one vector; other pairs (INTERLEAVED's
+         * T H W T H W ...) are gathered one by one, each axis's row offset
+         * computed once.  The same values either way; callgrind counts in
+         * bench/RESULTS.md. */
         const int32_t *map = cache->pair_map + i0;
-        int64_t i = 0;
-        while (i < m) {
-            const int32_t e = map[i];
-            const int64_t at = pax[fr_map_axis(e)] * half + fr_map_col(e);
-            int64_t n = 1;
+        const float *tc = cache->cos, *ts = cache->sin;
+        int64_t row[FUSEDROPE_MAX_AXES], i = 0;
+        for (int a = 0; a < FUSEDROPE_MAX_AXES; a++)
+            row[a] = pax[a] * half;
 #ifdef __SSE2__
-            {
-                /* four entries at a time: e + 4n, ..., e + 4n + 12 */
-                __m128i want = _mm_add_epi32(_mm_set1_epi32(e + 4),
-                                             _mm_setr_epi32(0, 4, 8, 12));
-                const __m128i step = _mm_set1_epi32(16);
-                while (i + n + 4 <= m &&
-                       _mm_movemask_epi8(_mm_cmpeq_epi32(
-                           _mm_loadu_si128((const __m128i *)(map + i + n)), want)) == 0xffff) {
-                    n += 4;
-                    want = _mm_add_epi32(want, step);
-                }
+        for (; i + 4 <= m; i += 4) {
+            const int32_t e = map[i];
+            const __m128i want = _mm_add_epi32(_mm_set1_epi32(e), _mm_setr_epi32(0, 4, 8, 12));
+            if (_mm_movemask_epi8(_mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(map + i)),
+                                                  want)) == 0xffff) {
+                const int64_t at = row[fr_map_axis(e)] + fr_map_col(e);
+                _mm_storeu_ps(c + i, _mm_loadu_ps(tc + at));
+                _mm_storeu_ps(s + i, _mm_loadu_ps(ts + at));
+                continue;
             }
+            for (int64_t k = i; k < i + 4; k++) {
+                const int64_t at = row[fr_map_axis(map[k])] + fr_map_col(map[k]);
+                c[k] = tc[at];
+                s[k] = ts[at];
+            }
+        }
 #endif
-            while (i + n < m && map[i + n] == e + 4 * (int32_t)n)
-                n++;
-            if (n >= 8) {
-                memcpy(c + i, cache->cos + at, (size_t)n * sizeof *c);
-                memcpy(s + i, cache->sin + at, (size_t)n * sizeof *s);
-            } else {
-                for (int64_t k = 0; k < n; k++) {
-                    c[i + k] = cache->cos[at + k];
-                    s[i + k] = cache->sin[at + k];
-                }
-            }
-            i += n;
+        for (; i < m; i++) {
+            const int64_t at = row[fr_map_axis(map[i])] + fr_map_col(map[i]);
+            c[i] = tc[at];
+            s[i] = ts[at];
         }
         return;
     }
