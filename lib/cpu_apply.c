@@ -161,6 +161,43 @@ static void token_angles(const fusedrope_cache *cache, const int64_t *pax, int64
                          int64_t m, float *c, float *s)
 {
     const int64_t half = cache->rot_dim / 2;
+    if (cache->cos && cache->pair_map) {
+        /* A table: four pairs on one axis with consecutive columns (map
+         * entries 4 apart: inside a section) are four adjacent floats of
+         * that axis's row, copied as one vector; other pairs (INTERLEAVED's
+         * T H W T H W ...) are gathered one by one, each axis's row offset
+         * computed once.  The same values either way; callgrind counts in
+         * bench/RESULTS.md. */
+        const int32_t *map = cache->pair_map + i0;
+        const float *tc = cache->cos, *ts = cache->sin;
+        int64_t row[FUSEDROPE_MAX_AXES], i = 0;
+        for (int a = 0; a < FUSEDROPE_MAX_AXES; a++)
+            row[a] = pax[a] * half;
+#ifdef __SSE2__
+        for (; i + 4 <= m; i += 4) {
+            const int32_t e = map[i];
+            const __m128i want = _mm_add_epi32(_mm_set1_epi32(e), _mm_setr_epi32(0, 4, 8, 12));
+            if (_mm_movemask_epi8(_mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(map + i)),
+                                                  want)) == 0xffff) {
+                const int64_t at = row[fr_map_axis(e)] + fr_map_col(e);
+                _mm_storeu_ps(c + i, _mm_loadu_ps(tc + at));
+                _mm_storeu_ps(s + i, _mm_loadu_ps(ts + at));
+                continue;
+            }
+            for (int64_t k = i; k < i + 4; k++) {
+                const int64_t at = row[fr_map_axis(map[k])] + fr_map_col(map[k]);
+                c[k] = tc[at];
+                s[k] = ts[at];
+            }
+        }
+#endif
+        for (; i < m; i++) {
+            const int64_t at = row[fr_map_axis(map[i])] + fr_map_col(map[i]);
+            c[i] = tc[at];
+            s[i] = ts[at];
+        }
+        return;
+    }
     for (int64_t i = 0; i < m; i++) {
         const int32_t e = cache->pair_map ? cache->pair_map[i0 + i] : (int32_t)((i0 + i) << 2);
         const int64_t p = pax[fr_map_axis(e)], col = fr_map_col(e);

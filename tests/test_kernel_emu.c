@@ -20,6 +20,10 @@
  * be raised instead of the cache's flag.  Further tests: two calls with two
  * words each report their own; the host-side rules on the word (alignment,
  * no overlap, never written on a CPU cache); a cache of another device.
+ * The same for caches with position axes (multimodal rope): ids rows whose
+ * axis-1 or axis-2 position is outside the table, or negative with a table,
+ * make that token NaN and raise the flag; a table-less cache with axes takes
+ * negative positions, raising nothing, with the CPU backend's values.
  * On a GPU, tests/test_cuda makes such checks for bfloat16 on the vector
  * path.
  */
@@ -55,6 +59,12 @@ typedef struct {
     int interleaved, in_place, backward;
     fr_pos_args pos;
     const int *bad; /* per token, at b * S + s (the order of ids): no position */
+    /* position axes: the layout (NONE: 1D rope) and its sections; rows 0
+     * gives a table of M rows, 1 none (table-less) */
+    fusedrope_axes axes;
+    int sections[FUSEDROPE_MAX_AXES];
+    int tableless;
+    int flag;       /* the flag the kernel must leave: 1 raised, 0 not */
 } kcase;
 
 /* Random values in [-2, 2), rounded to the dtype; seed from tu_seed, which
@@ -98,30 +108,50 @@ static void run_case(const kcase *k, const char *name, uint64_t seed)
     unsigned char *x = malloc(bytes), *y = malloc(bytes), *ref = malloc(bytes);
     fusedrope_cache_config cfg;
     fusedrope_cache *cache, emu;
-    int64_t ids[64];
+    int64_t ids[FUSEDROPE_MAX_AXES * 64];
     fr_pos_args good = k->pos;
     fr_apply_args a;
     int flag;
     int32_t word;
 
     ck_assert(x && y && ref && k->S * k->B <= 64);
-    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, R, M, 10000.0);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, R, k->tableless ? 0 : M, 10000.0);
+    cfg.axes = k->axes;
+    memcpy(cfg.sections, k->sections, sizeof cfg.sections);
     ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
+    ck_assert_int_eq(cache->negative_ok, k->tableless && k->axes != FUSEDROPE_AXES_NONE);
     fill(x, n, k->dt, seed);
 
-    /* The reference: the CPU backend, with every position made explicit and
-     * the bad ones replaced by 0. */
+    /* The reference: the CPU backend, with every position made explicit (a
+     * row per axis) and a bad token's replaced by 0 on every axis. */
     good.seq_len = k->S;
+    good.num_axes = cache->num_axes;
+    good.negative_ok = cache->negative_ok;
     for (int64_t s = 0; s < k->S; s++)
         for (int64_t b = 0; b < k->B; b++) {
+            const int64_t t = b * k->S + s, rows = k->S * k->B;
             int bad = 0;
-            const int64_t p = fr_token_position(&good, b, s, &bad);
-            ids[b * k->S + s] = k->bad[b * k->S + s] || bad || p >= M ? 0 : p;
+            const int64_t p0 = fr_token_position(&good, b, s, &bad);
+            for (int ax = 0; ax < cache->num_axes; ax++) {
+                const int64_t p = fr_token_axis_position(&good, b, s, ax, p0, &bad);
+                ids[ax * rows + t] = p;
+                if (!k->tableless && p >= M)
+                    bad = 1;
+            }
+            ck_assert_msg(bad == k->bad[t], "%s: token %lld is %s, the case says otherwise",
+                          name, (long long)t, bad ? "bad" : "good");
+            for (int ax = 0; ax < cache->num_axes; ax++)
+                if (bad)
+                    ids[ax * rows + t] = 0;
         }
     memset(&good, 0, sizeof good);
     good.ids = ids;
     good.seq_len = k->S;
     good.cp_size = 1;
+    good.num_axes = cache->num_axes;
+    good.negative_ok = cache->negative_ok;
+    good.ids_rows = cache->num_axes;
+    good.ids_row_stride = k->S * k->B;
     memcpy(ref, x, bytes);
     a = make_args(k, cache, k->in_place ? ref : x, ref);
     a.pos = good;
@@ -145,11 +175,12 @@ static void run_case(const kcase *k, const char *name, uint64_t seed)
         fr_emu_sms = shape ? 1 : 132;
         ck_assert_int_eq(fr_emu_cuda_apply(&a), FUSEDROPE_OK);
         if (status)
-            ck_assert_msg(word == 1 && flag == 0,
-                          "%s: range_status is %d (want 1), the cache's flag %d (want 0)", name,
-                          (int)word, flag);
+            ck_assert_msg(word == k->flag && flag == 0,
+                          "%s: range_status is %d (want %d), the cache's flag %d (want 0)", name,
+                          (int)word, k->flag, flag);
         else
-            ck_assert_msg(flag == 1, "%s: the range flag is %d, not raised", name, flag);
+            ck_assert_msg(flag == k->flag, "%s: the range flag is %d, not %d", name, flag,
+                          k->flag);
 
         for (int64_t s = 0; s < k->S; s++)
             for (int64_t b = 0; b < k->B; b++)
@@ -209,6 +240,37 @@ static const int64_t ids_many[64] = {
 }; /* 64 tokens: 3 and 40 past the table, 17 negative, 63 far past */
 static const int32_t cu_short[3] = { 0, 3, 7 };  /* tokens 7 and 8 of 9 in no sequence */
 static const int32_t cu_long[3] = { 0, 4, 12 };  /* ends past the 9 tokens: only the flag */
+/* Three rows of ids 20 apart (a persistent buffer wider than the 18 tokens):
+ * axis 0 always in the table; token 4 past it on axis 1, token 9 negative
+ * on axis 2, token 16 far past it on axis 2 and negative on axis 1. */
+static const int64_t ids_rows_bad[60] = {
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 99, 99,
+    3, 5, 7, 9, M, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 0, -2, 4, 99, 99,
+    6, 5, 4, 3, 2, 1, 0, 31, 30, -1, 28, 27, 26, 25, 24, 23, M + 50, 21, 99, 99,
+};
+/* 64 tokens, dense rows: token 5 past the table on axis 1, 22 on axis 2,
+ * 47 negative on axis 2, 60 past on both. */
+static int64_t ids_rows_many[3 * 64];
+static void make_ids_rows_many(void)
+{
+    for (int t = 0; t < 64; t++) {
+        ids_rows_many[t] = (t * 7) % M;
+        ids_rows_many[64 + t] = (t * 11 + 3) % M;
+        ids_rows_many[128 + t] = (t * 5 + 1) % M;
+    }
+    ids_rows_many[64 + 5] = M;
+    ids_rows_many[128 + 22] = M + 3;
+    ids_rows_many[128 + 47] = -7;
+    ids_rows_many[64 + 60] = 2 * M;
+    ids_rows_many[128 + 60] = 3 * M;
+}
+/* Table-less: negative positions on every axis are valid. */
+static const int64_t ids_rows_negative[3 * 12] = {
+    -1, 0, 5, -300, 7, 1000000, -8, 9, 2, -11, 40, 3,
+    -5, 2, -9, 12, -1000000, 3, 0, -1, 33, 8, -2, 1,
+    4, -3, 0, -77, 6, -6, 123456789, -8, 9, 0, -1, -2,
+};
+static const int64_t offsets_negative[2] = { -5, -100 }; /* every axis below 0 */
 
 static const struct {
     const char *name;
@@ -216,15 +278,30 @@ static const struct {
     const int64_t *ids, *offsets;
     const int32_t *cu;
     int bad[4]; /* the tokens without a position, -1 ends */
+    /* position axes: layout, sections, ids rows and their stride (0: dense),
+     * a table-less cache, and no flag expected */
+    fusedrope_axes axes;
+    int sections[FUSEDROPE_MAX_AXES];
+    int ids_rows;
+    int64_t ids_stride;
+    int tableless, no_flag;
 } cases[] = {
-    { "ids outside the table", 6, 3, 5, 80, ids_bad, NULL, NULL, { 5, 8, 13, -1 } },
-    { "offsets past the table", 6, 2, 3, 64, NULL, offsets_past, NULL, { 10, 11, -1 } },
-    { "cu_seqlens short of the tokens", 9, 1, 4, 96, NULL, NULL, cu_short, { 7, 8, -1 } },
-    { "cu_seqlens past the tokens", 9, 1, 2, 64, NULL, NULL, cu_long, { -1 } },
+    { "ids outside the table", 6, 3, 5, 80, ids_bad, NULL, NULL, { 5, 8, 13, -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0 },
+    { "offsets past the table", 6, 2, 3, 64, NULL, offsets_past, NULL, { 10, 11, -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0 },
+    { "cu_seqlens short of the tokens", 9, 1, 4, 96, NULL, NULL, cu_short, { 7, 8, -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0 },
+    { "cu_seqlens past the tokens", 9, 1, 2, 64, NULL, NULL, cu_long, { -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0 },
     /* enough heads and tokens that at 1 SM each thread takes several heads:
      * the general NeoX kernel's path for tokens without a position */
     { "ids outside the table, many heads", 16, 4, 40, 80, ids_many, NULL, NULL,
-      { 3, 17, 40, 63 } },
+      { 3, 17, 40, 63 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0 },
+    { "ids rows off the table on axes 1 and 2", 6, 3, 5, 80, ids_rows_bad, NULL, NULL,
+      { 4, 9, 16, -1 }, FUSEDROPE_AXES_SECTIONS, { 8, 12, 12, 0 }, 3, 20, 0, 0 },
+    { "ids rows off the table, many heads", 16, 4, 40, 80, ids_rows_many, NULL, NULL,
+      { 5, 22, 47, 60 }, FUSEDROPE_AXES_INTERLEAVED, { 12, 10, 10, 0 }, 3, 0, 0, 0 },
+    { "table-less axes, negative ids rows", 4, 3, 5, 72, ids_rows_negative, NULL, NULL,
+      { -1 }, FUSEDROPE_AXES_ALTERNATING, { 12, 10, 10, 0 }, 3, 0, 1, 1 },
+    { "table-less axes, negative offsets", 6, 2, 3, 64, NULL, offsets_negative, NULL,
+      { -1 }, FUSEDROPE_AXES_SECTIONS, { 8, 12, 12, 0 }, 0, 0, 1, 1 },
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -246,6 +323,15 @@ START_TEST(test_positions_the_kernels_check)
     for (int j = 0; j < 4 && cases[c].bad[j] >= 0; j++)
         bad[cases[c].bad[j]] = 1;
     k.bad = bad;
+    k.axes = cases[c].axes;
+    memcpy(k.sections, cases[c].sections, sizeof k.sections);
+    k.tableless = cases[c].tableless;
+    k.flag = !cases[c].no_flag;
+    /* what check_positions (lib/apply.c) derives from the cache and pos */
+    k.pos.num_axes = k.axes == FUSEDROPE_AXES_NONE ? 1 : 3;
+    k.pos.negative_ok = k.tableless && k.axes != FUSEDROPE_AXES_NONE;
+    k.pos.ids_rows = cases[c].ids_rows ? cases[c].ids_rows : 1;
+    k.pos.ids_row_stride = cases[c].ids_stride ? cases[c].ids_stride : k.S * k.B;
     variant(&k, _i % VARIANTS);
     run_case(&k, cases[c].name, tu_seed + 1000 * (uint64_t)c + (uint64_t)_i);
 }
@@ -434,6 +520,7 @@ int main(void)
     Suite *s = suite_create("kernel_emu");
     TCase *tc = tcase_create("kernel_emu");
 
+    make_ids_rows_many();
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_positions_the_kernels_check, 0, NCASES * VARIANTS);
     tcase_add_test(tc, test_wrong_device_refused);

@@ -16,6 +16,8 @@ run --device cpu --shape 48,3,4,64 --iters 2 --warmup 1 --working-set 8 --dtype 
 run --device cpu --shape 100,2,3,96 --iters 2 --warmup 1 --working-set 8 --dtype fp32 --layout thd --rot-dim 64
 run --device cpu --shape 64,2,4,128 --iters 2 --warmup 1 --working-set 8 --inplace --rot-dim 32 --qk 8,2
 run --device cpu --shape 1,16,4,64 --iters 2 --warmup 1 --working-set 8 --offsets --qk 4,2
+# Position axes: Qwen2-VL's sections with a row of ids per axis.
+run --device cpu --shape 40,2,3,128 --iters 2 --warmup 1 --working-set 8 --axes sections:16,24,24 --ids-rows
 
 # Bad options: exit status 2.
 "$bench" --dtype fp8 >/dev/null 2>&1
@@ -24,5 +26,9 @@ if [ $rc -ne 2 ]; then echo "FAILED: --dtype fp8 exited $rc, expected 2"; fail=1
 "$bench" --offsets --layout thd >/dev/null 2>&1
 rc=$?
 if [ $rc -ne 2 ]; then echo "FAILED: --offsets --layout thd exited $rc, expected 2"; fail=1; fi
+
+"$bench" --axes sections:16,24,24 --ids-rows --offsets >/dev/null 2>&1
+rc=$?
+if [ $rc -ne 2 ]; then echo "FAILED: --ids-rows --offsets exited $rc, expected 2"; fail=1; fi
 
 exit $fail

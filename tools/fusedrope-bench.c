@@ -59,6 +59,10 @@ static struct {
     int64_t rot_dim;           /* 0: head_dim (rounded down to even) */
     int inplace;
     int offsets;               /* pos.offsets[b]: each batch entry at its own start */
+    fusedrope_axes axes;       /* --axes: the cache's position axes (NONE: 1D rope) */
+    int sections[FUSEDROPE_MAX_AXES];
+    char axes_str[64];         /* --axes as given, for the header */
+    int ids_rows;              /* --ids-rows: explicit ids, a row per axis */
     int qk;
     int64_t hq, hk;
     int norm;                  /* --norm: 1 + the kind's index in norm_kinds */
@@ -306,6 +310,8 @@ typedef struct {
     const fusedrope_positions *ppos;
     int32_t *cu_host, *cu_dev;
     int64_t *off_host, *off_dev; /* [batch], with --offsets */
+    int64_t *ids_host, *ids_dev; /* [rows][tokens], with --ids-rows */
+    int ids_nrows;             /* rows of ids: the cache's axes, or 1 without axes */
     int64_t nseqs, max_len;
     int64_t table_rows;        /* the cache's max_positions */
     fusedrope_positions hpos;  /* the positions, host arrays (for the reference) */
@@ -401,6 +407,35 @@ static int64_t token_position(const bcase *c, int64_t t)
         return p;
     }
     }
+}
+
+/* Row index of token t (memory order) in a row of ids: b * S + s, or the
+ * packed token for THD. */
+static int64_t ids_index(const bcase *c, int64_t t)
+{
+    return opt.layout == L_SBHD ? (t % c->sh.b) * c->sh.s + t / c->sh.b : t;
+}
+
+/* Position of token t on every axis of the cache: its row of ids per axis
+ * with --ids-rows on a cache with axes, else its one position on each. */
+static void token_axes(const bcase *c, int64_t t, int64_t pax[FUSEDROPE_MAX_AXES])
+{
+    for (int a = 0; a < FUSEDROPE_MAX_AXES; a++)
+        pax[a] = c->ids_nrows > 1 && a < c->ids_nrows
+                     ? c->ids_host[(size_t)a * (size_t)c->tokens + (size_t)ids_index(c, t)]
+                     : token_position(c, t);
+}
+
+/* Explicit positions for --ids-rows: a row per axis of the cache (one row
+ * without axes), uniform in the table's [0, rows), built once. */
+static void make_ids(bcase *c, int nrows)
+{
+    uint64_t st = opt.seed * 0x9e3779b97f4a7c15u + 12345u;
+    size_t n = (size_t)nrows * (size_t)c->tokens;
+    c->ids_nrows = nrows;
+    c->ids_host = xmalloc(n * sizeof(int64_t));
+    for (size_t k = 0; k < n; k++)
+        c->ids_host[k] = (int64_t)(ref_splitmix(&st) % (uint64_t)c->table_rows);
 }
 
 static size_t working_set_target(void)
@@ -561,19 +596,36 @@ static void case_setup(bcase *c, shape sh)
         c->pos.offsets = c->off_dev;
         c->ppos = &c->pos;
     }
+    if (opt.ids_rows && c->table_rows < OFFSET_POSITIONS)
+        c->table_rows = OFFSET_POSITIONS; /* random positions over a decode-sized table */
     fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)c->rot, c->table_rows, 10000.0);
+    cfg.axes = opt.axes;
+    memcpy(cfg.sections, opt.sections, sizeof cfg.sections);
+    /* The reference's map of the layout tells the number of axes (and
+     * refuses what the library must refuse: the call then fails too). */
+    if (ref_rope_from_config(&c->ref, &cfg) != 0)
+        die("--axes %s: not a valid layout for rot_dim %lld", opt.axes_str, (long long)c->rot);
+    if (opt.ids_rows) {
+        /* Its own allocation, like the offsets; the dense rows of all axes. */
+        make_ids(c, c->ref.naxes > 1 ? c->ref.naxes : 1);
+        c->ids_dev = buf_alloc((size_t)c->ids_nrows * (size_t)c->tokens * sizeof(int64_t));
+        buf_upload(c->ids_dev, c->ids_host,
+                   (size_t)c->ids_nrows * (size_t)c->tokens * sizeof(int64_t));
+        c->pos.ids = c->ids_dev;
+        c->pos.ids_axes = c->ids_nrows > 1 ? c->ids_nrows : 0;
+        c->ppos = &c->pos;
+    }
     lib_check(fusedrope_cache_create(&cfg, dev, &c->cache), "fusedrope_cache_create");
     if (fusedrope_cache_device(c->cache) != dev)
         die("fusedrope_cache_device() is %d, asked for %d", (int)fusedrope_cache_device(c->cache),
             (int)dev);
 
-    /* The reference's frequencies and attention factor for the same config;
-     * its positions: the same as the call's, from the host arrays. */
-    if (ref_rope_from_config(&c->ref, &cfg) != 0)
-        die("no reference for the config");
+    /* The reference's frequencies and attention factor (above, for the same
+     * config); its positions: the same as the call's, from the host arrays. */
     if (opt.norm)
         norm_setup(c);
     c->hpos = c->pos;
+    c->hpos.ids = c->ids_host;
     c->hpos.cu_seqlens = c->cu_host;
     c->hpos.offsets = c->off_host;
 }
@@ -588,6 +640,9 @@ static void case_free(bcase *c)
     if (c->off_dev)
         buf_free(c->off_dev);
     free(c->off_host);
+    if (c->ids_dev)
+        buf_free(c->ids_dev);
+    free(c->ids_host);
     free(c->tin);
     free(c->tout);
     ref_rope_free(&c->ref);
@@ -673,9 +728,10 @@ static void verify_part(const bcase *c, enum op op, int p, vstats *v)
     /* Sampled tokens: all heads, all channels. */
     for (int64_t k = 0; k < ns; k++) {
         int64_t t = ns == 1 ? 0 : k * (T - 1) / (ns - 1);
-        double pos = (double)token_position(c, t);
+        int64_t pax[FUSEDROPE_MAX_AXES];
+        token_axes(c, t, pax);
         for (int64_t i = 0; i < half; i++)
-            ref_cos_sin(&c->ref, (int64_t)pos, (int)i, &cs[i], &sn[i]);
+            ref_cos_sin_axes(&c->ref, pax, 1, (int)i, &cs[i], &sn[i]);
         for (int64_t h = 0; h < H; h++) {
             size_t base = (size_t)((t * H + h) * D); /* every layout is token-major, dense */
             for (int64_t i = 0; i < half; i++) {
@@ -965,6 +1021,13 @@ static void usage(FILE *f)
 "  --offsets           start each batch entry at its own position, as a decode\n"
 "                      step does: pos.offsets[b], distinct, with a table of at\n"
 "                      least %d positions (not with --layout thd)\n"
+"  --axes A            position axes (multimodal rope): sections:T,H,W[,X],\n"
+"                      interleaved:T,H,W, alternating:T,H,W (pairs per axis,\n"
+"                      summing to rot_dim/2) or vision (VISION_2D); without\n"
+"                      --ids-rows every axis takes the token's one position\n"
+"  --ids-rows          explicit positions: pos.ids with a row per axis of the\n"
+"                      cache (one row without --axes), random in a table of at\n"
+"                      least %d positions, built once (not with --offsets)\n"
 "  --qk HQ,HK          time forward_qk/backward_qk with HQ query and HK key heads\n"
 "                      (the H of --shape is then ignored)\n"
 "  --norm KIND         time the fused per-head RMSNorm + RoPE\n"
@@ -992,7 +1055,7 @@ static void usage(FILE *f)
 "non-finite values and, out of place, for elements left unwritten (the output\n"
 "is poisoned with NaN bytes before the call).\n"
 "Exit status: 0 all verified, 1 a verification or a call failed, 2 bad options.\n",
-            OFFSET_POSITIONS, MAX_SAMPLED_TOKENS);
+            OFFSET_POSITIONS, OFFSET_POSITIONS, MAX_SAMPLED_TOKENS);
 }
 
 static void bad_option(const char *fmt, ...)
@@ -1041,6 +1104,55 @@ static int64_t parse_int(const char *opt_name, const char *s, int64_t min, int64
     return v;
 }
 
+/* --axes: sections:T,H,W[,X], interleaved:T,H,W, alternating:T,H,W or vision. */
+static void parse_axes(const char *val)
+{
+    static const struct { const char *name; fusedrope_axes axes; int nmin, nmax; } kinds[] = {
+        { "sections:", FUSEDROPE_AXES_SECTIONS, 3, 4 },
+        { "interleaved:", FUSEDROPE_AXES_INTERLEAVED, 3, 3 },
+        { "alternating:", FUSEDROPE_AXES_ALTERNATING, 3, 3 },
+    };
+    snprintf(opt.axes_str, sizeof opt.axes_str, "%s", val);
+    memset(opt.sections, 0, sizeof opt.sections);
+    if (!strcmp(val, "vision")) {
+        opt.axes = FUSEDROPE_AXES_VISION_2D;
+        return;
+    }
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        size_t len = strlen(kinds[k].name);
+        const char *list = val + len;
+        int64_t v[FUSEDROPE_MAX_AXES];
+        int n = 1;
+        if (strncmp(val, kinds[k].name, len))
+            continue;
+        for (const char *q = list; *q; q++)
+            n += *q == ',';
+        if (n < kinds[k].nmin || n > kinds[k].nmax)
+            bad_option("--axes %s: expected %d%s pair counts after '%s'", val, kinds[k].nmin,
+                       kinds[k].nmax > kinds[k].nmin ? " or 4" : "", kinds[k].name);
+        /* sections may be 0: parse each as a count >= 0 */
+        for (int a = 0; a < n; a++) {
+            char *end;
+            long long x;
+            if (*list < '0' || *list > '9')
+                bad_option("--axes %s: expected non-negative pair counts", val);
+            x = strtoll(list, &end, 10);
+            if (x > FUSEDROPE_MAX_ROT_DIM / 2)
+                bad_option("--axes %s: %lld pairs is more than rot_dim allows", val, x);
+            v[a] = x;
+            list = *end == ',' ? end + 1 : end;
+            if (*end && *end != ',')
+                bad_option("--axes %s: expected non-negative pair counts", val);
+        }
+        opt.axes = kinds[k].axes;
+        for (int a = 0; a < n; a++)
+            opt.sections[a] = (int)v[a];
+        return;
+    }
+    bad_option("--axes: expected sections:T,H,W[,X], interleaved:T,H,W, alternating:T,H,W or "
+               "vision, got '%s'", val);
+}
+
 static void parse_args(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -1071,10 +1183,17 @@ static void parse_args(int argc, char **argv)
             opt.offsets = 1;
             continue;
         }
+        if (!strcmp(name, "--ids-rows")) {
+            if (eq)
+                bad_option("--ids-rows takes no value");
+            opt.ids_rows = 1;
+            continue;
+        }
         if (strcmp(name, "--shape") && strcmp(name, "--dtype") && strcmp(name, "--layout") &&
             strcmp(name, "--style") && strcmp(name, "--device") && strcmp(name, "--iters") &&
             strcmp(name, "--warmup") && strcmp(name, "--rot-dim") && strcmp(name, "--qk") &&
-            strcmp(name, "--seed") && strcmp(name, "--working-set") && strcmp(name, "--norm"))
+            strcmp(name, "--seed") && strcmp(name, "--working-set") && strcmp(name, "--norm") &&
+            strcmp(name, "--axes"))
             bad_option("unknown option '%s'", arg);
         if (eq)
             val = eq + 1;
@@ -1150,11 +1269,15 @@ static void parse_args(int argc, char **argv)
             opt.seed = (uint64_t)parse_int(name, val, 0, INT64_MAX);
         } else if (!strcmp(name, "--working-set")) {
             opt.working_set_mb = (double)parse_int(name, val, 1, 1 << 20);
+        } else if (!strcmp(name, "--axes")) {
+            parse_axes(val);
         }
     }
 
     /* THD positions restart at every cu_seqlens boundary; the library would
      * add offsets per packed sequence, which the reference does not model. */
+    if (opt.offsets && opt.ids_rows)
+        bad_option("--ids-rows gives absolute positions; it cannot be used with --offsets");
     if (opt.offsets && opt.layout == L_THD)
         bad_option("--offsets is per batch entry (sbhd, bshd); it cannot be used with --layout thd");
     if (opt.nshapes == 0) {
@@ -1294,11 +1417,14 @@ int main(int argc, char **argv)
             snprintf(rot, sizeof rot, "rot_dim %lld", (long long)opt.rot_dim);
         else
             snprintf(rot, sizeof rot, "rot_dim = head_dim");
-        printf("style %s, %s, %s, %s%s, %d timed calls after %d warm-up (medians), seed %llu\n",
+        printf("style %s, %s, %s, %s%s%s%s%s, %d timed calls after %d warm-up (medians), "
+               "seed %llu\n",
                opt.style == FUSEDROPE_NEOX ? "neox" : "interleaved", rot,
                opt.inplace ? "in place" : "out of place",
                opt.qk ? "q and k in one call (*_qk)" : "one tensor per call",
-               opt.offsets ? ", positions offset per batch entry (--offsets)" : "", opt.iters,
+               opt.offsets ? ", positions offset per batch entry (--offsets)" : "",
+               opt.axes ? ", axes " : "", opt.axes ? opt.axes_str : "",
+               opt.ids_rows ? ", random ids per axis (--ids-rows)" : "", opt.iters,
                opt.warmup, (unsigned long long)opt.seed);
     }
     fflush(stdout);
@@ -1320,9 +1446,10 @@ int main(int argc, char **argv)
                                  : opt.qk ? (o ? "backward_qk" : "forward_qk")
                                           : (o ? "backward" : "forward");
 
-            fprintf(stderr, "[%d/%d] %s %s %s %s%s ...\n", nrows, total, opname,
+            fprintf(stderr, "[%d/%d] %s %s %s %s%s%s%s%s ...\n", nrows, total, opname,
                     dtype_name(opt.dtype), layout_name(opt.layout), c.shape_str,
-                    opt.offsets ? " offsets" : "");
+                    opt.offsets ? " offsets" : "", opt.axes ? " axes " : "",
+                    opt.axes ? opt.axes_str : "", opt.ids_rows ? " ids-rows" : "");
             r->op = opname;
             snprintf(r->shape, sizeof r->shape, "%s", c.shape_str);
             r->ok = verify(&c, op, &v);
