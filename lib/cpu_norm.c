@@ -5,7 +5,9 @@
  * norm_math.h's order (32 partial sums and a tree, which the CUDA kernels
  * follow), turned into the rotation's input as the rounding mode says,
  * rotated with rope_math.h's fr_rotate and narrowed once.  Every loop is a
- * simple one over floats the compiler vectorises.
+ * simple one over floats the compiler vectorises; where the CPU has AVX2
+ * and F16C the forward's rows instead take two intrinsic passes (below),
+ * the same bits.
  *
  * The forward splits the (token, head) rows evenly over the threads.  The
  * backward works in chunks of FUSEDROPE_NORM_DW_CHUNK tokens: a chunk's
@@ -18,6 +20,10 @@
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+
+#ifdef __SSE2__
+#include <emmintrin.h>
 #endif
 
 #include "internal.h"
@@ -143,6 +149,331 @@ FR_CLONES static void row_rotate(float *v, const float *cs, const float *sn, int
     }
 }
 
+/* ------------------------------------------------- AVX2 + F16C forward row */
+
+/*
+ * The forward of one row in two passes over it with x86 AVX2 and F16C, for
+ * CPUs that have both (fr_avx2_usable): the first widens the row into the
+ * float scratch while squaring and adding it into four 8-float accumulators
+ * (partial sum l is lane l % 8 of accumulator l / 8: norm_math.h's order,
+ * channel by channel); the second reads each rotation pair back, forms its
+ * values, rotates and narrows them to memory, without storing a float
+ * again.  The portable loops above make five passes, and their 16-bit
+ * conversions cost a dozen to twenty operations per element; here fp16 is
+ * one instruction per 8 and bf16 a few (as in cpu_avx2.c).
+ *
+ * Every result is the portable path's to the bit: each operation is the
+ * portable one's in the same order, in float, without FMA (the library is
+ * built with -ffp-contract=off and these are separate intrinsics); the
+ * roundings are fr_norm_round_bf16's and fr_float_to_bf16's integer
+ * arithmetic, and for fp16 the IEEE round-to-nearest-even conversion
+ * (explicitly, whatever MXCSR says) with a NaN replaced by the converters'
+ * quiet NaN of its sign first; tails shorter than a vector use
+ * norm_math.h's scalar functions.  tests/test_norm.c compares both paths
+ * byte for byte.
+ */
+#ifdef FR_HAVE_AVX2
+#include <immintrin.h>
+
+#define FR_AVX2_TARGET __attribute__((target("avx2,f16c")))
+#define FR_AVX2_INLINE FR_AVX2_TARGET static inline __attribute__((always_inline))
+
+/* 8 channels of type dt (0 float32, 1 float16, 2 bfloat16) as floats, exactly. */
+FR_AVX2_INLINE __m256 nv_widen8(const void *p, int dt)
+{
+    if (dt == 0)
+        return _mm256_loadu_ps((const float *)p);
+    if (dt == 1)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* A NaN lane replaced by the quiet NaN of its sign, the one fr_float_to_half
+ * writes (0x7e00 | sign), so that the conversion gives the converters' bits. */
+FR_AVX2_INLINE __m256 nv_nan_for_half(__m256 v)
+{
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    const __m256 qnan = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+    return _mm256_blendv_ps(v, _mm256_or_ps(_mm256_and_ps(v, sign), qnan),
+                            _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+/* fr_norm_round(v, dt) on 8 floats none of which is a NaN: for bfloat16
+ * fr_norm_round_bf16's rounding without its NaN case (an infinity and a
+ * finite value that rounds past the largest both come out infinite, as
+ * there). */
+FR_AVX2_INLINE __m256 nv_round8(__m256 v, int dt)
+{
+    const __m256i u = _mm256_castps_si256(v);
+    if (dt == 0)
+        return v;
+    if (dt == 1)
+        return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    return _mm256_castsi256_ps(_mm256_and_si256(
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                         _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))),
+        _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* fr_float_to_bf16 on 8 floats, in the low halves of the 32-bit lanes: the
+ * rounded value, or for a NaN its top half with the quiet bit. */
+FR_AVX2_INLINE __m256i nv_bf16_bits(__m256 v)
+{
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i rounded =
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                         _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
+    const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    return _mm256_srli_epi32(
+        _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(rounded),
+                                             _mm256_castsi256_ps(quiet),
+                                             _mm256_cmp_ps(v, v, _CMP_UNORD_Q))),
+        16);
+}
+
+/* 8 channels narrowed to dt: the 16-bit types' in a 128-bit vector. */
+FR_AVX2_INLINE __m128i nv_narrow8(__m256 v, int dt)
+{
+    if (dt == 1)
+        return _mm256_cvtps_ph(nv_nan_for_half(v), _MM_FROUND_TO_NEAREST_INT);
+    {
+        const __m256i b = nv_bf16_bits(v);
+        return _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    }
+}
+
+/* 8 channels narrowed to dt and stored at p: unaligned, or with nt
+ * non-temporal (p 16-byte aligned). */
+FR_AVX2_INLINE void nv_store8(void *p, __m256 v, int dt, int nt)
+{
+    if (dt == 0 && nt) {
+        _mm_stream_ps((float *)p, _mm256_castps256_ps128(v));
+        _mm_stream_ps((float *)p + 4, _mm256_extractf128_ps(v, 1));
+    } else if (dt == 0) {
+        _mm256_storeu_ps((float *)p, v);
+    } else if (nt) {
+        _mm_stream_si128((__m128i *)p, nv_narrow8(v, dt));
+    } else {
+        _mm_storeu_si128((__m128i *)p, nv_narrow8(v, dt));
+    }
+}
+
+/* fr_norm_value on 8 channels, for a row whose rstd and weight factors
+ * are finite (the caller's condition): then no value is a NaN at any of its
+ * roundings.  |n| <= sqrt(head_dim) (1 + a few ulps), or below 1 where the
+ * sum is 0 (each x^2 then rounded to 0, |x| < 2^-75, and
+ * rstd = 1/sqrt(eps) < 2^75), so n and its rounding are finite, even in
+ * float16; a finite n times a finite w' is finite or infinite, never NaN.
+ * The roundings need no NaN case. */
+FR_AVX2_INLINE __m256 nv_value8(__m256 x, __m256 rstd, __m256 wf, int rounding, int dt)
+{
+    const __m256 n = _mm256_mul_ps(x, rstd);
+    if (rounding == FR_ROUND_LLAMA)
+        return nv_round8(_mm256_mul_ps(nv_round8(n, dt), wf), dt);
+    if (rounding == FR_ROUND_GEMMA)
+        return nv_round8(_mm256_mul_ps(n, wf), dt);
+    return _mm256_mul_ps(n, wf);
+}
+
+/* fr_rotate on 8 pairs, forward (sgn +1: fr_rotate's s * 1.0f is s, but
+ * for a signalling NaN, which the products it enters quieten just the
+ * same). */
+FR_AVX2_INLINE void nv_rotate8(__m256 *a, __m256 *b, const float *cs, const float *sn)
+{
+    const __m256 c = _mm256_loadu_ps(cs);
+    const __m256 ss = _mm256_loadu_ps(sn);
+    const __m256 ra = _mm256_sub_ps(_mm256_mul_ps(*a, c), _mm256_mul_ps(*b, ss));
+    const __m256 rb = _mm256_add_ps(_mm256_mul_ps(*b, c), _mm256_mul_ps(*a, ss));
+    *a = ra;
+    *b = rb;
+}
+
+/* Scalar tails: channel c's value, narrowed and stored. */
+FR_AVX2_INLINE void nv_store1(void *y, int64_t c, float v, int dt)
+{
+    if (dt == 0)
+        ((float *)y)[c] = v;
+    else if (dt == 1)
+        ((uint16_t *)y)[c] = fr_float_to_half(v);
+    else
+        ((uint16_t *)y)[c] = fr_float_to_bf16(v);
+}
+
+FR_AVX2_INLINE float nv_widen1(const void *x, int64_t c, int dt)
+{
+    return dt == 0 ? ((const float *)x)[c]
+         : dt == 1 ? fr_half_to_float(((const uint16_t *)x)[c])
+                   : fr_bf16_to_float(((const uint16_t *)x)[c]);
+}
+
+/* Pass 1 of a row of hd channels of dt: x widened into v, and the sum of
+ * the squares in norm_math.h's order. */
+FR_AVX2_INLINE float nv_sum(const void *x, float *v, int64_t hd, int dt)
+{
+    const int64_t es = dt == 0 ? 4 : 2;
+    const char *xb = x;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t c = 0;
+
+    for (; c + 32 <= hd; c += 32) {
+        const __m256 x0 = nv_widen8(xb + c * es, dt), x1 = nv_widen8(xb + (c + 8) * es, dt),
+                     x2 = nv_widen8(xb + (c + 16) * es, dt), x3 = nv_widen8(xb + (c + 24) * es, dt);
+        _mm256_storeu_ps(v + c, x0);
+        _mm256_storeu_ps(v + c + 8, x1);
+        _mm256_storeu_ps(v + c + 16, x2);
+        _mm256_storeu_ps(v + c + 24, x3);
+        s0 = _mm256_add_ps(s0, _mm256_mul_ps(x0, x0));
+        s1 = _mm256_add_ps(s1, _mm256_mul_ps(x1, x1));
+        s2 = _mm256_add_ps(s2, _mm256_mul_ps(x2, x2));
+        s3 = _mm256_add_ps(s3, _mm256_mul_ps(x3, x3));
+    }
+    if (c < hd) {
+        float p[32];
+        _mm256_storeu_ps(p, s0);
+        _mm256_storeu_ps(p + 8, s1);
+        _mm256_storeu_ps(p + 16, s2);
+        _mm256_storeu_ps(p + 24, s3);
+        for (int l = 0; c + l < hd; l++) {
+            const float f = nv_widen1(x, c + l, dt);
+            v[c + l] = f;
+            p[l] = p[l] + f * f;
+        }
+        s0 = _mm256_loadu_ps(p);
+        s1 = _mm256_loadu_ps(p + 8);
+        s2 = _mm256_loadu_ps(p + 16);
+        s3 = _mm256_loadu_ps(p + 24);
+    }
+    /* fr_norm_tree32: off 16 (p[l] + p[l + 16]) and 8 as whole vectors,
+     * then 4, 2 and 1 within one */
+    {
+        const __m256 t = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+        __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+        u = _mm_add_ps(u, _mm_movehl_ps(u, u));
+        u = _mm_add_ss(u, _mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 1, 1, 1)));
+        return _mm_cvtss_f32(u);
+    }
+}
+
+/* Pass 2 of a row: the values of v's channels for rstd, the first 2 * half
+ * rotated, narrowed to y (which may be the row's input: pass 1 has read it).
+ * Only for rows that nv_value8 takes (finite rstd and weight factors).
+ * nt: y is streamed, 16-byte aligned, and the row has no scalar tail
+ * (nt_whole). */
+FR_AVX2_INLINE void nv_out(const float *v, void *y, const float *wf, const float *cs,
+                           const float *sn, int64_t hd, int64_t half, float rstd, int rounding,
+                           int dt, int interleaved, int nt)
+{
+    const int64_t es = dt == 0 ? 4 : 2, rot = 2 * half;
+    const __m256 vr = _mm256_set1_ps(rstd);
+    char *yb = y;
+    int64_t c, i = 0;
+
+    if (interleaved) {
+        for (; 2 * i + 16 <= rot; i += 8) {
+            const __m256 lo = nv_value8(_mm256_loadu_ps(v + 2 * i), vr,
+                                        _mm256_loadu_ps(wf + 2 * i), rounding, dt);
+            const __m256 hi = nv_value8(_mm256_loadu_ps(v + 2 * i + 8), vr,
+                                        _mm256_loadu_ps(wf + 2 * i + 8), rounding, dt);
+            /* even channels to a, odd to b, in pair order */
+            __m256 a = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0))), 0xd8));
+            __m256 b = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1))), 0xd8));
+            __m256 l, h;
+            nv_rotate8(&a, &b, cs + i, sn + i);
+            l = _mm256_unpacklo_ps(a, b);
+            h = _mm256_unpackhi_ps(a, b);
+            nv_store8(yb + 2 * i * es, _mm256_permute2f128_ps(l, h, 0x20), dt, nt);
+            nv_store8(yb + (2 * i + 8) * es, _mm256_permute2f128_ps(l, h, 0x31), dt, nt);
+        }
+        for (; i < half; i++) {
+            float ra, rb;
+            fr_rotate(fr_norm_value(v[2 * i], rstd, wf[2 * i], rounding, dt),
+                      fr_norm_value(v[2 * i + 1], rstd, wf[2 * i + 1], rounding, dt), cs[i],
+                      sn[i], 1.0f, &ra, &rb);
+            nv_store1(y, 2 * i, ra, dt);
+            nv_store1(y, 2 * i + 1, rb, dt);
+        }
+    } else {
+        for (; i + 8 <= half; i += 8) {
+            __m256 a = nv_value8(_mm256_loadu_ps(v + i), vr, _mm256_loadu_ps(wf + i), rounding, dt);
+            __m256 b = nv_value8(_mm256_loadu_ps(v + half + i), vr, _mm256_loadu_ps(wf + half + i),
+                                 rounding, dt);
+            nv_rotate8(&a, &b, cs + i, sn + i);
+            nv_store8(yb + i * es, a, dt, nt);
+            nv_store8(yb + (half + i) * es, b, dt, nt);
+        }
+        for (; i < half; i++) {
+            float ra, rb;
+            fr_rotate(fr_norm_value(v[i], rstd, wf[i], rounding, dt),
+                      fr_norm_value(v[half + i], rstd, wf[half + i], rounding, dt), cs[i], sn[i],
+                      1.0f, &ra, &rb);
+            nv_store1(y, i, ra, dt);
+            nv_store1(y, half + i, rb, dt);
+        }
+    }
+    /* the channels past rot_dim: values only */
+    for (c = rot; c + 8 <= hd; c += 8)
+        nv_store8(yb + c * es,
+                  nv_value8(_mm256_loadu_ps(v + c), vr, _mm256_loadu_ps(wf + c), rounding, dt), dt,
+                  nt);
+    for (; c < hd; c++)
+        nv_store1(y, c, fr_norm_value(v[c], rstd, wf[c], rounding, dt), dt);
+}
+
+/* The passes with their mode and types as constants, one copy per
+ * combination, chosen once per call. */
+typedef float (*avx2_sum_fn)(const void *, float *, int64_t);
+typedef void (*avx2_out_fn)(const float *, void *, const float *, const float *, const float *,
+                            int64_t, int64_t, float);
+/* Whether nv_out can stream a row: every store a whole vector at a
+ * multiple of 8 channels. */
+static int nt_whole(int64_t hd, int64_t half, int interleaved)
+{
+    return (interleaved ? (2 * half) % 16 == 0 : half % 8 == 0) && (hd - 2 * half) % 8 == 0;
+}
+#define DEFINE_AVX2_SUM(D)                                                                    \
+    FR_AVX2_TARGET static float avx2_sum_##D(const void *x, float *v, int64_t hd)             \
+    {                                                                                         \
+        return nv_sum(x, v, hd, D);                                                           \
+    }
+DEFINE_AVX2_SUM(0) DEFINE_AVX2_SUM(1) DEFINE_AVX2_SUM(2)
+#undef DEFINE_AVX2_SUM
+#define DEFINE_AVX2_OUT(R, D, I, NT)                                                          \
+    FR_AVX2_TARGET static void avx2_out_##R##D##I##NT(const float *v, void *y, const float *wf, \
+                                                      const float *cs, const float *sn,       \
+                                                      int64_t hd, int64_t half, float rstd)   \
+    {                                                                                         \
+        nv_out(v, y, wf, cs, sn, hd, half, rstd, R, D, I, NT);                                \
+    }
+#define DEFINE_AVX2_OUTS(R, D)                                                                \
+    DEFINE_AVX2_OUT(R, D, 0, 0) DEFINE_AVX2_OUT(R, D, 1, 0)                                   \
+    DEFINE_AVX2_OUT(R, D, 0, 1) DEFINE_AVX2_OUT(R, D, 1, 1)
+DEFINE_AVX2_OUTS(0, 0) DEFINE_AVX2_OUTS(0, 1) DEFINE_AVX2_OUTS(0, 2)
+DEFINE_AVX2_OUTS(1, 0) DEFINE_AVX2_OUTS(1, 1) DEFINE_AVX2_OUTS(1, 2)
+DEFINE_AVX2_OUTS(2, 0) DEFINE_AVX2_OUTS(2, 1) DEFINE_AVX2_OUTS(2, 2)
+#undef DEFINE_AVX2_OUTS
+#undef DEFINE_AVX2_OUT
+
+static avx2_sum_fn avx2_pick_sum(int dt)
+{
+    return dt == 0 ? avx2_sum_0 : dt == 1 ? avx2_sum_1 : avx2_sum_2;
+}
+
+static avx2_out_fn avx2_pick_out(int rounding, int dt, int interleaved, int nt)
+{
+#define OUT(R, D)                                                                             \
+    { { { avx2_out_##R##D##00, avx2_out_##R##D##01 }, { avx2_out_##R##D##10, avx2_out_##R##D##11 } } }
+    static const struct { avx2_out_fn f[2][2]; } outs[3][3] = {
+        { OUT(0, 0), OUT(0, 1), OUT(0, 2) },
+        { OUT(1, 0), OUT(1, 1), OUT(1, 2) },
+        { OUT(2, 0), OUT(2, 1), OUT(2, 2) },
+    };
+#undef OUT
+    return outs[rounding][dt].f[!!interleaved][!!nt];
+}
+#endif /* FR_HAVE_AVX2 */
+
 /* wf[c] = w' of channel c for a weight array of dtype wdt (or 1). */
 static void weight_factors(const fr_norm_args *na, int slot, int64_t hd, float *wf)
 {
@@ -193,7 +524,51 @@ static int thread_id(void)
 #endif
 }
 
+/* A large output is written with non-temporal stores, as cpu_apply.c
+ * does: a plain store first reads the line it fills, a third memory
+ * transfer per element (the norm's rows are assembled in L1 and then
+ * streamed).  Only out of place, rows of whole 16-byte units on 16-byte
+ * boundaries, and outputs of at least STREAM_MIN_BYTES (smaller ones stay
+ * in the cache for the next op). */
+enum { STREAM_MIN_BYTES = 1 << 22 };
+
+#ifdef __SSE2__
+static void stream_row(void *dst, const void *src, size_t bytes)
+{
+    for (size_t i = 0; i < bytes; i += 16)
+        _mm_stream_si128((__m128i *)((char *)dst + i),
+                         _mm_loadu_si128((const __m128i *)((const char *)src + i)));
+}
+#define FR_STREAM_FENCE() _mm_sfence()
+#else
+#define FR_STREAM_FENCE() ((void)0)
+#endif
+
+static int streamable(const fr_io *io, size_t es, int64_t tokens)
+{
+#ifdef __SSE2__
+    const size_t row = (size_t)io->head_dim * es;
+    return !io->in_place && row % 16 == 0 && (uintptr_t)io->out % 16 == 0 &&
+           (io->out_ss * es) % 16 == 0 && (io->out_sb * es) % 16 == 0 &&
+           (io->out_sh * es) % 16 == 0 &&
+           (uint64_t)tokens * (uint64_t)io->heads * row >= STREAM_MIN_BYTES;
+#else
+    (void)io, (void)es, (void)tokens;
+    return 0;
+#endif
+}
+
 /* ----------------------------------------------------------------- forward */
+
+/* A row between its two passes (the forward). */
+typedef struct {
+    const float *cs, *sn; /* its token's angles */
+    float *v;             /* its channels as floats */
+    char *y;              /* its output */
+    float *rstd;          /* where its rstd goes, or NULL */
+    int k;                /* its io slot */
+    float sum;            /* its sum of squares */
+} fwd_row;
 
 fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
 {
@@ -209,13 +584,31 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
     const int nth = threads_max();
     float *wf[2] = { NULL, NULL }, *scratch;
     size_t per;
+    int stream[2] = { 0, 0 };
+#ifdef FR_HAVE_AVX2
+    const int avx2 = fr_avx2_usable();
+    const avx2_sum_fn avx2_sum = avx2 ? avx2_pick_sum((int)a->dtype) : NULL;
+    const avx2_out_fn avx2_out[2] = {
+        avx2 ? avx2_pick_out(na->rounding, (int)a->dtype, a->interleaved, 0) : NULL,
+        avx2 ? avx2_pick_out(na->rounding, (int)a->dtype, a->interleaved, 1) : NULL
+    };
+#endif
+    /* direct: a streamed slot's rows are stored non-temporally by nv_out
+     * itself (others through `stage`); wf_ok: its weight factors are finite */
+    int direct[2] = { 0, 0 }, wf_ok[2] = { 0, 0 };
 
     for (int k = 0; k < a->count; k++) {
         hdmax = a->io[k].head_dim > hdmax ? a->io[k].head_dim : hdmax;
         elems += tokens * a->io[k].heads * a->io[k].head_dim;
+        stream[k] = streamable(&a->io[k], es, tokens);
+#ifdef FR_HAVE_AVX2
+        direct[k] = avx2 && stream[k] && nt_whole(a->io[k].head_dim, half, a->interleaved);
+#endif
     }
-    /* per thread: a row of floats and a table-less token's cos and sin */
-    per = (size_t)hdmax + (size_t)cache->rot_dim;
+    /* per thread: two rows of floats and two tokens' cos and sin (table-less
+     * caches), for the two rows in flight, and a streamed output row
+     * (hdmax elements of at most 4 bytes) */
+    per = 3 * (size_t)hdmax + 2 * (size_t)cache->rot_dim;
     scratch = malloc(((size_t)nth * per + 2 * (size_t)hdmax) * sizeof(float));
     if (!scratch)
         return fr_fail(FUSEDROPE_ERR_NOMEM, "the norm's row scratch (%zu bytes) could not be "
@@ -223,15 +616,30 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
     for (int k = 0; k < a->count; k++) {
         wf[k] = scratch + (size_t)nth * per + (size_t)k * hdmax;
         weight_factors(na, k, a->io[k].head_dim, wf[k]);
+        wf_ok[k] = 1;
+        for (int64_t c = 0; c < a->io[k].head_dim; c++)
+            wf_ok[k] &= isfinite(wf[k][c]) != 0;
     }
 
+    /*
+     * Each thread's rows are software-pipelined: row n's first pass (widen,
+     * sum of squares) is done before row n - 1's second pass (values,
+     * rotation, narrowing).  Between a row's sum and its rstd lie a chain of
+     * dependent additions, a division and a square root (~60 cycles) that
+     * the second pass waits on; issued a row earlier, they are done by then
+     * (one pass after the other costs ~45% more time on a 128-channel row,
+     * bench/RESULTS.md).
+     */
 #pragma omp parallel if (elems > (1 << 15))
     {
         int threads = 1;
         const int id = thread_id();
         int64_t n0, n1, base, rem, t, hh, b = 0, s = 0, token = -1;
-        float *v = scratch + (size_t)id * per, *row_c = v + hdmax, *row_s = row_c + half;
-        const float *cs = NULL, *sn = NULL;
+        float *const mine = scratch + (size_t)id * per;
+        char *stage = (char *)(mine + 2 * hdmax + 2 * cache->rot_dim); /* a streamed row */
+        fwd_row rows[2];
+        fr_fpenv fpenv; /* this thread's, restored at the end (internal.h) */
+        fr_fpenv_enter(&fpenv);
 #ifdef _OPENMP
         threads = omp_get_num_threads();
 #endif
@@ -241,27 +649,74 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
         n1 = n0 + base + (id < rem);
         t = heads ? n0 / heads : 0;
         hh = heads ? n0 % heads : 0;
-        for (int64_t n = n0; n < n1; n++, hh = hh + 1 < heads ? hh + 1 : (t++, 0)) {
-            const int k = hh >= heads0;
-            const fr_io *io = &a->io[k];
-            const int64_t h = hh - (k ? heads0 : 0), hd = io->head_dim;
-            float rstd;
-            if (t != token) {
-                b = t / a->seq_len;
-                s = t % a->seq_len;
-                token_angles(cache, &a->pos, b, s, row_c, row_s, &cs, &sn);
-                token = t;
+        for (int64_t n = n0; n <= n1; n++) {
+            if (n < n1) {
+                /* row n, head hh of token t: pass 1 */
+                fwd_row *r = &rows[n & 1];
+                const int k = hh >= heads0;
+                const fr_io *io = &a->io[k];
+                const int64_t h = hh - (k ? heads0 : 0), hd = io->head_dim;
+                const char *x;
+                if (t != token) {
+                    /* token t's angles in buffer t % 2: row n - 1 is of
+                     * token t - 1 or t, whose buffer stays */
+                    float *row_c = mine + 2 * hdmax + (t & 1) * cache->rot_dim;
+                    b = t / a->seq_len;
+                    s = t % a->seq_len;
+                    token_angles(cache, &a->pos, b, s, row_c, row_c + half, &r->cs, &r->sn);
+                    token = t;
+                } else {
+                    r->cs = rows[(n - 1) & 1].cs;
+                    r->sn = rows[(n - 1) & 1].sn;
+                }
+                r->k = k;
+                r->v = mine + (n & 1) * hdmax;
+                r->rstd = na->rstd[k] ? &na->rstd[k][t * io->heads + h] : NULL;
+                x = (const char *)io->in +
+                    (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es;
+                r->y = (char *)io->out +
+                       (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es;
+#ifdef FR_HAVE_AVX2
+                if (avx2) {
+                    r->sum = avx2_sum(x, r->v, hd);
+                } else
+#endif
+                {
+                    widen(x, a->dtype, r->v, hd);
+                    r->sum = row_dot(r->v, r->v, hd);
+                }
+                hh = hh + 1 < heads ? hh + 1 : (t++, 0);
             }
-            widen((const char *)io->in + (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es,
-                  a->dtype, v, hd);
-            rstd = fr_norm_rstd(row_dot(v, v, hd), hd, na->eps);
-            if (na->rstd[k])
-                na->rstd[k][t * io->heads + h] = rstd;
-            row_values(v, wf[k], rstd, na->rounding, (int)a->dtype, hd);
-            row_rotate(v, cs, sn, half, a->interleaved, 1.0f);
-            narrow(v, (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es,
-                   a->dtype, hd);
+            if (n > n0) {
+                /* row n - 1: pass 2 */
+                const fwd_row *r = &rows[(n - 1) & 1];
+                const int64_t hd = a->io[r->k].head_dim;
+                const float rstd = fr_norm_rstd(r->sum, hd, na->eps);
+                char *dst = stream[r->k] ? stage : r->y;
+#ifdef FR_HAVE_AVX2
+                /* nv_out's rows (the others, with a NaN or an infinity on
+                 * the way, take the portable loops: the same bits) */
+                if (avx2 && isfinite(r->sum) && isfinite(rstd) && wf_ok[r->k]) {
+                    if (direct[r->k])
+                        dst = r->y;
+                    avx2_out[direct[r->k]](r->v, dst, wf[r->k], r->cs, r->sn, hd, half, rstd);
+                } else
+#endif
+                {
+                    row_values(r->v, wf[r->k], rstd, na->rounding, (int)a->dtype, hd);
+                    row_rotate(r->v, r->cs, r->sn, half, a->interleaved, 1.0f);
+                    narrow(r->v, dst, a->dtype, hd);
+                }
+#ifdef __SSE2__
+                if (dst != r->y)
+                    stream_row(r->y, dst, (size_t)hd * es);
+#endif
+                if (r->rstd)
+                    *r->rstd = rstd;
+            }
         }
+        FR_STREAM_FENCE();
+        fr_fpenv_leave(&fpenv);
     }
     free(scratch);
     return FUSEDROPE_OK;

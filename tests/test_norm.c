@@ -17,6 +17,7 @@
 #include <check.h>
 
 #include "fusedrope.h"
+#include "internal.h" /* fr_avx2_off */
 #include "ref.h"
 #include "util.h"
 
@@ -658,6 +659,139 @@ START_TEST(test_reference_finite_differences)
 }
 END_TEST
 
+/* ------------------------------------------------- AVX2 and portable rows */
+
+#ifdef FR_HAVE_AVX2
+/* Whether element i of a dtype buffer is a NaN as the library writes one:
+ * quiet (float16: 0x7e00 and the sign, as fr_float_to_half writes every
+ * NaN).  Which NaN an operation passes on, and so the payload, may differ
+ * between the two paths (operand order), not this. */
+static int nan_at(const void *p, fusedrope_dtype dt, int64_t i)
+{
+    uint32_t u = 0;
+    if (dt == FUSEDROPE_FLOAT32) {
+        memcpy(&u, (const float *)p + i, 4);
+        return (u & 0x7fffffffu) > 0x7f800000u && (u & 0x400000u);
+    }
+    u = ((const uint16_t *)p)[i];
+    if (dt == FUSEDROPE_FLOAT16)
+        return (u & 0x7fffu) == 0x7e00u;
+    return (u & 0x7fffu) > 0x7f80u && (u & 0x40u);
+}
+
+/* A value for the AVX2-vs-portable comparison: mostly ordinary, some
+ * hard cases (zeros, huge, tiny, subnormal, Inf, NaN) that send a row down
+ * the portable loops or test the roundings' edges. */
+static double odd_value(tu_rng *r, fusedrope_dtype dt)
+{
+    static const double f32[] = { 0.0, -0.0, 3e38, -1e30, 1e-30, 1e-42, INFINITY, NAN, 65519.0 };
+    static const double f16[] = { 0.0, -0.0, 65504.0, -6e-8, 3e-5, INFINITY, -INFINITY, NAN };
+    const int64_t u = tu_int(r, 0, 199);
+    if (u >= 3)
+        return tu_uniform(r, -3.0, 3.0) * (u < 20 ? 1e4 : 1.0);
+    if (dt == FUSEDROPE_FLOAT16)
+        return f16[tu_int(r, 0, 7)];
+    return f32[tu_int(r, 0, 8)];
+}
+
+/* fusedrope_norm_forward_qk through the AVX2 rows (lib/cpu_norm.c) and
+ * through the portable loops (fr_avx2_off): the same bytes for y and rstd
+ * (a NaN need only be NaN in both), over every dtype, style, weight kind
+ * and rounding mode; head_dim with and without scalar tails, partial
+ * rotary, special values in some rows, a weight with an infinity, weights
+ * so large that rotated values are NaN, and outputs large enough to be
+ * streamed (non-temporal stores), out of place and in place. */
+START_TEST(test_avx2_rows_match_portable)
+{
+    static const struct { int64_t s, h, hd, rot; } shapes[] = {
+        { 5, 3, 128, 128 }, { 7, 2, 96, 48 }, { 3, 5, 34, 10 }, { 4, 2, 256, 64 },
+        { 2, 3, 6, 6 }, { 1024, 16, 128, 128 }, /* the last: 4 MiB in 16 bits, streamed */
+    };
+    const fusedrope_dtype dt = dtypes[_i % 3];
+    const fusedrope_style style = (_i / 3) % 2 ? FUSEDROPE_INTERLEAVED : FUSEDROPE_NEOX;
+    const size_t es = ref_dtype_size(dt);
+    tu_rng r;
+
+    if (!fr_avx2_usable())
+        return; /* nothing to compare on this CPU */
+    tu_rng_init(&r, 900 + (uint64_t)_i);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t S = shapes[si].s, H = shapes[si].h, D = shapes[si].hd, n = S * H * D;
+        const int big = S * H * D * (int64_t)es >= (1 << 22);
+        fusedrope_cache_config cfg;
+        fusedrope_cache *cache;
+        void *x = tu_alloc((size_t)n * es), *w = tu_alloc((size_t)D * es);
+        void *y[2] = { tu_alloc((size_t)n * es), tu_alloc((size_t)n * es) };
+        float *rs[2] = { tu_alloc(sizeof(float) * (size_t)(S * H)),
+                         tu_alloc(sizeof(float) * (size_t)(S * H)) };
+
+        fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)shapes[si].rot, S, 10000.0);
+        ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+        tu_track(cache);
+        for (int64_t row = 0; row < S * H; row++) {
+            /* one row in 8 with hard values, one in 16 all zeros */
+            const int64_t kind = tu_int(&r, 0, 15);
+            for (int64_t c = 0; c < D; c++)
+                ref_store(x, dt, row * D + c,
+                          kind == 0 ? 0.0 : kind == 1 || kind == 2 ? odd_value(&r, dt)
+                                                                   : tu_uniform(&r, -3.0, 3.0));
+        }
+        for (int weight = 0; weight < 3; weight++)
+            for (int rounding = 0; rounding < 3; rounding++)
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    fusedrope_norm nm;
+                    if (big && (weight != 1 || (rounding != 1 && in_place)))
+                        continue; /* the streamed shape: fewer combinations */
+                    for (int64_t c = 0; c < D; c++)
+                        ref_store(w, dt, c,
+                                  weight == 2 && c == D / 2 && in_place ? INFINITY
+                                  /* finite, but n * w overflows: the rotation
+                                   * makes NaNs (float32, bfloat16) */
+                                  : weight == 1 && in_place && !big &&
+                                          dt != FUSEDROPE_FLOAT16 ? (c % 3 ? 3e38 : -3e38)
+                                  : weight == 2 ? tu_uniform(&r, -0.6, 0.6)
+                                                : tu_uniform(&r, 0.4, 1.7));
+                    fusedrope_norm_init(&nm);
+                    nm.weight = (fusedrope_norm_weight)weight;
+                    nm.rounding = (fusedrope_norm_rounding)rounding;
+                    nm.weight_dtype = dt;
+                    nm.eps = 1e-6;
+                    nm.q_weight = weight ? w : NULL;
+                    for (int off = 0; off < 2; off++) {
+                        fusedrope_tensor tin, tout;
+                        nm.q_rstd = rs[off];
+                        memset(y[off], 0xa5, (size_t)n * es);
+                        if (in_place)
+                            memcpy(y[off], x, (size_t)n * es);
+                        tin = fusedrope_tensor_bshd(in_place ? y[off] : x, dt, S, 1, H, D);
+                        tout = fusedrope_tensor_bshd(y[off], dt, S, 1, H, D);
+                        __atomic_store_n(&fr_avx2_off, off, __ATOMIC_RELAXED);
+                        ck_assert_msg(fusedrope_norm_forward_qk(cache, style, NULL, &nm, &tin, &tout,
+                                                                NULL, NULL, NULL) == FUSEDROPE_OK,
+                                      "%s", fusedrope_last_error());
+                        __atomic_store_n(&fr_avx2_off, 0, __ATOMIC_RELAXED);
+                    }
+                    for (int64_t i = 0; i < n; i++)
+                        if (memcmp((char *)y[0] + i * es, (char *)y[1] + i * es, es) != 0 &&
+                            !(nan_at(y[0], dt, i) && nan_at(y[1], dt, i)))
+                            ck_abort_msg("%s %s shape %zu weight %d rounding %d in place %d: y[%lld] "
+                                         "AVX2 %.9g, portable %.9g (x %.9g)",
+                                         ref_dtype_name(dt), style ? "interleaved" : "neox", si,
+                                         weight, rounding, in_place, (long long)i,
+                                         ref_load(y[0], dt, i), ref_load(y[1], dt, i),
+                                         ref_load(x, dt, i));
+                    for (int64_t i = 0; i < S * H; i++)
+                        ck_assert_msg(memcmp(&rs[0][i], &rs[1][i], 4) == 0 ||
+                                          (isnan(rs[0][i]) && isnan(rs[1][i])),
+                                      "rstd[%lld]: AVX2 %.9g, portable %.9g", (long long)i,
+                                      rs[0][i], rs[1][i]);
+                }
+    }
+    tu_free_all();
+}
+END_TEST
+#endif
+
 /* ------------------------------------------------------------ determinism */
 
 /* dx and dw the same bytes for 1, 2 and 7 threads (more than one chunk of
@@ -925,6 +1059,9 @@ static Suite *norm_suite(void)
     tcase_add_loop_test(tc, test_forward_matrix, 0, 54);
     tcase_add_loop_test(tc, test_forward_packed_qkv, 0, 3);
     tcase_add_loop_test(tc, test_unfused_literal, 0, 18);
+#ifdef FR_HAVE_AVX2
+    tcase_add_loop_test(tc, test_avx2_rows_match_portable, 0, 6);
+#endif
     suite_add_tcase(s, tc);
     tc = tcase_create("backward");
     tcase_set_timeout(tc, 300);
