@@ -32,15 +32,6 @@
 #define FR_IVDEP
 #endif
 
-/* x86-64: also build an AVX2 clone of the pair loops, picked at load time.
- * Not under ThreadSanitizer: its instrumented ifunc resolver would run
- * before the TSan runtime is up, and crash the program at load. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__) && \
-    !defined(__SANITIZE_THREAD__)
-#define FR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define FR_CLONES
-#endif
 
 /* Rotates m float pairs by cs[i]/sn[i]: interleaved (x[2i], x[2i+1]), else
  * NeoX (x[i], x[bofs + i]); x may equal y. */

@@ -29,13 +29,6 @@
 #include "internal.h"
 #include "norm_math.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__) && \
-    !defined(__SANITIZE_THREAD__)
-#define FR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define FR_CLONES
-#endif
-
 /* ------------------------------------------------------------- row loops */
 
 FR_CLONES static void widen(const void *x, fusedrope_dtype dt, float *f, int64_t n)

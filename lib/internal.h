@@ -122,6 +122,17 @@ void fr_struct_give(void *dst, size_t dst_size, const void *full, size_t full_si
  * number of axes; FUSEDROPE_ERR_INVALID for a bad layout. */
 fusedrope_status fr_axes_map(const fusedrope_cache_config *config, int32_t **map, int *num_axes);
 
+/* CPU backends (cpu_apply.c, cpu_norm.c): on x86-64 also build an AVX2
+ * clone of a vectorisable loop, picked at load time.  Not under
+ * ThreadSanitizer: its instrumented ifunc resolver would run before the
+ * TSan runtime is up, and crash the program at load. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__) && \
+    !defined(__SANITIZE_THREAD__)
+#define FR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define FR_CLONES
+#endif
+
 /* The four public calls, each a direction (forward, backward) and a count
  * (one tensor, or q and k). */
 typedef enum {
