@@ -196,7 +196,7 @@ static int longrope_long(const fusedrope_cache_config *c)
     return (c->seq_len > 0 ? c->seq_len : c->max_positions) > c->original_max_positions;
 }
 
-/* inv[i] for i < d/2 and the attention factor, per DESIGN.md's formulas. */
+/* inv[i] for i < d/2 and the attention factor, as fusedrope_cache_create(3) writes them. */
 static void compute_frequencies(const fusedrope_cache_config *c, double *inv, double *attn)
 {
     const int d = freq_dim(c), n = c->rot_dim / 2;

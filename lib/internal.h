@@ -10,7 +10,7 @@
 #include <config.h>
 #endif
 
-/* The precision contract (DESIGN.md; bit-identical backends, NaN and Inf
+/* The precision contract (fusedrope(3), Precision; bit-identical backends, NaN and Inf
  * kept, subnormals, signed zeros) rests on IEEE arithmetic as written: a*c
  * and b*s rounded apart, no reassociation, no reciprocals, NaN tests that
  * are not folded away.  Flags that give these up would break it without a
