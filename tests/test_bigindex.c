@@ -98,6 +98,11 @@ static size_t span_bytes(const fusedrope_tensor *t)
 START_TEST(test_offsets_past_2_32)
 {
     int v = _i;
+    /* valgrind tracks the multi-GB mappings page by page (minutes a case):
+     * under it, every 13th case, which still covers every layout, dtype,
+     * style, path and direction */
+    if (tu_under_valgrind() && _i % 13 != 0)
+        return;
     const int layout = v % 2;
     const fusedrope_dtype dt = dtypes[(v /= 2) % 3];
     const fusedrope_style style = (v /= 3) % 2 ? FUSEDROPE_INTERLEAVED : FUSEDROPE_NEOX;
