@@ -124,8 +124,9 @@ static fusedrope_status check_config(const fusedrope_cache_config *c)
     case FUSEDROPE_ROPE_DYNAMIC:
         if (freq_dim(c) < 4)
             return fr_fail(FUSEDROPE_ERR_INVALID,
-                           "rot_dim is %d (freq_dim %d) for rope type dynamic; the frequency "
-                           "dimension must be >= 4", c->rot_dim, c->freq_dim);
+                           "the frequency dimension F is %d (rot_dim %d, freq_dim %d%s); rope "
+                           "type dynamic needs F >= 4", freq_dim(c), c->rot_dim, c->freq_dim,
+                           c->axes == FUSEDROPE_AXES_VISION_2D ? ", VISION_2D: rot_dim/2" : "");
         if (c->seq_len < 0)
             return fr_fail(FUSEDROPE_ERR_INVALID,
                            "seq_len is %lld for rope type dynamic; it must be >= 0 (0 means "

@@ -371,7 +371,9 @@ static unsigned config_allowed(const fusedrope_cache_config *c, int device, int 
         if (t >= FUSEDROPE_ROPE_DYNAMIC && t <= FUSEDROPE_ROPE_LLAMA3 &&
             c->original_max_positions <= 0)
             bad = 1;
-        if (t == FUSEDROPE_ROPE_DYNAMIC && (d < 4 || c->seq_len < 0))
+        /* dynamic's exponent F/(F-2): F is the frequency dimension
+         * (freq_dim, or rot_dim, whose half for VISION_2D) */
+        if (t == FUSEDROPE_ROPE_DYNAMIC && (ref_freq_dim(c) < 4 || c->seq_len < 0))
             bad = 1;
         if (t == FUSEDROPE_ROPE_LONGROPE && c->seq_len < 0)
             bad = 1;
