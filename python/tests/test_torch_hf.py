@@ -421,6 +421,8 @@ def test_multimodal_rope_against_transformers(kind, dtype):
     class's recomposition_frequencies and apply_rotary_pos_emb) evaluated in
     float64: within the library's bound; (b) transformers' float32 forward
     (rotary class + apply): within bfloat16 tolerance."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
     import torch
     cfg, rotary, apply = _qwen_vl(kind)
     cache = fusedrope.Cache.from_config(cfg)
