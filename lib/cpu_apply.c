@@ -135,7 +135,6 @@ enum {
     ANGLE_PAIRS = 256,
     STREAM_ROW_BYTES = 8192,      /* heads streamed without cpu_avx2.c: up to this */
     STREAM_DIRECT_BYTES = 16384,  /* heads streamed straight from cpu_avx2.c: up to this */
-    STREAM_MIN_BYTES = 1 << 22,   /* outputs smaller than this stay in the cache */
     /* A call of fewer elements runs on the calling thread alone: starting a
      * team cost 1.3-2 us a call, the work ~0.2 ns an element on one core
      * (decode calls, 1 token x 40 heads x 128 channels per batch entry,
@@ -267,36 +266,6 @@ static inline void rotate_whole_head(const row_conv *rc, const void *x, void *y,
     rotate_head(rc, x, y, cs, sn, half, 0, half, interleaved, sgn, nt_stores, tmp, tmp16);
 }
 
-#ifdef __SSE2__
-/* Out of place, a large output is written with non-temporal stores: a plain
- * store first reads the line it fills, a third memory transfer per element
- * that memcpy does not pay.  dst 16-byte aligned, src any. */
-static void stream_row(void *dst, const void *src, size_t bytes)
-{
-    for (size_t i = 0; i < bytes; i += 16)
-        _mm_stream_si128((__m128i *)((char *)dst + i),
-                         _mm_loadu_si128((const __m128i *)((const char *)src + i)));
-}
-#define FR_STREAM_FENCE() _mm_sfence()
-#else
-#define FR_STREAM_FENCE() ((void)0)
-#endif
-
-/* Whether every output row of io can be written with non-temporal stores
- * (rows of up to max_row bytes). */
-static int streamable(const fr_io *io, size_t es, int64_t tokens, size_t max_row)
-{
-#ifdef __SSE2__
-    const size_t row = (size_t)io->head_dim * es;
-    return !io->in_place && row % 16 == 0 && row <= max_row &&
-           (uintptr_t)io->out % 16 == 0 && (io->out_ss * es) % 16 == 0 &&
-           (io->out_sb * es) % 16 == 0 && (io->out_sh * es) % 16 == 0 &&
-           (uint64_t)tokens * (uint64_t)io->heads * row >= STREAM_MIN_BYTES;
-#else
-    (void)io, (void)es, (void)tokens, (void)max_row;
-    return 0;
-#endif
-}
 
 /* One thread's share of a call's (token, head) items: all of them on the
  * calling thread, or the thread's slice inside a team. */
@@ -432,7 +401,7 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
                             rc->rotate(x16, x16 + half, y16, y16 + half, cs, sn, half, args->sgn,
                                        1);
                         if (pass)
-                            stream_row(y + rot, x + rot, pass);
+                            fr_stream_row(y + rot, x + rot, pass);
                     }
                     continue;
                 }
@@ -446,7 +415,7 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
                         memcpy(dst + rot, x + rot, pass);
 #ifdef __SSE2__
                     if (stream[k])
-                        stream_row(y, row, (size_t)io->head_dim * es);
+                        fr_stream_row(y, row, (size_t)io->head_dim * es);
 #endif
                 }
             }
@@ -477,8 +446,8 @@ void fr_cpu_apply(const fr_apply_args *args)
          * others through the row buffer, if they fit */
         direct[k] = rc != NULL && rc->rotate != NULL &&
                     ((size_t)(args->interleaved ? cache->rot_dim : half) * es) % 16 == 0 &&
-                    streamable(&args->io[k], es, tokens, STREAM_DIRECT_BYTES);
-        stream[k] = direct[k] || streamable(&args->io[k], es, tokens, STREAM_ROW_BYTES);
+                    fr_streamable(&args->io[k], es, tokens, STREAM_DIRECT_BYTES);
+        stream[k] = direct[k] || fr_streamable(&args->io[k], es, tokens, STREAM_ROW_BYTES);
     }
 
 #ifdef _OPENMP

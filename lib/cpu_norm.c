@@ -517,39 +517,8 @@ static int thread_id(void)
 #endif
 }
 
-/* A large output is written with non-temporal stores, as cpu_apply.c
- * does: a plain store first reads the line it fills, a third memory
- * transfer per element (the norm's rows are assembled in L1 and then
- * streamed).  Only out of place, rows of whole 16-byte units on 16-byte
- * boundaries, and outputs of at least STREAM_MIN_BYTES (smaller ones stay
- * in the cache for the next op). */
-enum { STREAM_MIN_BYTES = 1 << 22 };
-
-#ifdef __SSE2__
-static void stream_row(void *dst, const void *src, size_t bytes)
-{
-    for (size_t i = 0; i < bytes; i += 16)
-        _mm_stream_si128((__m128i *)((char *)dst + i),
-                         _mm_loadu_si128((const __m128i *)((const char *)src + i)));
-}
-#define FR_STREAM_FENCE() _mm_sfence()
-#else
-#define FR_STREAM_FENCE() ((void)0)
-#endif
-
-static int streamable(const fr_io *io, size_t es, int64_t tokens)
-{
-#ifdef __SSE2__
-    const size_t row = (size_t)io->head_dim * es;
-    return !io->in_place && row % 16 == 0 && (uintptr_t)io->out % 16 == 0 &&
-           (io->out_ss * es) % 16 == 0 && (io->out_sb * es) % 16 == 0 &&
-           (io->out_sh * es) % 16 == 0 &&
-           (uint64_t)tokens * (uint64_t)io->heads * row >= STREAM_MIN_BYTES;
-#else
-    (void)io, (void)es, (void)tokens;
-    return 0;
-#endif
-}
+/* Large outputs are streamed (internal.h, fr_streamable): the norm's rows
+ * are assembled in L1, then written past the cache. */
 
 /* ----------------------------------------------------------------- forward */
 
@@ -593,7 +562,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
     for (int k = 0; k < a->count; k++) {
         hdmax = a->io[k].head_dim > hdmax ? a->io[k].head_dim : hdmax;
         elems += tokens * a->io[k].heads * a->io[k].head_dim;
-        stream[k] = streamable(&a->io[k], es, tokens);
+        stream[k] = fr_streamable(&a->io[k], es, tokens, SIZE_MAX);
 #ifdef FR_HAVE_AVX2
         direct[k] = avx2 && stream[k] && nt_whole(a->io[k].head_dim, half, a->interleaved);
 #endif
@@ -702,7 +671,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
                 }
 #ifdef __SSE2__
                 if (dst != r->y)
-                    stream_row(r->y, dst, (size_t)hd * es);
+                    fr_stream_row(r->y, dst, (size_t)hd * es);
 #endif
                 if (r->rstd)
                     *r->rstd = rstd;

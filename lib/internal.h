@@ -133,6 +133,43 @@ fusedrope_status fr_axes_map(const fusedrope_cache_config *config, int32_t **map
 #define FR_CLONES
 #endif
 
+/* CPU backends: large outputs are written with non-temporal stores: out of
+ * place, a plain store first reads the line it fills, a third memory
+ * transfer per element that memcpy does not pay.  Outputs smaller than
+ * FR_STREAM_MIN_BYTES stay in the cache for the next op. */
+#define FR_STREAM_MIN_BYTES ((uint64_t)1 << 22)
+#if !defined(__cplusplus)
+#ifdef __SSE2__
+#include <emmintrin.h>
+/* bytes (a multiple of 16) from src (any alignment) to dst (16-byte aligned). */
+static inline void fr_stream_row(void *dst, const void *src, size_t bytes)
+{
+    for (size_t i = 0; i < bytes; i += 16)
+        _mm_stream_si128((__m128i *)((char *)dst + i),
+                         _mm_loadu_si128((const __m128i *)((const char *)src + i)));
+}
+#define FR_STREAM_FENCE() _mm_sfence()
+#else
+#define FR_STREAM_FENCE() ((void)0)
+#endif
+
+/* Whether every output row of io (tokens of it, head rows of at most
+ * max_row bytes) can be written by fr_stream_row. */
+static inline int fr_streamable(const fr_io *io, size_t es, int64_t tokens, size_t max_row)
+{
+#ifdef __SSE2__
+    const size_t row = (size_t)io->head_dim * es;
+    return !io->in_place && row % 16 == 0 && row <= max_row &&
+           (uintptr_t)io->out % 16 == 0 && (io->out_ss * es) % 16 == 0 &&
+           (io->out_sb * es) % 16 == 0 && (io->out_sh * es) % 16 == 0 &&
+           (uint64_t)tokens * (uint64_t)io->heads * row >= FR_STREAM_MIN_BYTES;
+#else
+    (void)io, (void)es, (void)tokens, (void)max_row;
+    return 0;
+#endif
+}
+#endif /* !__cplusplus */
+
 /* The four public calls, each a direction (forward, backward) and a count
  * (one tensor, or q and k). */
 typedef enum {
