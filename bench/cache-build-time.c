@@ -14,18 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "timing.h"
 
 #ifdef RUNTIME_PARTS
 #include <cuda_runtime.h>
@@ -35,11 +24,11 @@ static int cmp(const void *a, const void *b)
     do {                                                                    \
         double t_[11];                                                      \
         for (int i_ = 0; i_ < 11; i_++) {                                   \
-            double t0_ = now();                                             \
+            double t0_ = bench_now();                                             \
             body;                                                           \
-            t_[i_] = now() - t0_;                                           \
+            t_[i_] = bench_now() - t0_;                                           \
         }                                                                   \
-        qsort(t_, 11, sizeof t_[0], cmp);                                   \
+        qsort(t_, 11, sizeof t_[0], bench_cmp_double);                                   \
         printf("  %-44s median %.3f ms\n", label, t_[5] * 1e3);            \
     } while (0)
 
@@ -65,12 +54,12 @@ static double one_qk(const fusedrope_cache *c, const uint16_t *q0, const uint16_
     double t0;
     memcpy(q, q0, nq * 2);
     memcpy(k, k0, nk * 2);
-    t0 = now();
+    t0 = bench_now();
     if (fusedrope_forward_qk(c, FUSEDROPE_NEOX, NULL, &tq, &tq, &tk, &tk, NULL) != FUSEDROPE_OK) {
         fprintf(stderr, "cache-build-time: %s\n", fusedrope_last_error());
         exit(1);
     }
-    return now() - t0;
+    return bench_now() - t0;
 }
 
 /* The same call with the table and without (max_positions 0), alternated so
@@ -108,8 +97,8 @@ static int tableless_call(const fusedrope_cache_config *table_cfg)
         if (i >= 0)
             a[i] = ta, b[i] = tb;
     }
-    qsort(a, 21, sizeof a[0], cmp);
-    qsort(b, 21, sizeof b[0], cmp);
+    qsort(a, 21, sizeof a[0], bench_cmp_double);
+    qsort(b, 21, sizeof b[0], bench_cmp_double);
     printf("forward_qk 2048 tokens, 32+8 heads x 128 bf16, in place, CPU: table min %.3f ms "
            "(median %.3f), max_positions 0 min %.3f ms (median %.3f): %+.0f%% (min), "
            "outputs %s\n",
@@ -135,15 +124,15 @@ int main(void)
             break;
         for (int i = 0; i < 11; i++) {
             fusedrope_cache *c;
-            double t0 = now();
+            double t0 = bench_now();
             if (fusedrope_cache_create(&cfg, devs[d], &c) != FUSEDROPE_OK) {
                 fprintf(stderr, "cache-build-time: %s\n", fusedrope_last_error());
                 return 1;
             }
-            t[i] = now() - t0;
+            t[i] = bench_now() - t0;
             fusedrope_cache_destroy(c);
         }
-        qsort(t, 11, sizeof t[0], cmp);
+        qsort(t, 11, sizeof t[0], bench_cmp_double);
         printf("cache build 131072 x 64 pairs, %s: median %.3f ms (min %.3f)\n",
                d ? "CUDA" : "CPU", t[5] * 1e3, t[0] * 1e3);
 #ifdef RUNTIME_PARTS

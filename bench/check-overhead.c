@@ -29,6 +29,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "timing.h"
+
 #include <fusedrope.h>
 
 #ifndef CHECK_PATH_ONLY
@@ -36,19 +38,6 @@
 #endif
 
 enum { B = 8, HQ = 32, HK = 8, D = 128, REPS = 21, CALLS = 2000 };
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e9 + t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 #ifdef CHECK_PATH_ONLY
 static long queries;
@@ -127,7 +116,7 @@ int main(int argc, char **argv)
     for (int r = -1; r < REPS; r++) { /* r = -1: warm-up */
         double t0;
         sync_all();
-        t0 = now();
+        t0 = bench_now();
         for (int i = 0; i < CALLS; i++)
             if (fusedrope_forward_qk(cache, FUSEDROPE_NEOX, &pos, &q, &qo, &k, &ko, NULL) !=
                 FUSEDROPE_OK) {
@@ -135,10 +124,10 @@ int main(int argc, char **argv)
                 return 1;
             }
         if (r >= 0)
-            t[r] = (now() - t0) / CALLS;
+            t[r] = (bench_now() - t0) * 1e9 / CALLS;
     }
     sync_all();
-    qsort(t, REPS, sizeof t[0], cmp);
+    qsort(t, REPS, sizeof t[0], bench_cmp_double);
     printf("%s, %s: host time per forward_qk call: median %.0f ns (min %.0f, max %.0f)",
            thd ? "thd ids+cu_seqlens+range_status, out of place" : "decode offsets, in place",
 #ifdef CHECK_PATH_ONLY

@@ -15,18 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "timing.h"
 
 int main(int argc, char **argv)
 {
@@ -111,20 +100,20 @@ int main(int argc, char **argv)
             fusedrope_tensor kx = fusedrope_tensor_sbhd(b[2], dt, S, B, HK, D);
             fusedrope_tensor ky = fusedrope_tensor_sbhd(b[3], dt, S, B, HK, D);
             fusedrope_status rc;
-            const double t0 = now();
+            const double t0 = bench_now();
             if (HK)
                 rc = bwd ? fusedrope_backward_qk(cache, st, &pos, &x, &y, &kx, &ky, NULL)
                          : fusedrope_forward_qk(cache, st, &pos, &x, &y, &kx, &ky, NULL);
             else
                 rc = bwd ? fusedrope_backward(cache, st, &pos, &x, &y, NULL)
                          : fusedrope_forward(cache, st, &pos, &x, &y, NULL);
-            t[c] = now() - t0;
+            t[c] = bench_now() - t0;
             if (rc != FUSEDROPE_OK) {
                 fprintf(stderr, "call: %s\n", fusedrope_last_error());
                 return 1;
             }
         }
-        qsort(t, (size_t)calls, sizeof *t, cmp);
+        qsort(t, (size_t)calls, sizeof *t, bench_cmp_double);
         printf("%lld,%lld,%lld,%lld qk %lld: %d calls, median %.3f us, min %.3f us\n", S, B, H, D,
                HK, calls, 1e6 * t[calls / 2], 1e6 * t[0]);
         for (int s = 0; s < 4 * sets; s++)

@@ -1104,6 +1104,21 @@ static int64_t parse_int(const char *opt_name, const char *s, int64_t min, int64
     return v;
 }
 
+/* The index of val among an option's n names; anything else is refused with
+ * the list. */
+static int parse_choice(const char *opt_name, const char *val, const char *const *names, int n)
+{
+    char list[128] = "";
+    for (int k = 0; k < n; k++) {
+        if (!strcmp(val, names[k]))
+            return k;
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", k ? (k + 1 < n ? ", " : " or ") : "",
+                 names[k]);
+    }
+    bad_option("%s: expected %s, got '%s'", opt_name, list, val);
+    return 0;
+}
+
 /* --axes: sections:T,H,W[,X], interleaved:T,H,W, alternating:T,H,W or vision. */
 static void parse_axes(const char *val)
 {
@@ -1211,39 +1226,23 @@ static void parse_args(int argc, char **argv)
                 bad_option("--shape %s: head_dim must be at least 2", val);
             opt.shapes[opt.nshapes++] = (shape){ v[0], v[1], v[2], v[3] };
         } else if (!strcmp(name, "--dtype")) {
-            if (!strcmp(val, "bf16"))
-                opt.dtype = FUSEDROPE_BFLOAT16;
-            else if (!strcmp(val, "fp16"))
-                opt.dtype = FUSEDROPE_FLOAT16;
-            else if (!strcmp(val, "fp32"))
-                opt.dtype = FUSEDROPE_FLOAT32;
-            else
-                bad_option("--dtype: expected bf16, fp16 or fp32, got '%s'", val);
+            static const char *const names[] = { "bf16", "fp16", "fp32" };
+            static const fusedrope_dtype values[] = { FUSEDROPE_BFLOAT16, FUSEDROPE_FLOAT16,
+                                                      FUSEDROPE_FLOAT32 };
+            opt.dtype = values[parse_choice(name, val, names, 3)];
         } else if (!strcmp(name, "--layout")) {
-            if (!strcmp(val, "sbhd"))
-                opt.layout = L_SBHD;
-            else if (!strcmp(val, "bshd"))
-                opt.layout = L_BSHD;
-            else if (!strcmp(val, "thd"))
-                opt.layout = L_THD;
-            else
-                bad_option("--layout: expected sbhd, bshd or thd, got '%s'", val);
+            static const char *const names[] = { "sbhd", "bshd", "thd" };
+            static const enum layout values[] = { L_SBHD, L_BSHD, L_THD };
+            opt.layout = values[parse_choice(name, val, names, 3)];
         } else if (!strcmp(name, "--style")) {
-            if (!strcmp(val, "neox"))
-                opt.style = FUSEDROPE_NEOX;
-            else if (!strcmp(val, "interleaved"))
-                opt.style = FUSEDROPE_INTERLEAVED;
-            else
-                bad_option("--style: expected neox or interleaved, got '%s'", val);
+            static const char *const names[] = { "neox", "interleaved" };
+            static const fusedrope_style values[] = { FUSEDROPE_NEOX, FUSEDROPE_INTERLEAVED };
+            opt.style = values[parse_choice(name, val, names, 2)];
         } else if (!strcmp(name, "--device")) {
-            if (!strcmp(val, "auto"))
-                opt.device = FUSEDROPE_DEVICE_AUTO;
-            else if (!strcmp(val, "cpu"))
-                opt.device = FUSEDROPE_DEVICE_CPU;
-            else if (!strcmp(val, "cuda"))
-                opt.device = FUSEDROPE_DEVICE_CUDA;
-            else
-                bad_option("--device: expected auto, cpu or cuda, got '%s'", val);
+            static const char *const names[] = { "auto", "cpu", "cuda" };
+            static const fusedrope_device values[] = { FUSEDROPE_DEVICE_AUTO, FUSEDROPE_DEVICE_CPU,
+                                                       FUSEDROPE_DEVICE_CUDA };
+            opt.device = values[parse_choice(name, val, names, 3)];
         } else if (!strcmp(name, "--iters")) {
             opt.iters = (int)parse_int(name, val, 1, 1000000);
         } else if (!strcmp(name, "--warmup")) {
