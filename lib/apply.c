@@ -308,13 +308,7 @@ static fusedrope_status check_position_array(const void *p, const char *name, si
     int64_t bytes;
     if (!p)
         return FUSEDROPE_OK;
-    if ((uintptr_t)p % es)
-        return fr_fail(FUSEDROPE_ERR_INVALID, "%s (%p) is not aligned to its %d-byte elements",
-                       name, p, (int)es);
-    if (__builtin_mul_overflow(count, (int64_t)es, &bytes) ||
-        (uintptr_t)p + (uint64_t)bytes < (uintptr_t)p)
-        return fr_fail(FUSEDROPE_ERR_RANGE, "%s: %lld entries span more memory than can be addressed",
-                       name, (ll)count);
+    TRY(fr_check_array(p, count, es, name, &bytes));
     for (int k = 0; k < nout; k++) {
         uintptr_t o = (uintptr_t)out[k]->data, a = (uintptr_t)p;
         if (!tokens_empty(out[k]) && a < o + (uint64_t)bytes_out[k] && o < a + (uint64_t)bytes)
@@ -653,4 +647,17 @@ fusedrope_status fr_apply_call(const fusedrope_cache *cache, fusedrope_style sty
 fusedrope_status fr_check_pointer(const void *p, const char *name, fusedrope_device dev)
 {
     return check_pointer_device(p, name, dev);
+}
+
+fusedrope_status fr_check_array(const void *p, int64_t n, size_t es, const char *name,
+                                int64_t *bytes)
+{
+    if ((uintptr_t)p % es)
+        return fr_fail(FUSEDROPE_ERR_INVALID, "%s (%p) is not aligned to its %d-byte elements",
+                       name, p, (int)es);
+    if (__builtin_mul_overflow(n, (int64_t)es, bytes) ||
+        (uintptr_t)p + (uint64_t)*bytes < (uintptr_t)p)
+        return fr_fail(FUSEDROPE_ERR_RANGE, "%s: %lld entries span more memory than can be addressed",
+                       name, (ll)n);
+    return FUSEDROPE_OK;
 }

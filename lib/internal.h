@@ -262,6 +262,10 @@ fusedrope_status fr_apply_prepare(const fusedrope_cache *cache, fusedrope_style 
                                   fr_apply_args *args);
 /* fr_apply's rule for where a pointer may live given the cache's device. */
 fusedrope_status fr_check_pointer(const void *p, const char *name, fusedrope_device dev);
+/* An array of n elements of es bytes at p (not NULL): aligned to its
+ * elements and its extent addressable; *bytes = n * es. */
+fusedrope_status fr_check_array(const void *p, int64_t n, size_t es, const char *name,
+                                int64_t *bytes);
 
 /* A fused RMSNorm + RoPE call that passed every host-side check (lib/norm.c).
  * a: the RoPE part, as fr_apply_prepare made it (forward: in = x, out = y;

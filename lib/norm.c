@@ -59,13 +59,7 @@ static fusedrope_status array_range(const void *p, int64_t n, size_t es, const c
     r->written = written;
     if (!p || n <= 0)
         return FUSEDROPE_OK;
-    if ((uintptr_t)p % es)
-        return fr_fail(FUSEDROPE_ERR_INVALID, "%s (%p) is not aligned to its %d-byte elements",
-                       name, p, (int)es);
-    if (__builtin_mul_overflow(n, (int64_t)es, &bytes) ||
-        (uintptr_t)p + (uint64_t)bytes < (uintptr_t)p)
-        return fr_fail(FUSEDROPE_ERR_RANGE, "%s: %lld entries span more memory than can be addressed",
-                       name, (ll)n);
+    TRY(fr_check_array(p, n, es, name, &bytes));
     TRY(fr_check_pointer(p, name, dev));
     r->lo = (uintptr_t)p;
     r->hi = r->lo + (uintptr_t)bytes;

@@ -36,6 +36,7 @@
 #define fr_cuda_pointer_kind fusedrope__cuda_pointer_kind
 #define fr_cuda_apply fusedrope__cuda_apply
 #define fr_apply_prepare fusedrope__apply_prepare
+#define fr_check_array fusedrope__check_array
 #define fr_check_pointer fusedrope__check_pointer
 #define fr_cpu_norm_forward fusedrope__cpu_norm_forward
 #define fr_cpu_norm_backward fusedrope__cpu_norm_backward
