@@ -44,23 +44,28 @@ fusedrope_status fr_cuda_cache_check(const fusedrope_cache *cache, void *stream)
                    "fusedrope_cache_check on a CUDA cache: libfusedrope was built without CUDA");
 }
 
+/* Every launch entry point: unreachable through the API, which needs a CUDA
+ * cache first, but each says why if reached. */
+static fusedrope_status no_launch(void)
+{
+    return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
+                   "a CUDA launch was requested but libfusedrope was built without CUDA");
+}
+
 fusedrope_status fr_cuda_apply(const fr_apply_args *args)
 {
     (void)args;
-    return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
-                   "a CUDA launch was requested but libfusedrope was built without CUDA");
+    return no_launch();
 }
 
 fusedrope_status fr_cuda_norm_forward(const fr_norm_args *args)
 {
     (void)args;
-    return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
-                   "a CUDA launch was requested but libfusedrope was built without CUDA");
+    return no_launch();
 }
 
 fusedrope_status fr_cuda_norm_backward(const fr_norm_args *args)
 {
     (void)args;
-    return fr_fail(FUSEDROPE_ERR_UNSUPPORTED,
-                   "a CUDA launch was requested but libfusedrope was built without CUDA");
+    return no_launch();
 }
