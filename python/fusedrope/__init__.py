@@ -23,6 +23,7 @@ from ._version import __version__
 
 __all__ = [
     "Cache", "Error", "forward", "backward", "forward_qk", "backward_qk",
+    "norm_forward_qk", "norm_backward_qk",
     "version", "cuda_available", "ROPE_TYPES", "AXES",
 ]
 
@@ -330,8 +331,12 @@ def _positions(p, what, np_dtype, cache):
     raise TypeError(f"{what} must be an array (DLPack) or a list of ints, not {type(p).__name__}")
 
 
-def _apply(op, cache, ins, outs, names, style, layout, ids, offsets, cu_seqlens, cp_size,
-           cp_rank, dtype, stream, range_status=None):
+def _prepare(cache, arrays, names, style, layout, ids, offsets, cu_seqlens, dtype, stream,
+             range_status, extra=()):
+    """Checks a call's arguments and exports its arrays (None entries stay
+    None): (capsules, extra capsules, position capsules, bf16, stream, the
+    device context to run in).  `arrays` are the tensors, `extra` the
+    norm's weight/rstd/gradient arrays ((array, name) pairs)."""
     if not isinstance(cache, Cache):
         raise TypeError(f"cache must be a fusedrope.Cache, not {type(cache).__name__}")
     if style not in _STYLES:
@@ -340,33 +345,47 @@ def _apply(op, cache, ins, outs, names, style, layout, ids, offsets, cu_seqlens,
         raise ValueError(f"layout must be 'sbhd', 'bshd' or 'thd', not {layout!r}")
     if dtype not in (None, "float32", "float16", "bfloat16"):
         raise ValueError(f"dtype must be None, 'float32', 'float16' or 'bfloat16', not {dtype!r}")
-    outs = [x if o is None else o for x, o in zip(ins, outs)]
     bf16 = dtype == "bfloat16"
-    arrays = []
-    for a, name in zip(itertools.chain(*zip(ins, outs)), names):
+    views = []
+    for a, name in zip(arrays, names):
+        if a is None:
+            views.append(None)
+            continue
         if dtype is not None and dtype != "bfloat16" and _dtype_name(a) != dtype:
             raise TypeError(f"{name} has dtype {_dtype_name(a)}, not {dtype}")
         v, is_bf16 = _bf16_view(a)
         bf16 = bf16 or is_bf16
-        arrays.append(v)
+        views.append(v)
+    extra_views = [None if a is None else _bf16_view(a)[0] for a, _ in extra]
     ids = _positions(ids, "ids", np.int64, cache)
     offsets = _positions(offsets, "offsets", np.int64, cache)
     cu_seqlens = _positions(cu_seqlens, "cu_seqlens", np.int32, cache)
     dev_id = cache._h.device_id
     cuda = dev_id >= 0
-    s = _stream_of(ins, dev_id, stream) if cuda else 0
+    s = _stream_of([a for a in arrays if a is not None], dev_id, stream) if cuda else 0
     caps, seen = [], {}
-    for a, name in zip(arrays, names):
+    for a, name in zip(views, names):
         # The same object as input and output (in place) is exported once.
-        if id(a) not in seen:
+        if a is not None and id(a) not in seen:
             seen[id(a)] = _capsule(a, name, s)
-        caps.append(seen[id(a)])
+        caps.append(None if a is None else seen[id(a)])
+    extra_caps = [None if a is None else _capsule(a, n, s)
+                  for a, (_, n) in zip(extra_views, extra)]
     if range_status is not None and not hasattr(range_status, "__dlpack__"):
         raise TypeError("range_status must be an array (DLPack) of one int32")
     pos = [None if p is None else _capsule(p, n, s)
            for p, n in ((ids, "ids"), (offsets, "offsets"), (cu_seqlens, "cu_seqlens"),
                         (range_status, "range_status"))]
     ctx = _cuda_device(dev_id) if cuda else contextlib.nullcontext()
+    return caps, extra_caps, pos, bf16, s, ctx
+
+
+def _apply(op, cache, ins, outs, names, style, layout, ids, offsets, cu_seqlens, cp_size,
+           cp_rank, dtype, stream, range_status=None):
+    outs = [x if o is None else o for x, o in zip(ins, outs)]
+    caps, _, pos, bf16, s, ctx = _prepare(cache, list(itertools.chain(*zip(ins, outs))), names,
+                                          style, layout, ids, offsets, cu_seqlens, dtype,
+                                          stream, range_status)
     with ctx:
         _fusedrope.apply(cache._h, op, _STYLES[style], _LAYOUTS[layout], bf16, caps, *pos[:3],
                          int(cp_size), int(cp_rank), s, pos[3])
@@ -439,3 +458,101 @@ forward_qk.__doc__ = ("Rotates q and k in one pass (fusedrope_forward_qk; GQA he
                       " returns (q_out, k_out)." + _DOC)
 backward_qk.__doc__ = ("Gradient of forward_qk: (dq_out, dk_out) -> (dq_in, dk_in)"
                        " (fusedrope_backward_qk)." + _DOC)
+
+
+# ------------------------------------------------------------ fused norm
+
+_NORM_WEIGHTS = {"none": 0, "w": 1, "1+w": 2}
+_NORM_ROUNDINGS = {"once": 0, "llama": 1, "gemma": 2}
+
+
+def _norm_spec(weight, rounding, eps, saved_output, q_weight, k_weight, rstd, dweight):
+    if weight is None:
+        weight = "w" if q_weight is not None or k_weight is not None else "none"
+    if weight not in _NORM_WEIGHTS:
+        raise ValueError(f"weight must be 'w', '1+w', 'none' or None, not {weight!r}")
+    if rounding not in _NORM_ROUNDINGS:
+        raise ValueError(f"rounding must be 'once', 'llama' or 'gemma', not {rounding!r}")
+    rq, rk = _pair_or_none(rstd, "rstd")
+    gq, gk = _pair_or_none(dweight, "dweight")
+    extra = [(q_weight, "q_weight"), (k_weight, "k_weight"), (rq, "rstd[0]"), (rk, "rstd[1]"),
+             (gq, "dweight[0]"), (gk, "dweight[1]")]
+    return (_NORM_WEIGHTS[weight], _NORM_ROUNDINGS[rounding], float(eps),
+            bool(saved_output)), extra
+
+
+def _pair_or_none(p, what):
+    if p is None:
+        return None, None
+    if not isinstance(p, (tuple, list)) or len(p) != 2:
+        raise TypeError(f"{what} must be a pair (for q, for k); None in it for none")
+    return p
+
+
+def _norm(op, cache, arrays, names, head, extra, style, layout, ids, offsets, cu_seqlens,
+          cp_size, cp_rank, dtype, stream, range_status):
+    caps, extra_caps, pos, bf16, s, ctx = _prepare(cache, arrays, names, style, layout, ids,
+                                                   offsets, cu_seqlens, dtype, stream,
+                                                   range_status, extra)
+    with ctx:
+        _fusedrope.norm(cache._h, op, _STYLES[style], _LAYOUTS[layout], bf16, caps, *pos[:3],
+                        int(cp_size), int(cp_rank), s, pos[3], tuple(head) + tuple(extra_caps))
+
+
+def norm_forward_qk(cache, q, k=None, q_weight=None, k_weight=None, *, weight=None,
+                    rounding="once", eps=1e-6, rstd=None, style="neox", layout="sbhd", out=None,
+                    ids=None, offsets=None, cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None,
+                    stream=None, range_status=None):
+    if k is None and k_weight is not None:
+        raise ValueError("k_weight given without k")
+    qo, ko = _pair(out)
+    qo = q if qo is None else qo
+    ko = k if ko is None else ko
+    head, extra = _norm_spec(weight, rounding, eps, False, q_weight, k_weight, rstd, None)
+    _norm(0, cache, [q, qo, k, ko], ["q", "out[0]", "k", "out[1]"], head, extra, style, layout,
+          ids, offsets, cu_seqlens, cp_size, cp_rank, dtype, stream, range_status)
+    return qo, ko
+
+
+def norm_backward_qk(cache, q_saved, dq, k_saved=None, dk=None, q_weight=None, k_weight=None, *,
+                     rstd, weight=None, rounding="once", eps=1e-6, saved_output=False,
+                     dweight=None, style="neox", layout="sbhd", out=None, ids=None,
+                     offsets=None, cu_seqlens=None, cp_size=1, cp_rank=0, dtype=None,
+                     stream=None, range_status=None):
+    if (k_saved is None) != (dk is None):
+        raise ValueError("k_saved and dk go together")
+    qo, ko = _pair(out)
+    qo = dq if qo is None else qo
+    ko = dk if ko is None else ko
+    head, extra = _norm_spec(weight, rounding, eps, saved_output, q_weight, k_weight, rstd,
+                             dweight)
+    _norm(1, cache, [q_saved, dq, qo, k_saved, dk, ko],
+          ["q_saved", "dq", "out[0]", "k_saved", "dk", "out[1]"], head, extra, style, layout,
+          ids, offsets, cu_seqlens, cp_size, cp_rank, dtype, stream, range_status)
+    return qo, ko
+
+
+_NORM_DOC = """
+    Per (token, head) row of head_dim channels: rstd = 1/sqrt(mean(x^2) +
+    eps) in float32, n = x * rstd, v = n * w' (weight="w": w' = w, Qwen3,
+    GLM-4.5; "1+w": w' = 1 + w, Gemma 3, Qwen3.5; "none": w' = 1, Llama 4;
+    None: "w" when a weight is given, else "none"), then the RoPE of v.
+    rounding: "once" (float32 throughout), "llama" (n rounded to the dtype,
+    times w' rounded: Llama/Qwen3's weight * x.to(dtype)) or "gemma" (n * w'
+    in float32, rounded once).  q_weight, k_weight: [head_dim] arrays, float32
+    or the tensors' dtype.  rstd: a pair of float32 arrays [batch, seq,
+    heads] (thd: [tokens, heads]) for q and k (None inside for none): the
+    forward writes them, the backward reads them.  k, its weight and its
+    rstd may be None (q only).  Semantics, rounding points and dweight's
+    reduction order: fusedrope_norm_forward_qk(3).  The other arguments as
+    in forward_qk.
+"""
+
+norm_forward_qk.__doc__ = ("Fused per-head RMSNorm + RoPE on q and k "
+                           "(fusedrope_norm_forward_qk); returns (q_out, k_out)."
+                           + _NORM_DOC)
+norm_backward_qk.__doc__ = ("Gradient of norm_forward_qk: from the saved inputs (or, with "
+                            "saved_output=True, the saved outputs), dq/dk and rstd to "
+                            "(dq_in, dk_in) (fusedrope_norm_backward_qk); dweight, a pair "
+                            "of float32 [head_dim] arrays, receives the weights' gradients "
+                            "(overwritten)." + _NORM_DOC)

@@ -1,8 +1,10 @@
 """PyTorch integration: RoPE on q and k as differentiable operators whose
 gradient is the library's backward.
 
-``rope_qk(q, k, cache, ...)`` and ``rope(x, cache, ...)`` are
-``torch.library`` custom ops (``fusedrope::rope_qk``, ``fusedrope::rope``),
+``rope_qk(q, k, cache, ...)``, ``rope(x, cache, ...)`` and
+``norm_rope_qk(q, k, q_weight, k_weight, cache, ...)`` (the fused per-head
+RMSNorm + RoPE) are ``torch.library`` custom ops (``fusedrope::rope_qk``,
+``fusedrope::rope``, ``fusedrope::norm_rope_qk``),
 so torch.compile keeps them in its graph; they return new tensors (out of
 place) and run on the tensors' device and PyTorch's current CUDA stream
 (CUDA-graph capturable).  On a PyTorch without ``torch.library.custom_op``
@@ -20,7 +22,7 @@ from typing import Optional
 
 import fusedrope as _fr
 
-__all__ = ["rope_qk", "rope", "RopeQKFunction"]
+__all__ = ["rope_qk", "rope", "norm_rope_qk", "RopeQKFunction", "NormRopeQKFunction"]
 
 
 def _cache(cache_id):
@@ -151,3 +153,137 @@ def rope(x, cache, *, style="neox", layout="sbhd", ids=None, offsets=None, cu_se
     k = x.new_empty(x.shape[:-2] + (0, x.shape[-1]))
     return RopeQKFunction.apply(x, k, _check(cache), style, layout, False, ids, offsets,
                                 cu_seqlens, int(cp_size), int(cp_rank))[0]
+
+
+# ------------------------------------------------------------ fused norm
+
+def _rstd_shape(x, layout):
+    """[batch, seq, heads] (thd: [tokens, heads]) of a tensor in `layout`."""
+    if layout == "thd":
+        return x.shape[:2]
+    s, b = (x.shape[0], x.shape[1]) if layout == "sbhd" else (x.shape[1], x.shape[0])
+    return (b, s, x.shape[2])
+
+
+def _run_norm(q, k, qw, kw, cache_id, weight, rounding, eps, style, layout, ids, offsets,
+              cu_seqlens, cp_size, cp_rank):
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    rq = torch.empty(_rstd_shape(q, layout), dtype=torch.float32, device=q.device)
+    rk = torch.empty(_rstd_shape(k, layout), dtype=torch.float32, device=k.device)
+    _fr.norm_forward_qk(_cache(cache_id), q.detach(), k.detach(),
+                        None if qw is None else qw.detach(), None if kw is None else kw.detach(),
+                        weight=weight, rounding=rounding, eps=eps, rstd=(rq, rk), style=style,
+                        layout=layout, out=(qo, ko), ids=ids, offsets=offsets,
+                        cu_seqlens=cu_seqlens, cp_size=cp_size, cp_rank=cp_rank)
+    return qo, ko, rq, rk
+
+
+def _run_norm_grad(q, k, qw, kw, rq, rk, gq, gk, cache_id, weight, rounding, eps, style,
+                   layout, ids, offsets, cu_seqlens, cp_size, cp_rank):
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    gw = weight != "none"
+    dqw = torch.empty(q.shape[-1], dtype=torch.float32, device=q.device) if gw else None
+    dkw = torch.empty(k.shape[-1], dtype=torch.float32, device=k.device) if gw else None
+    _fr.norm_backward_qk(_cache(cache_id), q.detach(), gq.detach(), k.detach(), gk.detach(),
+                         None if qw is None else qw.detach(),
+                         None if kw is None else kw.detach(), rstd=(rq.detach(), rk.detach()),
+                         weight=weight,
+                         rounding=rounding, eps=eps, dweight=(dqw, dkw) if gw else None,
+                         style=style, layout=layout, out=(dq, dk), ids=ids, offsets=offsets,
+                         cu_seqlens=cu_seqlens, cp_size=cp_size, cp_rank=cp_rank)
+    if gw:
+        dqw, dkw = dqw.to(qw.dtype), dkw.to(kw.dtype)
+    return dq, dk, dqw, dkw
+
+
+if _HAS_CUSTOM_OP:
+    @torch.library.custom_op("fusedrope::norm_rope_qk", mutates_args=())
+    def _norm_op(q: torch.Tensor, k: torch.Tensor, qw: Optional[torch.Tensor],
+                 kw: Optional[torch.Tensor], cache_id: int, weight: str, rounding: str,
+                 eps: float, style: str, layout: str, ids: Optional[torch.Tensor],
+                 offsets: Optional[torch.Tensor], cu_seqlens: Optional[torch.Tensor],
+                 cp_size: int, cp_rank: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return _run_norm(q, k, qw, kw, cache_id, weight, rounding, eps, style, layout, ids,
+                         offsets, cu_seqlens, cp_size, cp_rank)
+
+    @_norm_op.register_fake
+    def _(q, k, qw, kw, cache_id, weight, rounding, eps, style, layout, ids, offsets,
+          cu_seqlens, cp_size, cp_rank):
+        return (q.new_empty(q.shape), k.new_empty(k.shape),
+                q.new_empty(_rstd_shape(q, layout), dtype=torch.float32),
+                k.new_empty(_rstd_shape(k, layout), dtype=torch.float32))
+
+    @torch.library.custom_op("fusedrope::norm_rope_qk_backward", mutates_args=())
+    def _norm_grad_op(q: torch.Tensor, k: torch.Tensor, qw: Optional[torch.Tensor],
+                      kw: Optional[torch.Tensor], rq: torch.Tensor, rk: torch.Tensor,
+                      gq: torch.Tensor, gk: torch.Tensor, cache_id: int, weight: str,
+                      rounding: str, eps: float, style: str, layout: str,
+                      ids: Optional[torch.Tensor], offsets: Optional[torch.Tensor],
+                      cu_seqlens: Optional[torch.Tensor], cp_size: int, cp_rank: int
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        # an op returns tensors only: no weight, no gradient -> empty ones
+        dq, dk, dqw, dkw = _run_norm_grad(q, k, qw, kw, rq, rk, gq, gk, cache_id, weight,
+                                          rounding, eps, style, layout, ids, offsets,
+                                          cu_seqlens, cp_size, cp_rank)
+        def none():
+            return q.new_empty((0,), dtype=torch.float32)
+        return dq, dk, none() if dqw is None else dqw, none() if dkw is None else dkw
+
+    @_norm_grad_op.register_fake
+    def _(q, k, qw, kw, rq, rk, gq, gk, cache_id, weight, rounding, eps, style, layout, ids,
+          offsets, cu_seqlens, cp_size, cp_rank):
+        return (q.new_empty(q.shape), k.new_empty(k.shape),
+                q.new_empty((0,), dtype=torch.float32) if qw is None else qw.new_empty(qw.shape),
+                q.new_empty((0,), dtype=torch.float32) if kw is None else kw.new_empty(kw.shape))
+
+    def _norm_setup(ctx, inputs, output):
+        q, k, qw, kw, *ctx.args = inputs
+        ctx.save_for_backward(q, k, qw, kw, output[2], output[3])
+
+    def _norm_grad(ctx, gq, gk, _grq, _grk):
+        q, k, qw, kw, rq, rk = ctx.saved_tensors
+        gq = torch.zeros_like(q) if gq is None else gq.contiguous()
+        gk = torch.zeros_like(k) if gk is None else gk.contiguous()
+        dq, dk, dqw, dkw = _norm_grad_op(q, k, qw, kw, rq, rk, gq, gk, *ctx.args)
+        return (dq, dk, None if qw is None else dqw, None if kw is None else dkw) + (None,) * 11
+
+    _norm_op.register_autograd(_norm_grad, setup_context=_norm_setup)
+
+
+class NormRopeQKFunction(torch.autograd.Function):
+    """The autograd.Function form of norm_rope_qk (where torch.library's
+    custom_op is missing)."""
+
+    @staticmethod
+    def forward(ctx, q, k, qw, kw, *args):
+        qo, ko, rq, rk = _run_norm(q, k, qw, kw, *args)
+        ctx.args = args
+        ctx.save_for_backward(q, k, qw, kw, rq, rk)
+        return qo, ko
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        q, k, qw, kw, rq, rk = ctx.saved_tensors
+        gq = torch.zeros_like(q) if gq is None else gq.contiguous()
+        gk = torch.zeros_like(k) if gk is None else gk.contiguous()
+        dq, dk, dqw, dkw = _run_norm_grad(q, k, qw, kw, rq, rk, gq, gk, *ctx.args)
+        return (dq, dk, dqw, dkw) + (None,) * 11
+
+
+def norm_rope_qk(q, k, q_weight, k_weight, cache, *, weight=None, rounding="once", eps=1e-6,
+                 style="neox", layout="sbhd", ids=None, offsets=None, cu_seqlens=None,
+                 cp_size=1, cp_rank=0):
+    """(q_out, k_out): per-head RMSNorm of q and k, then their RoPE, in one
+    pass (fusedrope_norm_forward_qk), differentiable in q, k and the weights
+    (fusedrope_norm_backward_qk from the saved inputs).  weight: "w" (Qwen3,
+    GLM-4.5), "1+w" (Gemma 3, Qwen3.5), "none" (Llama 4; weights None), None:
+    "w" when weights are given; rounding "once", "llama" (Qwen3) or "gemma"
+    (Gemma 3): see fusedrope.norm_forward_qk."""
+    if weight is None:
+        weight = "w" if q_weight is not None else "none"
+    args = (_check(cache), weight, rounding, float(eps), style, layout, ids, offsets,
+            cu_seqlens, int(cp_size), int(cp_rank))
+    if _HAS_CUSTOM_OP:
+        return _norm_op(q, k, q_weight, k_weight, *args)[:2]
+    return NormRopeQKFunction.apply(q, k, q_weight, k_weight, *args)

@@ -639,10 +639,11 @@ bad_dtype:
     return -1;
 }
 
-/* A position array (offsets, cu_seqlens, range_status): contiguous, of the
- * given integer type and exact shape, on the cache's device. */
-static int fr_positions_array(const CacheObject *c, PyObject *cap, const char *what, int bits,
-                              int ndim, const int64_t *shape, const void **data)
+/* A plain array (offsets, cu_seqlens, range_status; the norm's rstd and
+ * weight gradients): contiguous, of the given DLPack type and exact shape,
+ * on the cache's device; writable where the library writes it. */
+static int fr_plain_array(const CacheObject *c, PyObject *cap, const char *what, int code,
+                          int bits, int writable, int ndim, const int64_t *shape, const void **data)
 {
     fr_dl_tensor *t;
     int readonly;
@@ -650,9 +651,14 @@ static int fr_positions_array(const CacheObject *c, PyObject *cap, const char *w
         return -1;
     if (!fr_device_ok(c, &t->device, what))
         return -1;
-    if (t->dtype.code != DL_INT || t->dtype.bits != bits || t->dtype.lanes != 1) {
-        PyErr_Format(PyExc_TypeError, "%s must be int%d (got DLPack code %d, %d bits)", what, bits,
-                     (int)t->dtype.code, (int)t->dtype.bits);
+    if (t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != 1) {
+        PyErr_Format(PyExc_TypeError, "%s must be %s%d (got DLPack code %d, %d bits)", what,
+                     code == DL_FLOAT ? "float" : "int", bits, (int)t->dtype.code,
+                     (int)t->dtype.bits);
+        return -1;
+    }
+    if (writable && readonly) {
+        PyErr_Format(PyExc_ValueError, "%s is read-only", what);
         return -1;
     }
     int shape_ok = t->ndim == ndim;
@@ -766,6 +772,61 @@ static int fr_ids(const CacheObject *c, PyObject *cap, int layout, const fusedro
     return 0;
 }
 
+/* The call's positions from its Python arguments (capsules or None); t0
+ * is the call's first tensor (its batch and sequence shape the arrays). */
+static int fr_call_positions(const CacheObject *c, int layout, const fusedrope_tensor *t0,
+                             PyObject *ids, PyObject *offsets, PyObject *cu, int cp_size,
+                             int cp_rank, PyObject *range_status, fusedrope_positions *pos)
+{
+    int64_t shape[2];
+    fusedrope_positions_init(pos);
+    pos->cp_size = cp_size;
+    pos->cp_rank = cp_rank;
+    if (cu != Py_None) {
+        fr_dl_tensor *ct;
+        int ro;
+        if (layout != LAYOUT_THD) {
+            PyErr_SetString(PyExc_ValueError, "cu_seqlens needs layout='thd'");
+            return -1;
+        }
+        if (fr_capsule_tensor(cu, "cu_seqlens", &ct, &ro) < 0)
+            return -1;
+        if (ct->ndim != 1 || ct->shape[0] < 2) {
+            PyErr_SetString(PyExc_ValueError,
+                            "cu_seqlens must be 1-D with num_seqs+1 >= 2 entries");
+            return -1;
+        }
+        shape[0] = ct->shape[0];
+        if (fr_plain_array(c, cu, "cu_seqlens", DL_INT, 32, 0, 1, shape,
+                           (const void **)&pos->cu_seqlens) < 0)
+            return -1;
+        pos->num_seqs = shape[0] - 1;
+    }
+    if (ids != Py_None && fr_ids(c, ids, layout, t0, pos) < 0)
+        return -1;
+    if (range_status != Py_None) {
+        fr_dl_tensor *rt;
+        int ro;
+        const void *word;
+        if (fr_capsule_tensor(range_status, "range_status", &rt, &ro) < 0)
+            return -1;
+        shape[0] = 1;
+        if (fr_plain_array(c, range_status, "range_status (one int32)", DL_INT, 32, 1,
+                           rt->ndim ? 1 : 0, shape, &word) < 0)
+            return -1;
+        pos->range_status = (int32_t *)(uintptr_t)word; /* checked writable above */
+    }
+    if (offsets != Py_None) {
+        shape[0] = pos->cu_seqlens ? pos->num_seqs : t0->batch;
+        if (fr_plain_array(c, offsets,
+                           pos->cu_seqlens ? "offsets (one per sequence)"
+                                           : "offsets (one per batch entry)",
+                           DL_INT, 64, 0, 1, shape, (const void **)&pos->offsets) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /*
  * apply(cache, op, style, layout, bf16, tensors, ids, offsets, cu_seqlens,
  *       cp_size, cp_rank, stream, range_status)
@@ -806,55 +867,9 @@ static PyObject *apply(PyObject *self, PyObject *args)
     }
 
     fusedrope_positions pos;
-    fusedrope_positions_init(&pos);
-    pos.cp_size = cp_size;
-    pos.cp_rank = cp_rank;
-    int64_t shape[2];
-    if (cu != Py_None) {
-        fr_dl_tensor *ct;
-        int ro;
-        if (layout != LAYOUT_THD) {
-            PyErr_SetString(PyExc_ValueError, "cu_seqlens needs layout='thd'");
-            return NULL;
-        }
-        if (fr_capsule_tensor(cu, "cu_seqlens", &ct, &ro) < 0)
-            return NULL;
-        if (ct->ndim != 1 || ct->shape[0] < 2) {
-            PyErr_SetString(PyExc_ValueError,
-                            "cu_seqlens must be 1-D with num_seqs+1 >= 2 entries");
-            return NULL;
-        }
-        shape[0] = ct->shape[0];
-        if (fr_positions_array(c, cu, "cu_seqlens", 32, 1, shape, (const void **)&pos.cu_seqlens) < 0)
-            return NULL;
-        pos.num_seqs = shape[0] - 1;
-    }
-    if (ids != Py_None && fr_ids(c, ids, layout, &t[0], &pos) < 0)
+    if (fr_call_positions(c, layout, &t[0], ids, offsets, cu, cp_size, cp_rank, range_status,
+                          &pos) < 0)
         return NULL;
-    if (range_status != Py_None) {
-        fr_dl_tensor *rt;
-        int ro;
-        if (fr_capsule_tensor(range_status, "range_status", &rt, &ro) < 0)
-            return NULL;
-        if (ro) {
-            PyErr_SetString(PyExc_ValueError, "range_status is read-only");
-            return NULL;
-        }
-        const void *word;
-        shape[0] = 1;
-        if (fr_positions_array(c, range_status, "range_status (one int32)", 32, rt->ndim ? 1 : 0,
-                               shape, &word) < 0)
-            return NULL;
-        pos.range_status = (int32_t *)(uintptr_t)word; /* checked writable above */
-    }
-    if (offsets != Py_None) {
-        shape[0] = pos.cu_seqlens ? pos.num_seqs : t[0].batch;
-        if (fr_positions_array(c, offsets,
-                               pos.cu_seqlens ? "offsets (one per sequence)"
-                                              : "offsets (one per batch entry)",
-                               64, 1, shape, (const void **)&pos.offsets) < 0)
-            return NULL;
-    }
 
     fusedrope_status st;
     const fusedrope_cache *cache = c->cache;
@@ -870,6 +885,181 @@ static PyObject *apply(PyObject *self, PyObject *args)
         st = fusedrope_backward_qk(cache, (fusedrope_style)style, &pos, &t[0], &t[1], &t[2], &t[3], s);
         break;
     }
+    Py_END_ALLOW_THREADS
+    if (st != FUSEDROPE_OK)
+        return fr_raise(st, fusedrope_last_error());
+    Py_RETURN_NONE;
+}
+
+/* A norm weight: [head_dim], contiguous, float32 or a 16-bit float type
+ * (bf16: 16-bit integers hold bfloat16), on the cache's device. */
+static int fr_norm_weight(const CacheObject *c, PyObject *cap, const char *what, int bf16,
+                          int64_t head_dim, const void **data, fusedrope_dtype *dt)
+{
+    fr_dl_tensor *t;
+    int readonly;
+    if (fr_capsule_tensor(cap, what, &t, &readonly) < 0)
+        return -1;
+    const fr_dl_dtype *d = &t->dtype;
+    int code = d->code, bits = d->bits;
+    /* bf16 marks 16-bit integer arrays as bfloat16; real float arrays keep
+     * their own type (float32 weights go with any tensors) */
+    if (d->lanes == 1 && code == DL_FLOAT && bits == 32)
+        *dt = FUSEDROPE_FLOAT32;
+    else if (d->lanes == 1 && code == DL_FLOAT && bits == 16)
+        *dt = FUSEDROPE_FLOAT16;
+    else if (d->lanes == 1 && bits == 16 &&
+             (code == DL_BFLOAT || (bf16 && (code == DL_UINT || code == DL_INT))))
+        *dt = FUSEDROPE_BFLOAT16;
+    else {
+        PyErr_Format(PyExc_TypeError,
+                     "%s has DLPack dtype (code %d, %d bits, %d lanes); float32 or the tensors' "
+                     "dtype is needed", what, code, bits, (int)d->lanes);
+        return -1;
+    }
+    return fr_plain_array(c, cap, what, code, bits, 0, 1, &head_dim, data);
+}
+
+/*
+ * norm(cache, op, style, layout, bf16, tensors, ids, offsets, cu_seqlens,
+ *      cp_size, cp_rank, stream, range_status, spec)
+ * op 0: fusedrope_norm_forward_qk, tensors [q_in, q_out, k_in, k_out];
+ * op 1: fusedrope_norm_backward_qk, tensors [q_saved, dq_out, dq_in,
+ * k_saved, dk_out, dk_in]; the k entries None for q only.  spec: (weight
+ * kind, rounding, eps, saved_output, q_weight, k_weight, q_rstd, k_rstd,
+ * dq_weight, dk_weight), the arrays capsules or None.
+ */
+static PyObject *norm(PyObject *self, PyObject *args)
+{
+    PyObject *cacheobj, *tensors, *ids, *offsets, *cu, *range_status, *spec;
+    PyObject *caps[6];
+    int op, style, layout, bf16, cp_size, cp_rank, kind, rounding, saved_output;
+    double eps;
+    unsigned long long stream;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!iiipO!OOOiiKOO!", &CacheType, &cacheobj, &op, &style,
+                          &layout, &bf16, &PyList_Type, &tensors, &ids, &offsets, &cu, &cp_size,
+                          &cp_rank, &stream, &range_status, &PyTuple_Type, &spec))
+        return NULL;
+    if (!PyArg_ParseTuple(spec, "iidpOOOOOO", &kind, &rounding, &eps, &saved_output, &caps[0],
+                          &caps[1], &caps[2], &caps[3], &caps[4], &caps[5]))
+        return NULL;
+    CacheObject *c = (CacheObject *)cacheobj;
+    static const char *names[2][6] = {{"q", "q_out", "k", "k_out", "", ""},
+                                      {"q_saved", "dq_out", "dq_in", "k_saved", "dk_out", "dk_in"}};
+    const int per = op ? 3 : 2, n = 2 * per;
+    if (op < 0 || op > 1 || layout < 0 || layout > 2) {
+        PyErr_SetString(PyExc_ValueError, "bad op or layout");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(tensors) != n) {
+        PyErr_Format(PyExc_ValueError, "norm: %d tensors expected", n);
+        return NULL;
+    }
+    fusedrope_tensor t[6];
+    const fusedrope_tensor *tp[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    int32_t devtype;
+    for (int i = 0; i < n; i++) {
+        PyObject *cap = PyList_GET_ITEM(tensors, i);
+        if (cap == Py_None)
+            continue;
+        if (fr_tensor(c, cap, layout, bf16, i % per == per - 1, names[op][i], &t[i], &devtype) < 0)
+            return NULL;
+        tp[i] = &t[i];
+    }
+    if (!tp[0]) {
+        PyErr_SetString(PyExc_ValueError, "norm: q is required");
+        return NULL;
+    }
+
+    fusedrope_positions pos;
+    if (fr_call_positions(c, layout, &t[0], ids, offsets, cu, cp_size, cp_rank, range_status,
+                          &pos) < 0)
+        return NULL;
+
+    fusedrope_norm nm;
+    fusedrope_norm_init(&nm);
+    nm.weight = (fusedrope_norm_weight)kind;
+    nm.rounding = (fusedrope_norm_rounding)rounding;
+    nm.eps = eps;
+    nm.saved_output = saved_output;
+    {
+        const int64_t hd = t[0].head_dim;
+        const void *w[2] = {NULL, NULL};
+        fusedrope_dtype wdt[2] = {FUSEDROPE_FLOAT32, FUSEDROPE_FLOAT32};
+        static const char *wnames[2] = {"q_weight", "k_weight"};
+        for (int k = 0; k < 2; k++)
+            if (caps[k] != Py_None &&
+                fr_norm_weight(c, caps[k], wnames[k], bf16, k ? (tp[per] ? tp[per]->head_dim : hd)
+                                                              : hd, &w[k], &wdt[k]) < 0)
+                return NULL;
+        if (w[0] && w[1] && wdt[0] != wdt[1]) {
+            PyErr_SetString(PyExc_TypeError, "q_weight and k_weight must have the same dtype");
+            return NULL;
+        }
+        nm.weight_dtype = w[0] ? wdt[0] : wdt[1];
+        nm.q_weight = w[0];
+        nm.k_weight = w[1];
+    }
+    {
+        /* rstd: [batch, seq, heads] (thd: [tokens, heads]) float32 */
+        static const char *rnames[2] = {"rstd[0] (q's rstd)", "rstd[1] (k's rstd)"};
+        float **rdst[2] = {&nm.q_rstd, &nm.k_rstd};
+        for (int k = 0; k < 2; k++) {
+            const fusedrope_tensor *tk = tp[k * per];
+            int64_t shape[3];
+            int nd;
+            if (caps[2 + k] == Py_None)
+                continue;
+            if (!tk) {
+                PyErr_Format(PyExc_ValueError, "%s given without k", rnames[k]);
+                return NULL;
+            }
+            if (layout == LAYOUT_THD) {
+                nd = 2;
+                shape[0] = tk->seq_len;
+                shape[1] = tk->heads;
+            } else {
+                nd = 3;
+                shape[0] = tk->batch;
+                shape[1] = tk->seq_len;
+                shape[2] = tk->heads;
+            }
+            if (fr_plain_array(c, caps[2 + k], rnames[k], DL_FLOAT, 32, op == 0, nd, shape,
+                               (const void **)rdst[k]) < 0)
+                return NULL;
+        }
+    }
+    {
+        static const char *gnames[2] = {"dweight[0] (q_weight's gradient)",
+                                        "dweight[1] (k_weight's gradient)"};
+        float **gdst[2] = {&nm.dq_weight, &nm.dk_weight};
+        for (int k = 0; k < 2; k++) {
+            const fusedrope_tensor *tk = tp[k * per];
+            int64_t hd;
+            if (caps[4 + k] == Py_None)
+                continue;
+            if (!tk) {
+                PyErr_Format(PyExc_ValueError, "%s given without k", gnames[k]);
+                return NULL;
+            }
+            hd = tk->head_dim;
+            if (fr_plain_array(c, caps[4 + k], gnames[k], DL_FLOAT, 32, 1, 1, &hd,
+                               (const void **)gdst[k]) < 0)
+                return NULL;
+        }
+    }
+
+    fusedrope_status st;
+    const fusedrope_cache *cache = c->cache;
+    void *s = (void *)(uintptr_t)stream;
+    Py_BEGIN_ALLOW_THREADS
+    if (op == 0)
+        st = fusedrope_norm_forward_qk(cache, (fusedrope_style)style, &pos, &nm, tp[0], tp[1],
+                                       tp[2], tp[3], s);
+    else
+        st = fusedrope_norm_backward_qk(cache, (fusedrope_style)style, &pos, &nm, tp[0], tp[1],
+                                        tp[2], tp[3], tp[4], tp[5], s);
     Py_END_ALLOW_THREADS
     if (st != FUSEDROPE_OK)
         return fr_raise(st, fusedrope_last_error());
@@ -903,6 +1093,7 @@ static PyMethodDef methods[] = {
     {"cache_create", cache_create, METH_VARARGS, NULL},
     {"cache_from_table", cache_from_table, METH_VARARGS, NULL},
     {"apply", apply, METH_VARARGS, NULL},
+    {"norm", norm, METH_VARARGS, NULL},
     {"version", version, METH_NOARGS, NULL},
     {"cuda_available", cuda_available, METH_NOARGS, NULL},
     {"status_string", status_string, METH_O, NULL},
