@@ -113,4 +113,11 @@ if has peers; then
     note "peers $shape: rc $?"
     tail -8 "$out/peers-$shape.txt" | tee -a "$summary"
   done
+  # the fused RMSNorm + RoPE beside PyTorch's unfused model code (eager, compile)
+  for family in qwen3 gemma3; do
+    PYTHONUNBUFFERED=1 timeout 300 python3 "$src/bench/peers_norm.py" --bench /tmp/inst/bin/fusedrope-bench \
+      --family $family --shape 4096,1,32,8,128 > "$out/peers-norm-$family.txt" 2>&1
+    note "peers_norm $family: rc $?"
+    tail -6 "$out/peers-norm-$family.txt" | tee -a "$summary"
+  done
 fi
