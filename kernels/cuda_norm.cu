@@ -62,6 +62,7 @@ struct NParams {
     fr_pos_args pos;
     const float *cos, *sin;
     const double *inv_freq;
+    const int32_t *pair_map; /* position axes: each pair's (col << 2) | axis; NULL: 1D */
     double attn;
     int *flag;
     int64_t tokens, seq_len, max_positions, half, rot_dim, heads0, heads, chunks;
@@ -90,25 +91,31 @@ __device__ __forceinline__ float weight_factor(const NParams &P, const NIo &io, 
     return fr_norm_wf(P.weight, P.weight ? load_f(io.w, P.wdt, c) : 1.0f);
 }
 
-/* cos/sin of pair i at token (b, s); NaN (and the range flag) for a token
- * without a position in the table: its rotated channels become NaN. */
+/* cos/sin of pair i at token (b, s): with position axes, the position on
+ * the pair's axis and its frequency column (the map entry).  NaN (and the
+ * range flag) for a token without a position in the table on some axis, as
+ * the plain kernels: all its rotated channels become NaN. */
 __device__ __forceinline__ void angle(const NParams &P, int64_t b, int64_t s, int64_t i, float *c,
                                       float *sn)
 {
     int bad = 0;
-    const int64_t p = fr_token_position(&P.pos, b, s, &bad);
-    if (bad || (P.max_positions > 0 && p >= P.max_positions)) {
+    const int64_t p0 = fr_token_position(&P.pos, b, s, &bad);
+    const int32_t e = P.pair_map != nullptr ? P.pair_map[i] : (int32_t)(i << 2);
+    int64_t p = p0;
+    bad |= P.max_positions > 0 && p0 >= P.max_positions;
+    for (int a = 1; P.pair_map != nullptr && a < P.pos.num_axes; a++) {
+        const int64_t pa = fr_token_axis_position(&P.pos, b, s, a, p0, &bad);
+        bad |= P.max_positions > 0 && pa >= P.max_positions;
+        if (a == fr_map_axis(e))
+            p = pa;
+    }
+    if (bad) {
         if (P.flag != nullptr)
             *P.flag = 1;
         *c = *sn = fr_u2f(0x7fc00000u);
         return;
     }
-    if (P.cos != nullptr) {
-        *c = P.cos[p * P.half + i];
-        *sn = P.sin[p * P.half + i];
-    } else {
-        fr_angle(p, P.inv_freq[i], P.attn, c, sn);
-    }
+    fr_pair_cos_sin(P.cos, P.sin, P.inv_freq, P.attn, P.half, p, fr_map_col(e), c, sn);
 }
 
 /* Row r = (token t, head hh of q's then k's heads). */
@@ -437,6 +444,7 @@ void params(const fr_norm_args *na, NParams *P)
     P->cos = cache->max_positions > 0 ? cache->cos : nullptr;
     P->sin = cache->max_positions > 0 ? cache->sin : nullptr;
     P->inv_freq = cache->inv_freq_dev;
+    P->pair_map = cache->pair_map_dev;
     P->attn = cache->attention_factor;
     P->flag = cache->range_flag_dev;
     P->tokens = a->seq_len * a->batch;

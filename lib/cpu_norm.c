@@ -480,21 +480,30 @@ static void weight_factors(const fr_norm_args *na, int slot, int64_t hd, float *
         wf[c] = fr_norm_wf(na->weight, wf[c]);
 }
 
-/* cos/sin of token (b, s): a table row, or computed into row_c/row_s. */
+/* cos/sin of token (b, s): a 1D table's row, or gathered (position axes:
+ * each pair at its axis's position and its frequency column) or computed
+ * into row_c/row_s, pair by pair as rope_math.h's fr_pair_cos_sin says. */
 static void token_angles(const fusedrope_cache *cache, const fr_pos_args *pos, int64_t b,
                          int64_t s, float *row_c, float *row_s, const float **cs,
                          const float **sn)
 {
     const int64_t half = cache->rot_dim / 2;
-    int bad = 0;
-    const int64_t p = fr_token_position(pos, b, s, &bad); /* checked on the host */
-    if (cache->max_positions > 0) {
-        *cs = cache->cos + p * half;
-        *sn = cache->sin + p * half;
+    int64_t pax[FUSEDROPE_MAX_AXES];
+    int bad = 0; /* positions are checked on the host */
+    pax[0] = fr_token_position(pos, b, s, &bad);
+    if (cache->max_positions > 0 && !cache->pair_map) {
+        *cs = cache->cos + pax[0] * half;
+        *sn = cache->sin + pax[0] * half;
         return;
     }
-    for (int64_t i = 0; i < half; i++)
-        fr_angle(p, cache->inv_freq[i], cache->attention_factor, &row_c[i], &row_s[i]);
+    for (int a = 1; a < FUSEDROPE_MAX_AXES; a++)
+        pax[a] = a < pos->num_axes ? fr_token_axis_position(pos, b, s, a, pax[0], &bad) : pax[0];
+    for (int64_t i = 0; i < half; i++) {
+        const int32_t e = cache->pair_map ? cache->pair_map[i] : (int32_t)(i << 2);
+        fr_pair_cos_sin(cache->max_positions > 0 ? cache->cos : NULL, cache->sin,
+                        cache->inv_freq, cache->attention_factor, half, pax[fr_map_axis(e)],
+                        fr_map_col(e), &row_c[i], &row_s[i]);
+    }
     *cs = row_c;
     *sn = row_s;
 }

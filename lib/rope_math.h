@@ -253,4 +253,19 @@ FR_HD void fr_angle(int64_t p, double inv_freq, double attn, float *c, float *s)
     *s = (float)(sv * attn);
 }
 
+/* cos/sin of a rotation pair whose position (on its axis) is p and whose
+ * frequency column is col (rope_math.h's map entry; col = the pair without
+ * axes): the table's entry at row p, column col, or (table NULL) computed
+ * from inv_freq[col].  How every backend turns a pair into its cos/sin. */
+FR_HD void fr_pair_cos_sin(const float *cos, const float *sin, const double *inv_freq,
+                           double attn, int64_t half, int64_t p, int64_t col, float *c, float *s)
+{
+    if (cos) {
+        *c = cos[p * half + col];
+        *s = sin[p * half + col];
+    } else {
+        fr_angle(p, inv_freq[col], attn, c, s);
+    }
+}
+
 #endif /* FUSEDROPE_ROPE_MATH_H */

@@ -112,6 +112,7 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         abort();
     save(pc, n, start, 1);
     c.inv_freq_dev = c.inv_freq;
+    c.pair_map_dev = c.pair_map;
     c.range_flag = c.range_flag_dev = &flag;
     e.a.cache = &c;
     for (size_t i = 0; i < sizeof sms / sizeof sms[0]; i++) {

@@ -742,14 +742,14 @@ void ref_norm_forward(const ref_rope *r, fusedrope_style style, const int64_t *p
                       const fusedrope_tensor *x, int weight_kind, const double *w, double eps,
                       int rounding, double *out, double *v_out, double *rstd_out)
 {
-    const int64_t hd = x->head_dim;
+    const int64_t hd = x->head_dim, ntok = x->seq_len * x->batch;
     const int half = r->rot_dim / 2;
     double *v = malloc(sizeof(double) * (size_t)(hd > 0 ? hd : 1));
     if (!v)
         abort();
     for (int64_t s = 0; s < x->seq_len; s++)
         for (int64_t b = 0; b < x->batch; b++) {
-            const int64_t p = positions[b * x->seq_len + s];
+            const int64_t *p = &positions[b * x->seq_len + s];
             for (int64_t h = 0; h < x->heads; h++) {
                 const int64_t row = ((s * x->batch + b) * x->heads + h) * hd;
                 double ss = 0, rstd;
@@ -778,7 +778,7 @@ void ref_norm_forward(const ref_rope *r, fusedrope_style style, const int64_t *p
                     int64_t ca, cb;
                     double cs, sn;
                     ref_pair(style, r->rot_dim, i, &ca, &cb);
-                    ref_cos_sin(r, p, i, &cs, &sn);
+                    ref_cos_sin_axes(r, p, ntok, i, &cs, &sn);
                     ref_rotate(v[ca], v[cb], cs, sn, 0, &out[row + ca], &out[row + cb]);
                 }
             }
@@ -792,14 +792,14 @@ void ref_norm_backward(const ref_rope *r, fusedrope_style style, const int64_t *
                        const float *rstd, double *dx, double *dw, double *dw_abs,
                        double *scale)
 {
-    const int64_t hd = dy->head_dim;
+    const int64_t hd = dy->head_dim, ntok = dy->seq_len * dy->batch;
     const int half = r->rot_dim / 2;
     double *g = malloc(sizeof(double) * 2 * (size_t)(hd > 0 ? hd : 1)), *n = g + hd;
     if (!g)
         abort();
     for (int64_t s = 0; s < dy->seq_len; s++)
         for (int64_t b = 0; b < dy->batch; b++) {
-            const int64_t p = positions[b * dy->seq_len + s];
+            const int64_t *p = &positions[b * dy->seq_len + s];
             for (int64_t h = 0; h < dy->heads; h++) {
                 const int64_t row = ((s * dy->batch + b) * dy->heads + h) * hd;
                 double rs, dot = 0, mean, maxdn = 0, maxn = 0;
@@ -811,7 +811,7 @@ void ref_norm_backward(const ref_rope *r, fusedrope_style style, const int64_t *
                     int64_t ca, cb;
                     double cs, sn;
                     ref_pair(style, r->rot_dim, i, &ca, &cb);
-                    ref_cos_sin(r, p, i, &cs, &sn);
+                    ref_cos_sin_axes(r, p, ntok, i, &cs, &sn);
                     ref_rotate(g[ca], g[cb], cs, sn, 1, &g[ca], &g[cb]);
                     if (saved_is_y)
                         ref_rotate(n[ca], n[cb], cs, sn, 1, &n[ca], &n[cb]);

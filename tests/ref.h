@@ -204,7 +204,8 @@ int64_t ref_check_apply(const ref_rope *r, fusedrope_style style, const int64_t 
  * (weight_kind 0), w (1) or 1 + w (2), w[head_dim] the weight's values (NULL
  * for kind 0); rounding 1 (Llama/Qwen3) rounds n to x's dtype and then
  * n * w' to it, 2 (Gemma) rounds n * w' to it, 0 rounds nothing; then the
- * rotation of v (channels >= rot_dim: v).  out and v_out (may be NULL) in
+ * rotation of v (channels >= rot_dim: v).  positions as for ref_apply
+ * (with axes: [naxes][batch * seq_len]).  out and v_out (may be NULL) in
  * ref_apply's order, rstd_out (may be NULL) at [(b * seq_len + s) * heads + h].
  */
 void ref_norm_forward(const ref_rope *r, fusedrope_style style, const int64_t *positions,

@@ -42,7 +42,19 @@ typedef struct ncase {
     int ids;             /* explicit positions */
     int in_place;
     int k_present;
+    int rope;            /* ROPE_*: the cache's rope type or position axes */
 } ncase;
+
+/* The caches of test_rope_types_and_axes (0, the default, elsewhere). */
+enum {
+    ROPE_DEFAULT, ROPE_LINEAR, ROPE_DYNAMIC, ROPE_YARN, ROPE_LONGROPE, ROPE_LLAMA3,
+    ROPE_PROPORTIONAL, AXES_SECTIONS, AXES_INTERLEAVED, AXES_ALTERNATING, AXES_VISION,
+    AXES_CUSTOM, AXES_INTERLEAVED_YARN, ROPE_KINDS
+};
+static const char *const rope_names[ROPE_KINDS] = {
+    "default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional",
+    "sections", "interleaved", "alternating", "vision_2d", "custom", "interleaved+yarn"
+};
 
 typedef struct run {
     fusedrope_cache *cache;
@@ -57,12 +69,101 @@ typedef struct run {
     int64_t tokens;
 } run;
 
-static void make_cache(run *R, const ncase *c)
+/* cfg for c->rope (c->rot_dim suits it: test_rope_types_and_axes sees to
+ * that); arrays the config points to are tu_alloc'ed. */
+static void rope_config(const ncase *c, tu_rng *r, fusedrope_cache_config *cfg)
+{
+    static const fusedrope_rope_type types[] = {
+        FUSEDROPE_ROPE_DEFAULT, FUSEDROPE_ROPE_LINEAR, FUSEDROPE_ROPE_DYNAMIC,
+        FUSEDROPE_ROPE_YARN,    FUSEDROPE_ROPE_LONGROPE, FUSEDROPE_ROPE_LLAMA3,
+        FUSEDROPE_ROPE_PROPORTIONAL
+    };
+    const int half = c->rot_dim / 2;
+    fusedrope_cache_config_init(cfg, c->rope < AXES_SECTIONS ? types[c->rope]
+                                     : c->rope == AXES_INTERLEAVED_YARN ? FUSEDROPE_ROPE_YARN
+                                                                        : FUSEDROPE_ROPE_DEFAULT,
+                                c->rot_dim, c->tableless ? 0 : 256, 10000.0);
+    switch (c->rope) {
+    case ROPE_LINEAR:
+        cfg->factor = 2.0;
+        break;
+    case ROPE_DYNAMIC:
+        cfg->factor = 2.0;
+        cfg->original_max_positions = 64;
+        cfg->seq_len = 300;
+        break;
+    case ROPE_YARN:
+    case AXES_INTERLEAVED_YARN:
+        cfg->factor = 4.0; /* attention factor 0.1 ln 4 + 1 */
+        cfg->original_max_positions = 64;
+        break;
+    case ROPE_LONGROPE: {
+        double *sf = tu_alloc(sizeof(double) * (size_t)half),
+               *lf = tu_alloc(sizeof(double) * (size_t)half);
+        for (int i = 0; i < half; i++) {
+            sf[i] = tu_uniform(r, 1.0, 1.5);
+            lf[i] = tu_uniform(r, 1.0, 8.0);
+        }
+        cfg->short_factor = sf;
+        cfg->long_factor = lf;
+        cfg->original_max_positions = 64;
+        cfg->seq_len = 200; /* past the original context: the long factors */
+        break;
+    }
+    case ROPE_LLAMA3:
+        cfg->factor = 8.0;
+        cfg->original_max_positions = 64;
+        break;
+    case ROPE_PROPORTIONAL:
+        cfg->partial_rotary_factor = 0.5;
+        break;
+    default:
+        break;
+    }
+    if (c->rope >= AXES_SECTIONS) {
+        const int a = half / 4, t = half - 2 * (half / 3);
+        switch (c->rope) {
+        case AXES_SECTIONS: /* Qwen2-VL's proportions [16, 24, 24] */
+            cfg->axes = FUSEDROPE_AXES_SECTIONS;
+            cfg->sections[0] = a;
+            cfg->sections[1] = (half - a) / 2;
+            cfg->sections[2] = half - a - (half - a) / 2;
+            break;
+        case AXES_INTERLEAVED:
+        case AXES_INTERLEAVED_YARN: /* Qwen3-VL, Qwen3.5 */
+            cfg->axes = FUSEDROPE_AXES_INTERLEAVED;
+            cfg->sections[0] = t;
+            cfg->sections[1] = cfg->sections[2] = half / 3;
+            break;
+        case AXES_ALTERNATING: /* Ernie-4.5-VL */
+            cfg->axes = FUSEDROPE_AXES_ALTERNATING;
+            cfg->sections[1] = cfg->sections[2] = half / 4;
+            cfg->sections[0] = half - 2 * (half / 4);
+            break;
+        case AXES_VISION:
+            cfg->axes = FUSEDROPE_AXES_VISION_2D;
+            break;
+        default: { /* any map: every pair its own axis and column */
+            unsigned char *ax = tu_alloc((size_t)half);
+            int *col = tu_alloc(sizeof(int) * (size_t)half);
+            for (int i = 0; i < half; i++) {
+                ax[i] = (unsigned char)tu_int(r, 0, 3);
+                col[i] = (int)tu_int(r, 0, half - 1);
+            }
+            cfg->axes = FUSEDROPE_AXES_CUSTOM;
+            cfg->pair_axis = ax;
+            cfg->pair_col = col;
+        }
+        }
+    }
+}
+
+static void make_cache(run *R, const ncase *c, tu_rng *r)
 {
     fusedrope_cache_config cfg;
-    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, c->rot_dim, c->tableless ? 0 : 256,
-                                10000.0);
-    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &R->cache), FUSEDROPE_OK);
+    rope_config(c, r, &cfg);
+    ck_assert_msg(fusedrope_cache_create(&cfg, CPU, &R->cache) == FUSEDROPE_OK, "%s: %s",
+                  rope_names[c->rope], fusedrope_last_error());
     tu_track(R->cache);
     ck_assert_int_eq(ref_rope_from_config(&R->ref, &cfg), 0);
 }
@@ -86,7 +187,7 @@ static void setup(run *R, const ncase *c, tu_rng *r)
     const fusedrope_dtype wdt = c->w_f32 ? FUSEDROPE_FLOAT32 : c->dt;
     const int64_t b = c->layout == LAY_THD ? 1 : c->b;
     memset(R, 0, sizeof *R);
-    make_cache(R, c);
+    make_cache(R, c, r);
     R->q = tu_tensor(c->layout, c->dt, c->s, b, c->hq, c->hd, &R->qb);
     tu_fill_view(&R->q, r, -2.5, 2.5);
     R->qsave = tu_buf_copy(&R->qb);
@@ -131,6 +232,21 @@ static void setup(run *R, const ncase *c, tu_rng *r)
         R->pos.num_seqs = n;
         R->posp = &R->pos;
     }
+    if (R->ref.naxes > 1) {
+        /* a row of positions per axis, rows 3 tokens further apart than
+         * they are long (an engine's persistent [axes][max_tokens] buffer) */
+        const int64_t stride = R->tokens + 3;
+        int64_t *ids = tu_alloc(sizeof(int64_t) * (size_t)(stride * R->ref.naxes));
+        for (int64_t i = 0; i < stride * R->ref.naxes; i++)
+            ids[i] = tu_int(r, 0, 255);
+        R->pos.ids = ids;
+        R->pos.ids_axes = R->ref.naxes;
+        R->pos.ids_axis_stride = stride;
+        R->posp = &R->pos;
+        R->positions = tu_alloc(sizeof(int64_t) * (size_t)(R->tokens * R->ref.naxes));
+        ref_axis_positions(R->posp, R->ref.naxes, c->s, b, R->positions);
+        return;
+    }
     if (c->ids) {
         int64_t *ids = tu_alloc(sizeof(int64_t) * (size_t)R->tokens);
         for (int64_t i = 0; i < R->tokens; i++)
@@ -159,11 +275,11 @@ static void describe(const ncase *c, char *buf, size_t n)
 {
     snprintf(buf, n,
              "%s %s weight %d rounding %d w_f32 %d %s s %lld b %lld hq %lld hk %lld hd %lld "
-             "rot %d%s%s%s (seed %llu)",
+             "rot %d %s%s%s%s (seed %llu)",
              ref_dtype_name(c->dt), c->style == FUSEDROPE_NEOX ? "neox" : "interleaved",
              c->weight, c->rounding, c->w_f32, tu_layout_name(c->layout), (long long)c->s,
              (long long)c->b, (long long)c->hq, (long long)c->hk, (long long)c->hd, c->rot_dim,
-             c->tableless ? " table-less" : "", c->ids ? " ids" : "",
+             rope_names[c->rope], c->tableless ? " table-less" : "", c->ids ? " ids" : "",
              c->in_place ? " in place" : "", (unsigned long long)tu_seed);
 }
 
@@ -523,75 +639,105 @@ static int64_t check_backward_tensor(run *R, const ncase *c, const fusedrope_ten
 }
 
 /* Forward (rstd, y), then backward from the saved x or the saved y, dx in
- * place over dy or not, dw for both weights; against ref_norm_backward. */
+ * place over dy or not, dw for both weights; against ref_norm_backward.
+ * c->in_place is cleared: the forward's input is the saved one. */
+static void backward_case(ncase *c, tu_rng *r, int saved_y, int in_place_dx)
+{
+    run R;
+    char msg[MSG] = "", what[256];
+    tu_buf dqb, dkb, dxqb, dxkb;
+    fusedrope_tensor dq, dk, dxq, dxk;
+    float *rq, *rk = NULL, *dwq = NULL, *dwk = NULL;
+    int64_t bad;
+    c->in_place = 0;
+    setup(&R, c, r);
+    rq = poisoned_floats(R.tokens * c->hq);
+    R.norm.q_rstd = rq;
+    if (c->k_present)
+        R.norm.k_rstd = rk = poisoned_floats(R.tokens * c->hk);
+    ck_assert_msg(forward(&R, c) == FUSEDROPE_OK, "%s", fusedrope_last_error());
+    if (saved_y && c->weight == 2) {
+        /* n = R^T y / (1 + w): keep 1 + w away from 0 */
+        for (int64_t i = 0; i < c->hd; i++)
+            ck_assert(fabs(1 + R.wq[i]) > 0.3);
+    }
+    dq = tu_tensor(c->layout, c->dt, c->s, R.q.batch, c->hq, c->hd, &dqb);
+    tu_fill_view(&dq, r, -1, 1);
+    dxq = in_place_dx ? dq : tu_tensor(c->layout, c->dt, c->s, R.q.batch, c->hq, c->hd, &dxqb);
+    if (c->k_present) {
+        dk = tu_tensor(c->layout, c->dt, c->s, R.q.batch, c->hk, c->hd, &dkb);
+        tu_fill_view(&dk, r, -1, 1);
+        dxk = in_place_dx ? dk : tu_tensor(c->layout, c->dt, c->s, R.q.batch, c->hk, c->hd, &dxkb);
+    }
+    {
+        /* keep dy: in place it is overwritten */
+        tu_buf dqs = tu_buf_copy(&dqb), dks;
+        fusedrope_tensor dqx = tu_rebase(&dq, &dqb, &dqs), dkx = dq;
+        if (c->k_present) {
+            dks = tu_buf_copy(&dkb);
+            dkx = tu_rebase(&dk, &dkb, &dks);
+        }
+        if (c->weight) {
+            R.norm.dq_weight = dwq = poisoned_floats(c->hd);
+            if (c->k_present)
+                R.norm.dk_weight = dwk = poisoned_floats(c->hd);
+        }
+        R.norm.saved_output = saved_y;
+        describe(c, what, sizeof what);
+        ck_assert_msg(fusedrope_norm_backward_qk(R.cache, c->style, R.posp, &R.norm,
+                                                 saved_y ? &R.qo : &R.q, &dq, &dxq,
+                                                 c->k_present ? (saved_y ? &R.ko : &R.k) : NULL,
+                                                 c->k_present ? &dk : NULL,
+                                                 c->k_present ? &dxk : NULL,
+                                                 NULL) == FUSEDROPE_OK,
+                      "%s: %s", what, fusedrope_last_error());
+        bad = check_backward_tensor(&R, c, saved_y ? &R.qo : &R.q, saved_y, &dqx, &dxq, R.wq, rq,
+                                    dwq, msg);
+        if (c->k_present)
+            bad += check_backward_tensor(&R, c, saved_y ? &R.ko : &R.k, saved_y, &dkx, &dxk,
+                                         R.wk, rk, dwk, msg);
+        ck_assert_msg(bad == 0, "%s saved %s dx %s: %lld bad:%s", what, saved_y ? "y" : "x",
+                      in_place_dx ? "in place" : "apart", (long long)bad, msg);
+    }
+    ref_rope_free(&R.ref);
+    tu_free_all();
+}
+
 START_TEST(test_backward_matrix)
 {
     tu_rng r;
     ncase c;
-    run R;
-    char msg[MSG] = "", what[256];
     tu_rng_init(&r, 400 + (uint64_t)_i);
     for (int rep = 0; rep < 2; rep++) {
         const int saved_y = (_i + rep) % 2;
-        tu_buf dqb, dkb, dxqb, dxkb;
-        fusedrope_tensor dq, dk, dxq, dxk;
-        float *rq, *rk = NULL, *dwq = NULL, *dwk = NULL;
-        int in_place_dx = (int)tu_int(&r, 0, 1);
-        int64_t bad;
+        const int in_place_dx = (int)tu_int(&r, 0, 1);
         random_case(&c, &r, _i);
-        c.in_place = 0; /* keep x: the forward's input is the saved one */
-        setup(&R, &c, &r);
-        rq = poisoned_floats(R.tokens * c.hq);
-        R.norm.q_rstd = rq;
-        if (c.k_present)
-            R.norm.k_rstd = rk = poisoned_floats(R.tokens * c.hk);
-        ck_assert_msg(forward(&R, &c) == FUSEDROPE_OK, "%s", fusedrope_last_error());
-        if (saved_y && c.weight == 2) {
-            /* n = R^T y / (1 + w): keep 1 + w away from 0 */
-            for (int64_t i = 0; i < c.hd; i++)
-                ck_assert(fabs(1 + R.wq[i]) > 0.3);
-        }
-        dq = tu_tensor(c.layout, c.dt, c.s, R.q.batch, c.hq, c.hd, &dqb);
-        tu_fill_view(&dq, &r, -1, 1);
-        dxq = in_place_dx ? dq : tu_tensor(c.layout, c.dt, c.s, R.q.batch, c.hq, c.hd, &dxqb);
-        if (c.k_present) {
-            dk = tu_tensor(c.layout, c.dt, c.s, R.q.batch, c.hk, c.hd, &dkb);
-            tu_fill_view(&dk, &r, -1, 1);
-            dxk = in_place_dx ? dk : tu_tensor(c.layout, c.dt, c.s, R.q.batch, c.hk, c.hd, &dxkb);
-        }
-        {
-            /* keep dy: in place it is overwritten */
-            tu_buf dqs = tu_buf_copy(&dqb), dks;
-            fusedrope_tensor dqx = tu_rebase(&dq, &dqb, &dqs), dkx = dq;
-            if (c.k_present) {
-                dks = tu_buf_copy(&dkb);
-                dkx = tu_rebase(&dk, &dkb, &dks);
-            }
-            if (c.weight) {
-                R.norm.dq_weight = dwq = poisoned_floats(c.hd);
-                if (c.k_present)
-                    R.norm.dk_weight = dwk = poisoned_floats(c.hd);
-            }
-            R.norm.saved_output = saved_y;
-            describe(&c, what, sizeof what);
-            ck_assert_msg(fusedrope_norm_backward_qk(R.cache, c.style, R.posp, &R.norm,
-                                                     saved_y ? &R.qo : &R.q, &dq, &dxq,
-                                                     c.k_present ? (saved_y ? &R.ko : &R.k) : NULL,
-                                                     c.k_present ? &dk : NULL,
-                                                     c.k_present ? &dxk : NULL,
-                                                     NULL) == FUSEDROPE_OK,
-                          "%s: %s", what, fusedrope_last_error());
-            bad = check_backward_tensor(&R, &c, saved_y ? &R.qo : &R.q, saved_y, &dqx, &dxq,
-                                        R.wq, rq, dwq, msg);
-            if (c.k_present)
-                bad += check_backward_tensor(&R, &c, saved_y ? &R.ko : &R.k, saved_y, &dkx,
-                                             &dxk, R.wk, rk, dwk, msg);
-            ck_assert_msg(bad == 0, "%s saved %s dx %s: %lld bad:%s", what, saved_y ? "y" : "x",
-                          in_place_dx ? "in place" : "apart", (long long)bad, msg);
-        }
-        ref_rope_free(&R.ref);
-        tu_free_all();
+        backward_case(&c, &r, saved_y, in_place_dx);
     }
+}
+END_TEST
+
+/* Every rope type and position-axes layout (Qwen2-VL's sections, Qwen3-VL's
+ * interleaved, Ernie's alternating, the vision towers' 2D, any custom map,
+ * Qwen3.5's interleaved with YaRN), with a row of positions per axis:
+ * forward and backward against the reference, the kernels' copy too in
+ * test_norm_emu. */
+START_TEST(test_rope_types_and_axes)
+{
+    static const int64_t hds[] = { 64, 128, 40, 96, 72, 80 };
+    tu_rng r;
+    ncase c;
+    run R;
+    tu_rng_init(&r, 900 + (uint64_t)_i);
+    random_case(&c, &r, _i);
+    c.rope = 1 + _i % (ROPE_KINDS - 1);
+    c.hd = hds[tu_int(&r, 0, 5)];
+    c.rot_dim = (int)(tu_int(&r, 0, 1) ? c.hd : c.hd / 2); /* rot_dim % 4 == 0: VISION_2D */
+    setup(&R, &c, &r);
+    check_forward(&R, &c);
+    ref_rope_free(&R.ref);
+    tu_free_all();
+    backward_case(&c, &r, (int)tu_int(&r, 0, 1), (int)tu_int(&r, 0, 1));
 }
 END_TEST
 
@@ -1074,6 +1220,7 @@ static Suite *norm_suite(void)
     tc = tcase_create("backward");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, test_backward_matrix, 0, 54);
+    tcase_add_loop_test(tc, test_rope_types_and_axes, 0, 4 * (ROPE_KINDS - 1));
     tcase_add_loop_test(tc, test_reference_finite_differences, 0, 12);
     tcase_add_loop_test(tc, test_threads_determinism, 0, 6);
     suite_add_tcase(s, tc);
