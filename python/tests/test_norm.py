@@ -128,6 +128,29 @@ def test_forward_equals_unfused(dtype, mode, weight, style, f32w):
     assert np.array_equal(rk, sk.transpose(1, 0, 2)), f"k rstd differs ({seed})"
 
 
+@pytest.mark.parametrize("axes,sections", [("sections", [8, 12, 12]),
+                                           ("interleaved", [12, 10, 10])])
+def test_forward_with_position_axes_equals_unfused(axes, sections):
+    """A multimodal cache and a row of ids per axis (a view of a persistent
+    [3, max_tokens] buffer): the same bytes as the unfused norm followed by
+    the library's forward_qk with the same ids."""
+    r = ref.rng(505)
+    S, B, HQ, HK, D = 6, 2, 4, 2, 64
+    q, k, qw, kw = make_case(r, "bfloat16", S=S, B=B, HQ=HQ, HK=HK, D=D)
+    cache = fusedrope.Cache("default", rot_dim=D, max_positions=64, theta=1e6, axes=axes,
+                            sections=sections)
+    buf = np.zeros((3, 40), np.int64)
+    buf[:, :B * S] = r.integers(0, 64, size=(3, B * S))
+    ids = buf[:, :B * S].reshape(3, B, S)
+    qo, ko = np.empty_like(q), np.empty_like(k)
+    fusedrope.norm_forward_qk(cache, q, k, qw, kw, rounding="llama", ids=ids, out=(qo, ko),
+                              dtype="bfloat16")
+    vq, _ = unfused_v(q, "bfloat16", qw, "w", "llama", 1e-6)
+    vk, _ = unfused_v(k, "bfloat16", kw, "w", "llama", 1e-6)
+    fusedrope.forward_qk(cache, vq, vk, ids=ids, dtype="bfloat16")
+    assert np.array_equal(qo, vq) and np.array_equal(ko, vk), f"{axes} (seed {ref.SEED})"
+
+
 def ref_norm_rope(x, w, weight, eps, pos, cos_t, sin_t, rot, style):
     """float64: y = RoPE(n * w'), with n, rstd, w' for the backward."""
     rstd = 1.0 / np.sqrt((x * x).mean(-1) + eps)
