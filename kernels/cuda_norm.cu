@@ -123,19 +123,31 @@ __device__ __forceinline__ const NIo &row_io(const NParams &P, int64_t r, int64_
     return P.io[hh < P.heads0 ? 0 : 1];
 }
 
-/* ------------------------------------------------------------------ forward */
+/* -------------------------------------------------------------- the row walk */
 
-__global__ void norm_forward(const __grid_constant__ NParams P)
+/*
+ * The walk of both row kernels (the forward, the backward's dx): one thread
+ * per row, grid-stride; per row, a sum over its channels in the contract's
+ * order (32 partial sums, channel c into sum c % 32, then the tree), then
+ * its pairs in order, each read whole before either member is written (in
+ * place safe), then the channels past rot_dim.  What the kernels differ in
+ * comes as functions of the kernel's own:
+ *   start(io, t, h, b, s)   the row (head h of io at token t = (b, s))
+ *   term(c)                 channel c's term of the sum
+ *   after(sum)              what the sum gives (rstd, or the backward's mean)
+ *   pair(i, ca, cb)         pair i at channels ca and cb
+ *   rest(ch)                channel ch >= rot_dim
+ */
+template <typename Start, typename Term, typename After, typename Pair, typename Rest>
+__device__ __forceinline__ void walk_rows(const NParams &P, Start start, Term term, After after,
+                                          Pair pair, Rest rest)
 {
     const int64_t rows = P.tokens * P.heads;
     for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
          r += (int64_t)gridDim.x * blockDim.x) {
         int64_t t, h, b, s;
         const NIo &io = row_io(P, r, &t, &h, &b, &s);
-        const void *x = (const char *)io.in +
-                        (size_t)(s * io.in_ss + b * io.in_sb + h * io.in_sh) * (P.dt ? 2 : 4);
-        void *y = (char *)io.out +
-                  (size_t)(s * io.out_ss + b * io.out_sb + h * io.out_sh) * (P.dt ? 2 : 4);
+        start(io, t, h, b, s);
         float p[32];
 #pragma unroll
         for (int l = 0; l < 32; l++)
@@ -143,32 +155,65 @@ __global__ void norm_forward(const __grid_constant__ NParams P)
         for (int64_t c0 = 0; c0 < io.hd; c0 += 32) {
 #pragma unroll
             for (int l = 0; l < 32; l++)
-                if (c0 + l < io.hd) {
-                    const float v = load_f(x, P.dt, c0 + l);
-                    p[l] = p[l] + v * v;
-                }
+                if (c0 + l < io.hd)
+                    p[l] = p[l] + term(c0 + l);
         }
-        const float rstd = fr_norm_rstd(fr_norm_tree32(p), io.hd, P.eps);
-        if (io.rstd != nullptr)
-            io.rstd[t * io.heads + h] = rstd;
+        after(fr_norm_tree32(p));
         for (int64_t i = 0; i < P.half; i++) {
             int64_t ca, cb;
-            float c, sn, ya, yb;
             fr_pair_channels(P.interleaved, i, P.half, &ca, &cb);
-            const float va = fr_norm_value(load_f(x, P.dt, ca), rstd, weight_factor(P, io, ca),
+            pair(i, ca, cb);
+        }
+        for (int64_t ch = P.rot_dim; ch < io.hd; ch++)
+            rest(ch);
+    }
+}
+
+/* ------------------------------------------------------------------ forward */
+
+__global__ void norm_forward(const __grid_constant__ NParams P)
+{
+    const NIo *io = nullptr;
+    const void *x = nullptr;
+    void *y = nullptr;
+    int64_t t = 0, h = 0, b = 0, s = 0;
+    float rstd = 0.0f;
+    walk_rows(
+        P,
+        [&](const NIo &o, int64_t t_, int64_t h_, int64_t b_, int64_t s_) {
+            io = &o;
+            t = t_;
+            h = h_;
+            b = b_;
+            s = s_;
+            x = (const char *)o.in + (size_t)(s * o.in_ss + b * o.in_sb + h * o.in_sh) * (P.dt ? 2 : 4);
+            y = (char *)o.out + (size_t)(s * o.out_ss + b * o.out_sb + h * o.out_sh) * (P.dt ? 2 : 4);
+        },
+        [&](int64_t c) {
+            const float v = load_f(x, P.dt, c);
+            return v * v;
+        },
+        [&](float sum) {
+            rstd = fr_norm_rstd(sum, io->hd, P.eps);
+            if (io->rstd != nullptr)
+                io->rstd[t * io->heads + h] = rstd;
+        },
+        [&](int64_t i, int64_t ca, int64_t cb) {
+            float c, sn, ya, yb;
+            const float va = fr_norm_value(load_f(x, P.dt, ca), rstd, weight_factor(P, *io, ca),
                                            P.rounding, P.dt);
-            const float vb = fr_norm_value(load_f(x, P.dt, cb), rstd, weight_factor(P, io, cb),
+            const float vb = fr_norm_value(load_f(x, P.dt, cb), rstd, weight_factor(P, *io, cb),
                                            P.rounding, P.dt);
             angle(P, b, s, i, &c, &sn);
             fr_rotate(va, vb, c, sn, 1.0f, &ya, &yb);
             store_f(y, P.dt, ca, ya);
             store_f(y, P.dt, cb, yb);
-        }
-        for (int64_t ch = P.rot_dim; ch < io.hd; ch++)
+        },
+        [&](int64_t ch) {
             store_f(y, P.dt, ch,
-                    fr_norm_value(load_f(x, P.dt, ch), rstd, weight_factor(P, io, ch), P.rounding,
-                                  P.dt));
-    }
+                    fr_norm_value(load_f(x, P.dt, ch), rstd, weight_factor(P, *io, ch),
+                                  P.rounding, P.dt));
+        });
 }
 
 /* ----------------------------------------------------------------- backward */
@@ -253,51 +298,46 @@ __global__ void norm_dw_sum(const __grid_constant__ NParams P)
 /* (3) one thread per row: dx. */
 __global__ void norm_dx(const __grid_constant__ NParams P)
 {
-    const int64_t rows = P.tokens * P.heads;
-    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
-         r += (int64_t)gridDim.x * blockDim.x) {
-        int64_t t, h, b, s;
-        const NIo &io = row_io(P, r, &t, &h, &b, &s);
-        const void *dy = row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, P.dt);
-        const void *xs = row_ptr(io.x, s, b, h, io.x_ss, io.x_sb, io.x_sh, P.dt);
-        void *dx = (void *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, P.dt);
-        const float rstd = io.rstd[t * io.heads + h];
-        float p[32];
-#pragma unroll
-        for (int l = 0; l < 32; l++)
-            p[l] = 0.0f;
-        for (int64_t c0 = 0; c0 < io.hd; c0 += 32) {
-#pragma unroll
-            for (int l = 0; l < 32; l++)
-                if (c0 + l < io.hd) {
-                    const float wf = weight_factor(P, io, c0 + l);
-                    float g, n;
-                    g_n(P, dy, xs, b, s, c0 + l, rstd, wf, &g, &n);
-                    const float dn = g * wf;
-                    p[l] = p[l] + dn * n;
-                }
-        }
-        const float m = fr_norm_mean(fr_norm_tree32(p), io.hd);
-        /* pair by pair: both members read before either is written */
-        for (int64_t i = 0; i < P.half; i++) {
-            int64_t ca, cb;
+    const NIo *io = nullptr;
+    const void *dy = nullptr, *xs = nullptr;
+    void *dx = nullptr;
+    int64_t b = 0, s = 0;
+    float rstd = 0.0f, m = 0.0f;
+    walk_rows(
+        P,
+        [&](const NIo &o, int64_t t, int64_t h, int64_t b_, int64_t s_) {
+            io = &o;
+            b = b_;
+            s = s_;
+            dy = row_ptr(o.in, s, b, h, o.in_ss, o.in_sb, o.in_sh, P.dt);
+            xs = row_ptr(o.x, s, b, h, o.x_ss, o.x_sb, o.x_sh, P.dt);
+            dx = (void *)row_ptr(o.out, s, b, h, o.out_ss, o.out_sb, o.out_sh, P.dt);
+            rstd = o.rstd[t * o.heads + h];
+        },
+        [&](int64_t c) {
+            const float wf = weight_factor(P, *io, c);
+            float g, n;
+            g_n(P, dy, xs, b, s, c, rstd, wf, &g, &n);
+            const float dn = g * wf;
+            return dn * n;
+        },
+        [&](float sum) { m = fr_norm_mean(sum, io->hd); },
+        [&](int64_t, int64_t ca, int64_t cb) {
             float ga, na, gb, nb;
-            fr_pair_channels(P.interleaved, i, P.half, &ca, &cb);
-            const float wa = weight_factor(P, io, ca), wb = weight_factor(P, io, cb);
+            const float wa = weight_factor(P, *io, ca), wb = weight_factor(P, *io, cb);
             g_n(P, dy, xs, b, s, ca, rstd, wa, &ga, &na);
             g_n(P, dy, xs, b, s, cb, rstd, wb, &gb, &nb);
             const float dna = ga * wa, dnb = gb * wb;
             store_f(dx, P.dt, ca, rstd * (dna - na * m));
             store_f(dx, P.dt, cb, rstd * (dnb - nb * m));
-        }
-        for (int64_t ch = P.rot_dim; ch < io.hd; ch++) {
-            const float wf = weight_factor(P, io, ch);
+        },
+        [&](int64_t ch) {
+            const float wf = weight_factor(P, *io, ch);
             float g, n;
             g_n(P, dy, xs, b, s, ch, rstd, wf, &g, &n);
             const float dn = g * wf;
             store_f(dx, P.dt, ch, rstd * (dn - n * m));
-        }
-    }
+        });
 }
 
 /* ---------------------------------------------------------------- host side */
