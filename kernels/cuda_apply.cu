@@ -354,32 +354,110 @@ template <typename T> struct TokenPtrs {
     }
 };
 
-/* --------------------------------------------------------------- rotary lanes */
+/* ------------------------------------------------------ the head-group loop */
 
-/* A token without a position: NaN over its rotated chunks at offsets o0 and,
- * when `two`, o1, in every head this thread owns; the flag says why. */
-template <int DT>
-__device__ __forceinline__ void nan_chunks(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
-                                           int64_t lane, int64_t g, int64_t o0, int64_t o1, int two)
+/*
+ * The head-group loop.  A lane walks the heads this thread owns (g, g + G,
+ * g + 2G, ...; G = P.gtotal) in groups of UG, the group's loads all issued
+ * before any of its stores.  What differs per kind of lane is its Op, a
+ * small value built from what the lane already holds:
+ *   Op::V                        what one head's load keeps
+ *   Op::SKIPS                    whether a load may leave its head nothing to
+ *                                store (it then clears dst); otherwise the
+ *                                store is guarded by the head's index, which
+ *                                costs fewer registers than testing dst
+ *                                (bench/RESULTS.md, "One head-group loop,
+ *                                second attempt")
+ *   op.load(P, sel, src, dst, v) head (src, dst) of tensor sel into v
+ *   op.store(dst, v)             computes and stores one head
+ * A group of one needs no guard: the loop's test is the head's.
+ */
+template <int UG, typename T, typename Op>
+__device__ __forceinline__ void each_group(const KParams &P, const TokenPtrs<T> &t, int64_t g,
+                                           const Op op)
 {
-    typedef typename Elem<DT>::T T;
-    const uint32_t nw = nan_word<DT>();
-    const uint4 nv = make_uint4(nw, nw, nw, nw);
-    raise_flag(P, lane, g);
-    for (int64_t h = g; h < P.heads; h += P.gtotal) {
-        const T *src;
-        T *dst;
-        t.head(P, h, &src, &dst);
-        st16(dst + o0, nv);
-        if (two)
-            st16(dst + o1, nv);
+    for (int64_t h0 = g; h0 < P.heads; h0 += UG * P.gtotal) {
+        typename Op::V v[UG];
+        T *dst[UG];
+        if constexpr (UG == 1) {
+            const T *src;
+            const int sel = t.head(P, h0, &src, &dst[0]);
+            op.load(P, sel, src, dst[0], v[0]);
+            if (!Op::SKIPS || dst[0] != nullptr)
+                op.store(dst[0], v[0]);
+        } else {
+#pragma unroll
+            for (int u = 0; u < UG; u++) {
+                const int64_t h = h0 + u * P.gtotal;
+                if (Op::SKIPS)
+                    dst[u] = nullptr;
+                if (h < P.heads) {
+                    const T *src;
+                    const int sel = t.head(P, h, &src, &dst[u]);
+                    op.load(P, sel, src, dst[u], v[u]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < UG; u++)
+                if (Op::SKIPS ? dst[u] != nullptr : h0 + u * P.gtotal < P.heads)
+                    op.store(dst[u], v[u]);
+        }
     }
 }
 
-/* Vector NeoX, one group of UN heads h0, h0 + G, ...: the loads (two 16-byte
- * chunks per head, at channels ca and cb), then the rotations and stores. */
+/* Op::V of a lane that loads nothing (the NaN stores) */
+struct NoLoad {};
+
+/* --------------------------------------------------------------- rotary lanes */
+
+/* A token without a position: NaN over its rotated chunks at offsets o0 and,
+ * when `two`, o1 (vector paths), or over channels o0 and o1 (scalar path,
+ * one element each), in every head this thread owns; the flag says why. */
+template <int DT, bool VEC> struct NanOp {
+    typedef typename Elem<DT>::T T;
+    typedef NoLoad V;
+    static constexpr bool SKIPS = false;
+    int64_t o0, o1;
+    int two;
+    __device__ __forceinline__ void load(const KParams &, int, const T *, T *&, V &) const {}
+    __device__ __forceinline__ void store(T *dst, const V &) const
+    {
+        const uint32_t nw = nan_word<DT>();
+        if constexpr (VEC) {
+            const uint4 nv = make_uint4(nw, nw, nw, nw);
+            st16(dst + o0, nv);
+            if (two)
+                st16(dst + o1, nv);
+        } else {
+            /* the word's bytes, not its value ((float)0x7fc00000u is 2.1e9);
+             * a 16-bit T takes one of its two equal halves */
+            T nv;
+            memcpy(&nv, &nw, sizeof nv);
+            dst[o0] = nv;
+            dst[o1] = nv;
+        }
+    }
+};
+
+template <int DT, bool VEC>
+__device__ __forceinline__ void nan_lane(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
+                                         int64_t lane, int64_t g, int64_t o0, int64_t o1, int two)
+{
+    raise_flag(P, lane, g);
+    each_group<1>(P, t, g, NanOp<DT, VEC>{o0, o1, two});
+}
+
+/* Vector NeoX: chunk `lane` of the first half (channels ca) pairs with the
+ * same chunk of the second half (cb); E pairs, UN heads per group. */
 constexpr int UN = FR_CUDA_U_NEOX;
 
+/* The NeoX lanes keep a group loop of their own (neox_load, neox_store), not
+ * each_group: written as an op of each_group (either half alone is harmless,
+ * both together are not) every NeoX kernel took 7 to 22 more registers, the
+ * PTX computing the token's base pointers ahead of the lane loop and keeping
+ * them (bench/RESULTS.md, "One head-group loop, second attempt").
+ * One group of UN heads h0, h0 + G, ...: the loads (two 16-byte chunks per
+ * head, at channels ca and cb), then the rotations and stores. */
 template <int DT>
 __device__ __forceinline__ void neox_load(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                           int64_t h0, int64_t ca, int64_t cb, uint4 *va, uint4 *vb,
@@ -421,10 +499,7 @@ __device__ __forceinline__ void neox_store(const KParams &P, int64_t h0, int64_t
     }
 }
 
-/* Vector NeoX: chunk `lane` of the first half pairs with the same chunk of the
- * second half; E pairs.
- *
- * ONE_GROUP: the launcher's promise that every thread owns at most UN heads
+/* ONE_GROUP: the launcher's promise that every thread owns at most UN heads
  * (decode-sized calls).  The heads' loads then go out before the token's
  * position is known, since they do not depend on it: the data comes back in
  * the same memory round trip as the position and the table row behind it,
@@ -449,7 +524,7 @@ __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtr
     const TokPos p = token_position<AX>(P, b, s, &bad);
 
     if (bad) {
-        nan_chunks<DT>(P, t, lane, g, ca, cb, 1);
+        nan_lane<DT, true>(P, t, lane, g, ca, cb, 1);
         return;
     }
 
@@ -469,170 +544,141 @@ __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtr
 /* Vector interleaved: a chunk holds E/2 whole pairs.  Lane c owns chunk c
  * and, when there is one, chunk c + nc (nc = half the head's chunks, rounded
  * up), so it has two independent loads per head like a NeoX lane. */
+template <int DT> struct InterOp {
+    typedef typename Elem<DT>::T T;
+    typedef Chunk<DT> C;
+    static constexpr int E = C::E, NP = E / 2, K = 2;
+    struct V { uint4 v[K]; };
+    static constexpr bool SKIPS = false;
+    int64_t ca[K];
+    int second;
+    float sgn;
+    float c[K][NP], sn[K][NP];
+    __device__ __forceinline__ void load(const KParams &, int, const T *src, T *&, V &v) const
+    {
+        v.v[0] = ld16(src + ca[0]);
+        if (second)
+            v.v[1] = ld16(src + ca[1]);
+    }
+    __device__ __forceinline__ void store(T *dst, const V &v) const
+    {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            float f[E], y[E];
+            if (k == 1 && !second)
+                break;
+            C::unpack(v.v[k], f);
+#pragma unroll
+            for (int j = 0; j < NP; j++)
+                fr_rotate(f[2 * j], f[2 * j + 1], c[k][j], sn[k][j], sgn, &y[2 * j], &y[2 * j + 1]);
+            st16(dst + ca[k], C::pack(y));
+        }
+    }
+};
+
 template <int DT, bool AX>
 __device__ __forceinline__ void rotary_inter_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                                  int64_t b, int64_t s, int64_t lane, int64_t g)
 {
-    typedef typename Elem<DT>::T T;
-    typedef Chunk<DT> C;
-    constexpr int E = C::E;
-    constexpr int NP = E / 2;
-    constexpr int K = 2;
-    const int second = (lane + P.nc) * E < P.rot_dim; /* this lane has a second chunk */
-    int64_t ca[K], cb;
+    typedef InterOp<DT> Op;
+    constexpr int NP = Op::NP, K = Op::K;
+    Op op;
+    int64_t cb;
     int bad;
+    op.second = (lane + P.nc) * Op::E < P.rot_dim; /* this lane has a second chunk */
+    op.sgn = P.sgn;
 #pragma unroll
     for (int k = 0; k < K; k++) /* ca = 2*i0: the chunk's first channel */
-        fr_pair_channels(1, (lane + k * P.nc) * NP, P.half, &ca[k], &cb);
+        fr_pair_channels(1, (lane + k * P.nc) * NP, P.half, &op.ca[k], &cb);
     const TokPos p = token_position<AX>(P, b, s, &bad);
 
     if (bad) {
-        nan_chunks<DT>(P, t, lane, g, ca[0], ca[1], second);
+        nan_lane<DT, true>(P, t, lane, g, op.ca[0], op.ca[1], op.second);
         return;
     }
 
-    float c[K][NP], sn[K][NP];
-    cos_sin<NP, AX>(P, p, lane * NP, c[0], sn[0]);
-    if (second)
-        cos_sin<NP, AX>(P, p, (lane + P.nc) * NP, c[1], sn[1]);
-
-    for (int64_t h0 = g; h0 < P.heads; h0 += U * P.gtotal) {
-        uint4 v[U][K];
-        T *dst[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t h = h0 + u * P.gtotal;
-            if (h < P.heads) {
-                const T *src;
-                t.head(P, h, &src, &dst[u]);
-                v[u][0] = ld16(src + ca[0]);
-                if (second)
-                    v[u][1] = ld16(src + ca[1]);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t h = h0 + u * P.gtotal;
-            if (h < P.heads) {
-#pragma unroll
-                for (int k = 0; k < K; k++) {
-                    float f[E], y[E];
-                    if (k == 1 && !second)
-                        break;
-                    C::unpack(v[u][k], f);
-#pragma unroll
-                    for (int j = 0; j < NP; j++)
-                        fr_rotate(f[2 * j], f[2 * j + 1], c[k][j], sn[k][j], P.sgn, &y[2 * j],
-                                  &y[2 * j + 1]);
-                    st16(dst[u] + ca[k], C::pack(y));
-                }
-            }
-        }
-    }
+    cos_sin<NP, AX>(P, p, lane * NP, op.c[0], op.sn[0]);
+    if (op.second)
+        cos_sin<NP, AX>(P, p, (lane + P.nc) * NP, op.c[1], op.sn[1]);
+    each_group<U>(P, t, g, op);
 }
 
 /* Scalar: lane = pair index, either style. */
+template <int DT> struct ScalarOp {
+    typedef typename Elem<DT>::T T;
+    struct V { T a, b; };
+    static constexpr bool SKIPS = false;
+    int64_t ca, cb;
+    float c, sn, sgn;
+    __device__ __forceinline__ void load(const KParams &, int, const T *src, T *&, V &v) const
+    {
+        v.a = src[ca];
+        v.b = src[cb];
+    }
+    __device__ __forceinline__ void store(T *dst, const V &v) const
+    {
+        float ya, yb;
+        fr_rotate(Elem<DT>::to_f(v.a), Elem<DT>::to_f(v.b), c, sn, sgn, &ya, &yb);
+        dst[ca] = Elem<DT>::from_f(ya);
+        dst[cb] = Elem<DT>::from_f(yb);
+    }
+};
+
 template <int DT, bool AX>
 __device__ __forceinline__ void rotary_scalar(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                               int64_t b, int64_t s, int64_t lane, int64_t g)
 {
-    typedef typename Elem<DT>::T T;
-    int64_t ca, cb;
+    ScalarOp<DT> op;
     int bad;
-    fr_pair_channels(P.interleaved, lane, P.half, &ca, &cb);
+    fr_pair_channels(P.interleaved, lane, P.half, &op.ca, &op.cb);
+    op.sgn = P.sgn;
     const TokPos p = token_position<AX>(P, b, s, &bad);
 
     if (bad) {
-        /* the word's bytes, not its value ((float)0x7fc00000u is 2.1e9); a
-         * 16-bit T takes one of its two equal halves */
-        const uint32_t nw = nan_word<DT>();
-        T nv;
-        memcpy(&nv, &nw, sizeof nv);
-        raise_flag(P, lane, g);
-        for (int64_t h = g; h < P.heads; h += P.gtotal) {
-            const T *src;
-            T *dst;
-            t.head(P, h, &src, &dst);
-            dst[ca] = nv;
-            dst[cb] = nv;
-        }
+        nan_lane<DT, false>(P, t, lane, g, op.ca, op.cb, 1);
         return;
     }
 
-    float c, sn;
-    cos_sin<1, AX>(P, p, lane, &c, &sn);
-
-    for (int64_t h0 = g; h0 < P.heads; h0 += U * P.gtotal) {
-        T va[U], vb[U];
-        T *dst[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t h = h0 + u * P.gtotal;
-            if (h < P.heads) {
-                const T *src;
-                t.head(P, h, &src, &dst[u]);
-                va[u] = src[ca];
-                vb[u] = src[cb];
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t h = h0 + u * P.gtotal;
-            if (h < P.heads) {
-                float ya, yb;
-                fr_rotate(Elem<DT>::to_f(va[u]), Elem<DT>::to_f(vb[u]), c, sn, P.sgn, &ya, &yb);
-                dst[u][ca] = Elem<DT>::from_f(ya);
-                dst[u][cb] = Elem<DT>::from_f(yb);
-            }
-        }
-    }
+    cos_sin<1, AX>(P, p, lane, &op.c, &op.sn);
+    each_group<U>(P, t, g, op);
 }
 
 /* --------------------------------------------------------- pass-through lanes */
 
 /* Lane j copies channels [rot_dim + jE, rot_dim + (j+1)E) of every head of a
  * tensor computed out of place: one 16-byte copy on the vector path when the
- * chunk is whole, element by element otherwise. */
+ * chunk is whole, element by element otherwise (then nothing to store). */
+template <int DT, bool VEC> struct PassOp {
+    typedef typename Elem<DT>::T T;
+    static constexpr int E = Chunk<DT>::E;
+    typedef uint4 V;
+    static constexpr bool SKIPS = true;
+    int64_t j, c0;
+    __device__ __forceinline__ void load(const KParams &P, int sel, const T *src, T *&dst, V &v) const
+    {
+        const int64_t np = sel ? P.io[1].np : P.io[0].np;
+        const int64_t hd = sel ? P.io[1].head_dim : P.io[0].head_dim;
+        T *const d = dst;
+        dst = nullptr;
+        if (j >= np)
+            return;
+        if (VEC && c0 + E <= hd) {
+            v = ld16(src + c0);
+            dst = d;
+        } else {
+            const int64_t c1 = c0 + E < hd ? c0 + E : hd;
+            for (int64_t c = c0; c < c1; c++)
+                d[c] = src[c];
+        }
+    }
+    __device__ __forceinline__ void store(T *dst, const V &v) const { st16(dst + c0, v); }
+};
+
 template <int DT, bool VEC>
 __device__ __forceinline__ void pass_lane(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                           int64_t j, int64_t g)
 {
-    typedef typename Elem<DT>::T T;
-    constexpr int E = Chunk<DT>::E;
-    const int64_t c0 = P.rot_dim + j * E;
-
-    for (int64_t h0 = g; h0 < P.heads; h0 += U * P.gtotal) {
-        uint4 v[U];
-        T *dst[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int64_t h = h0 + u * P.gtotal;
-            dst[u] = nullptr;
-            if (h < P.heads) {
-                const T *src;
-                T *d;
-                const int sel = t.head(P, h, &src, &d);
-                const int64_t np = sel ? P.io[1].np : P.io[0].np;
-                const int64_t hd = sel ? P.io[1].head_dim : P.io[0].head_dim;
-                if (j >= np)
-                    continue;
-                if (VEC && c0 + E <= hd) {
-                    v[u] = ld16(src + c0);
-                    dst[u] = d;
-                } else {
-                    const int64_t c1 = c0 + E < hd ? c0 + E : hd;
-                    for (int64_t c = c0; c < c1; c++)
-                        d[c] = src[c];
-                }
-            }
-        }
-        if (VEC) {
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (dst[u] != nullptr)
-                    st16(dst[u] + c0, v[u]);
-        }
-    }
+    each_group<U>(P, t, g, PassOp<DT, VEC>{j, P.rot_dim + j * Chunk<DT>::E});
 }
 
 /* ---------------------------------------------------------------- the kernel */
