@@ -68,8 +68,12 @@ int fr_avx512_usable(void)
 
 /* How a full step's results are stored: plainly, or non-temporally in
  * 16-byte pieces, or in whole vectors (32 bytes for a row's half of a step,
- * 64 for interleaved pairs) where the output is aligned to them. */
-enum { ST_PLAIN, ST_NT16, ST_NT_WIDE };
+ * 64 for interleaved pairs) where the output is aligned to them.  A streamed
+ * output on 16 bytes only (the backend's promise; malloc's large blocks) is
+ * put on its alignment by a masked first step where the row is long enough
+ * to repay it: that step costs about 40 instructions, the 16-byte pieces 4
+ * (rows) or 6 (pairs) per step, so from 8 steps on. */
+enum { ST_PLAIN, ST_NT16, ST_NT_WIDE, PEEL_MIN_PAIRS = 8 * 16 };
 
 /* Word indices for the two-source permutes (vpermt2w: 0-31 the first
  * source's words, 32-63 the second's). */
@@ -186,8 +190,9 @@ FR_AVX512_INLINE void rows(const uint16_t *xa, const uint16_t *xb, uint16_t *ya,
     int mode = ST_PLAIN;
     if (nt) {
         /* ya and yb fall on 16 bytes: a masked first step of 8 pairs puts
-         * ya on 32, and yb with it when the rows are 32 bytes apart */
-        if ((uintptr_t)ya % 32 != 0 && m >= 8) {
+         * ya on 32, and yb with it when the two are as far from 32 */
+        if ((uintptr_t)ya % 32 != 0 && ((uintptr_t)ya ^ (uintptr_t)yb) % 32 == 0 &&
+            m >= PEEL_MIN_PAIRS) {
             rows_step(xa, xb, ya, yb, cs, sn, vsgn, 0xff, 0, ST_PLAIN, f16);
             i = 8;
         }
@@ -251,16 +256,17 @@ FR_AVX512_INLINE void pairs(const uint16_t *x, uint16_t *y, const float *cs, con
 {
     const __m512 vsgn = _mm512_set1_ps(sgn);
     int64_t i = 0;
-    if (nt) {
+    if (nt && ((uintptr_t)y % 64 == 0 || m >= PEEL_MIN_PAIRS)) {
         /* y falls on 16 bytes: a masked first step of up to 12 pairs (4
          * bytes each) puts it on 64, for whole-vector streams */
-        int64_t p0 = (int64_t)((64 - (uintptr_t)y % 64) % 64 / 4);
-        if (p0 > m)
-            p0 = m;
+        const int64_t p0 = (int64_t)((64 - (uintptr_t)y % 64) % 64 / 4);
         if (p0 > 0)
             pairs_step(x, y, cs, sn, vsgn, (__mmask16)((1u << p0) - 1), 0, ST_PLAIN, f16);
         for (i = p0; i + 16 <= m; i += 16)
             pairs_step(x + 2 * i, y + 2 * i, cs + i, sn + i, vsgn, 0xffff, 1, ST_NT_WIDE, f16);
+    } else if (nt) {
+        for (; i + 16 <= m; i += 16)
+            pairs_step(x + 2 * i, y + 2 * i, cs + i, sn + i, vsgn, 0xffff, 1, ST_NT16, f16);
     } else {
         for (; i + 16 <= m; i += 16)
             pairs_step(x + 2 * i, y + 2 * i, cs + i, sn + i, vsgn, 0xffff, 1, ST_PLAIN, f16);
