@@ -119,8 +119,7 @@ FR_AVX512_INLINE __m256i narrow_f16(__m512 y)
 {
     const __mmask16 nan = _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
     const __m512i f = _mm512_mask_ternarylogic_epi32(_mm512_castps_si512(y), nan,
-                                                     _mm512_set1_epi32((int)0x80000000u),
-                                                     _mm512_set1_epi32(0x7fc00000), 0xea);
+                                                     _mm512_set1_epi32((int)0x80000000u), _mm512_set1_epi32(0x7fc00000), 0xea);
     return _mm512_cvtps_ph(_mm512_castsi512_ps(f), _MM_FROUND_TO_NEAREST_INT);
 }
 
@@ -186,7 +185,7 @@ FR_AVX512_INLINE void rows(const uint16_t *xa, const uint16_t *xb, uint16_t *ya,
                            const float *cs, const float *sn, int64_t m, float sgn, int nt, int f16)
 {
     const __m512 vsgn = _mm512_set1_ps(sgn);
-    int64_t i = 0;
+    int64_t i = 0, end;
     int mode = ST_PLAIN;
     if (nt) {
         /* ya and yb fall on 16 bytes: a masked first step of 8 pairs puts
@@ -198,8 +197,9 @@ FR_AVX512_INLINE void rows(const uint16_t *xa, const uint16_t *xb, uint16_t *ya,
         }
         mode = ((uintptr_t)(ya + i) | (uintptr_t)(yb + i)) % 32 == 0 ? ST_NT_WIDE : ST_NT16;
     }
+    end = i + ((m - i) & ~(int64_t)15); /* the full steps' */
 #define FR_ROWS_LOOP(MODE)                                                                    \
-    for (; i + 16 <= m; i += 16)                                                              \
+    for (; i < end; i += 16)                                                                  \
     rows_step(xa + i, xb + i, ya + i, yb + i, cs + i, sn + i, vsgn, 0xffff, 1, MODE, f16)
     if (mode == ST_NT_WIDE)
         FR_ROWS_LOOP(ST_NT_WIDE);
@@ -255,20 +255,21 @@ FR_AVX512_INLINE void pairs(const uint16_t *x, uint16_t *y, const float *cs, con
                             int64_t m, float sgn, int nt, int f16)
 {
     const __m512 vsgn = _mm512_set1_ps(sgn);
-    int64_t i = 0;
+    int64_t i = 0, end;
     if (nt && ((uintptr_t)y % 64 == 0 || m >= PEEL_MIN_PAIRS)) {
         /* y falls on 16 bytes: a masked first step of up to 12 pairs (4
          * bytes each) puts it on 64, for whole-vector streams */
-        const int64_t p0 = (int64_t)((64 - (uintptr_t)y % 64) % 64 / 4);
+        const int64_t p0 = (int64_t)((64 - (uintptr_t)y % 64) % 64 / 4); /* 0 where m < 128 */
         if (p0 > 0)
             pairs_step(x, y, cs, sn, vsgn, (__mmask16)((1u << p0) - 1), 0, ST_PLAIN, f16);
-        for (i = p0; i + 16 <= m; i += 16)
+        i = p0;
+        for (end = i + ((m - i) & ~(int64_t)15); i < end; i += 16)
             pairs_step(x + 2 * i, y + 2 * i, cs + i, sn + i, vsgn, 0xffff, 1, ST_NT_WIDE, f16);
     } else if (nt) {
-        for (; i + 16 <= m; i += 16)
+        for (end = m & ~(int64_t)15; i < end; i += 16)
             pairs_step(x + 2 * i, y + 2 * i, cs + i, sn + i, vsgn, 0xffff, 1, ST_NT16, f16);
     } else {
-        for (; i + 16 <= m; i += 16)
+        for (end = m & ~(int64_t)15; i < end; i += 16)
             pairs_step(x + 2 * i, y + 2 * i, cs + i, sn + i, vsgn, 0xffff, 1, ST_PLAIN, f16);
     }
     if (i < m)
