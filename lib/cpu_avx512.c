@@ -1,9 +1,9 @@
 /*
  * cpu_avx512.c - cpu_avx2.c's rotations of 16-bit heads with 512-bit
  * vectors (AVX-512 F, BW and VL), for CPUs that have them: 16 pairs a step,
- * and the pieces shorter than 16 pairs (a row's tail, the start that puts
- * non-temporal stores on their alignment) done by the same code under a
- * lane mask instead of a scalar loop.  The 16-bit rotations were bound by
+ * and the pieces shorter than 16 pairs (a row's tail; in a long streamed
+ * row, the start that puts the non-temporal stores on their alignment) done
+ * by the same code under a lane mask instead of a scalar loop.  The 16-bit rotations were bound by
  * instructions, not by memory (bench/RESULTS.md): AVX-512's masks and
  * two-source word permutes do with one instruction what AVX2 does with
  * several (bf16 rounding, NaN fix-ups, the packing of results), on twice
@@ -20,8 +20,8 @@
  * quiet bit).  Interleaved heads are split into a and b vectors like
  * cpu_avx2.c's rather than rotated in place with duplicated cos/sin: the
  * split is one or two instructions, the in-place form needs four permutes
- * of cos/sin and a swap per 8 pairs (26 instructions per 16 pairs against
- * 20 for fp16).  tests/test_cpu_rows.c compares both files' functions with
+ * of cos/sin per 16 pairs and a swap per 8 (26 instructions per 16 pairs
+ * against 20 for fp16).  tests/test_cpu_rows.c compares both files' functions with
  * the portable arithmetic.
  */
 #include "internal.h"
@@ -37,7 +37,8 @@
 int fr_avx512_off;
 
 /* AVX-512 F/BW/VL (with AVX2 and F16C) in the CPU, and the opmask and ZMM
- * state saved by the OS: XCR0 bits 1-2 (XMM, YMM) and 5-7 (opmask, the
+ * state saved by the OS (valgrind's CPUID says no: under it the AVX2
+ * rotations run): XCR0 bits 1-2 (XMM, YMM) and 5-7 (opmask, the
  * upper halves of ZMM0-15, ZMM16-31). */
 static int cpu_has_avx512(void)
 {
