@@ -323,6 +323,22 @@ void fr_avx2_rotate_pairs_f16(const uint16_t *x, uint16_t *y, const float *cs, c
 void fr_avx2_rotate_pairs_bf16(const uint16_t *x, uint16_t *y, const float *cs, const float *sn,
                                int64_t m, float sgn, int nt);
 extern int fr_avx2_off;
+
+/* cpu_avx512.c (x86-64): the same four rotations with AVX-512 F/BW/VL, for
+ * CPUs that have it, each result the AVX2 one's to the bit.  fr_avx512_off,
+ * set by tests only, makes fr_avx512_usable() say no, as fr_avx2_off does
+ * too (which so still means the portable path). */
+#define FR_HAVE_AVX512 1
+int fr_avx512_usable(void);
+void fr_avx512_rotate_f16(const uint16_t *xa, const uint16_t *xb, uint16_t *ya, uint16_t *yb,
+                          const float *cs, const float *sn, int64_t m, float sgn, int nt);
+void fr_avx512_rotate_bf16(const uint16_t *xa, const uint16_t *xb, uint16_t *ya, uint16_t *yb,
+                           const float *cs, const float *sn, int64_t m, float sgn, int nt);
+void fr_avx512_rotate_pairs_f16(const uint16_t *x, uint16_t *y, const float *cs,
+                                const float *sn, int64_t m, float sgn, int nt);
+void fr_avx512_rotate_pairs_bf16(const uint16_t *x, uint16_t *y, const float *cs,
+                                 const float *sn, int64_t m, float sgn, int nt);
+extern int fr_avx512_off;
 #endif
 
 /* CUDA backend (the kernels directory, or lib/cuda_stub.c without CUDA).  Every one

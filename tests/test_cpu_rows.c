@@ -1,9 +1,11 @@
 /*
  * test_cpu_rows.c - the OpenMP backend's AVX2/F16C rotations of 16-bit heads
- * (lib/cpu_avx2.c) against the portable path's arithmetic: rope_math.h's
- * converters around fr_rotate.  Every non-NaN result must be identical to
- * the bit; a NaN result must be NaN (which input NaN an operation passes on
- * is the compiler's operand order, on either path).
+ * (lib/cpu_avx2.c) and its AVX-512 ones (lib/cpu_avx512.c) against the
+ * portable path's arithmetic: rope_math.h's converters around fr_rotate.
+ * Every non-NaN result must be identical to the bit; a NaN result must be
+ * NaN (which input NaN an operation passes on is the compiler's operand
+ * order, on either path).  The first three tests run for each of the two
+ * files' functions:
  *
  *   - every value: each of the 65536 values of each 16-bit type as the a and
  *     as the b member of a pair, against random and special cos/sin, both
@@ -13,16 +15,23 @@
  *     cos carries every float whose dropped low bits (13 for fp16, 16 for
  *     bf16) are one of the patterns that decide rounding, for every value
  *     of the other bits, plus fresh random floats: the narrowing of each;
+ *   - tails: every length 0..33 and some over 127, plain and non-temporal
+ *     stores, outputs at each 16-byte offset in a 64-byte line (the AVX-512
+ *     functions' masked first step that aligns long streamed rows), rows 16
+ *     bytes out of step with each other, in place: every result, and
+ *     nothing written outside the output;
  *   - whole calls: both styles, forward and backward, in place and out of
  *     place, partial rotary, odd sizes, rot_dim 2050 (the portable path in
  *     pieces), outputs large enough to be streamed (the AVX2 rotation then
  *     writes straight to memory), a streamed q+k call in bshd, on random
  *     data salted with NaN, Inf, subnormals and values that overflow: the
  *     output bytes with the AVX2 rotations equal the output bytes through
- *     the portable path.
+ *     the portable path, and with the AVX-512 rotations equal those with
+ *     AVX2 alone (fr_avx512_off).
  * Skipped (exit 77) where the library has no AVX2 code (not x86-64); on an
- * x86-64 CPU without AVX2/F16C the first two return at once and both paths
- * of the calls test are the portable ones, and the test says so.
+ * x86-64 CPU without AVX2/F16C (AVX-512 F/BW/VL) the first three return at
+ * once for those functions, the calls test compares the paths the CPU has,
+ * and the test says so.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -66,12 +75,10 @@ typedef void (*rows_fn)(const uint16_t *, const uint16_t *, uint16_t *, uint16_t
 typedef void (*pairs_fn)(const uint16_t *, uint16_t *, const float *, const float *, int64_t,
                          float, int);
 
-/* One 16-bit type: its AVX2 rotations, its portable converters, its layout. */
+/* One 16-bit type: its portable converters, its layout. */
 typedef struct {
     const char *name;
     fusedrope_dtype dt;
-    rows_fn rows;
-    pairs_fn pairs;
     float (*ref_widen)(uint16_t);
     uint16_t (*ref_narrow)(float);
     int dropped;        /* float bits a normal value loses */
@@ -80,11 +87,29 @@ typedef struct {
 } row_type;
 
 static const row_type types[2] = {
-    { "fp16", FUSEDROPE_FLOAT16, fr_avx2_rotate_f16, fr_avx2_rotate_pairs_f16, ref_widen_f16,
-      ref_narrow_f16, 13, 0x7c00, 0x3c00 },
-    { "bf16", FUSEDROPE_BFLOAT16, fr_avx2_rotate_bf16, fr_avx2_rotate_pairs_bf16,
-      ref_widen_bf16, ref_narrow_bf16, 16, 0x7f80, 0x3f80 },
+    { "fp16", FUSEDROPE_FLOAT16, ref_widen_f16, ref_narrow_f16, 13, 0x7c00, 0x3c00 },
+    { "bf16", FUSEDROPE_BFLOAT16, ref_widen_bf16, ref_narrow_bf16, 16, 0x7f80, 0x3f80 },
 };
+
+/* One file's rotations: whether the CPU runs them, each type's functions
+ * (types' order). */
+typedef struct {
+    const char *name;
+    int (*usable)(void);
+    rows_fn rows[2];
+    pairs_fn pairs[2];
+} impl;
+
+static const impl impls[2] = {
+    { "AVX2", fr_avx2_usable, { fr_avx2_rotate_f16, fr_avx2_rotate_bf16 },
+      { fr_avx2_rotate_pairs_f16, fr_avx2_rotate_pairs_bf16 } },
+    { "AVX-512", fr_avx512_usable, { fr_avx512_rotate_f16, fr_avx512_rotate_bf16 },
+      { fr_avx512_rotate_pairs_f16, fr_avx512_rotate_pairs_bf16 } },
+};
+
+/* The loop tests' index: type _i % 2 of impl _i / 2. */
+#define TYPE_OF(i) (&types[(i) % 2])
+#define IMPL_OF(i) (&impls[(i) / 2])
 
 static int is_nan16(const row_type *t, uint16_t h)
 {
@@ -107,24 +132,24 @@ static void portable_pair(const row_type *t, uint16_t a, uint16_t b, float c, fl
     *yb = t->ref_narrow(rb);
 }
 
-/* m pairs (xa[i], xb[i]) through the AVX2 rotation of a style, into ya/yb
+/* m pairs (xa[i], xb[i]) through v's rotation of a style, into ya/yb
  * (poisoned first); inter: interleaved pairs, through the scratch x2/y2 of
  * 2m values. */
-static void avx2_rotate(const row_type *t, int inter, const uint16_t *xa, const uint16_t *xb,
-                        uint16_t *ya, uint16_t *yb, const float *cs, const float *sn, int64_t m,
-                        float sgn, int nt, uint16_t *x2, uint16_t *y2)
+static void vec_rotate(const row_type *t, const impl *v, int inter, const uint16_t *xa,
+                       const uint16_t *xb, uint16_t *ya, uint16_t *yb, const float *cs,
+                       const float *sn, int64_t m, float sgn, int nt, uint16_t *x2, uint16_t *y2)
 {
     memset(ya, 0xa5, (size_t)m * 2);
     memset(yb, 0xa5, (size_t)m * 2);
     if (!inter) {
-        t->rows(xa, xb, ya, yb, cs, sn, m, sgn, nt);
+        v->rows[t - types](xa, xb, ya, yb, cs, sn, m, sgn, nt);
     } else {
         memset(y2, 0xa5, (size_t)m * 4);
         for (int64_t i = 0; i < m; i++) {
             x2[2 * i] = xa[i];
             x2[2 * i + 1] = xb[i];
         }
-        t->pairs(x2, y2, cs, sn, m, sgn, nt);
+        v->pairs[t - types](x2, y2, cs, sn, m, sgn, nt);
         for (int64_t i = 0; i < m; i++) {
             ya[i] = y2[2 * i];
             yb[i] = y2[2 * i + 1];
@@ -134,7 +159,7 @@ static void avx2_rotate(const row_type *t, int inter, const uint16_t *xa, const 
 }
 
 /* Every pair's result against portable_pair; `what` names the case. */
-static void check_pairs(const row_type *t, const char *what, const uint16_t *xa,
+static void check_pairs(const row_type *t, const impl *v, const char *what, const uint16_t *xa,
                         const uint16_t *xb, const uint16_t *ya, const uint16_t *yb,
                         const float *cs, const float *sn, int64_t m, float sgn)
 {
@@ -143,21 +168,22 @@ static void check_pairs(const row_type *t, const char *what, const uint16_t *xa,
         portable_pair(t, xa[i], xb[i], cs[i], sn[i], sgn, &wa, &wb);
         if (!same16(t, ya[i], wa) || !same16(t, yb[i], wb)) /* (a ck_assert per value is slow) */
             ck_abort_msg("%s %s pair %lld: (0x%04x, 0x%04x) by cos 0x%08x sin 0x%08x sgn %g: "
-                         "AVX2 (0x%04x, 0x%04x), portable (0x%04x, 0x%04x)",
+                         "%s (0x%04x, 0x%04x), portable (0x%04x, 0x%04x)",
                          t->name, what, (long long)i, xa[i], xb[i], bits(cs[i]), bits(sn[i]),
-                         (double)sgn, ya[i], yb[i], wa, wb);
+                         (double)sgn, v->name, ya[i], yb[i], wa, wb);
     }
 }
 
 START_TEST(test_every_value)
 {
-    const row_type *t = &types[_i];
+    const row_type *t = TYPE_OF(_i);
+    const impl *vi = IMPL_OF(_i);
     enum { M = 65536 + 5 }; /* every value, and a scalar tail */
     uint16_t *v = malloc(M * 2), *r = malloc(M * 2), *ya = malloc(M * 2), *yb = malloc(M * 2),
              *x2 = malloc(M * 4), *y2 = malloc(M * 4);
     float *cs = malloc(M * sizeof *cs), *sn = malloc(M * sizeof *sn);
     uint64_t st = tu_seed ^ 0xa11;
-    if (!fr_avx2_usable()) /* the rotations would raise SIGILL; the calls test still runs */
+    if (!vi->usable()) /* the rotations would raise SIGILL; the calls test still runs */
         goto out;
     ck_assert(v && r && ya && yb && x2 && y2 && cs && sn);
     for (int64_t i = 0; i < M; i++) {
@@ -180,8 +206,8 @@ START_TEST(test_every_value)
                     snprintf(what, sizeof what, "%s, %s stores, every value as %s",
                              inter ? "interleaved" : "rows", nt ? "non-temporal" : "plain",
                              as_b ? "b" : "a");
-                    avx2_rotate(t, inter, xa, xb, ya, yb, cs, sn, M, sgn, nt, x2, y2);
-                    check_pairs(t, what, xa, xb, ya, yb, cs, sn, M, sgn);
+                    vec_rotate(t, vi, inter, xa, xb, ya, yb, cs, sn, M, sgn, nt, x2, y2);
+                    check_pairs(t, vi, what, xa, xb, ya, yb, cs, sn, M, sgn);
                 }
 out:
     free(v); free(r); free(ya); free(yb); free(x2); free(y2); free(cs); free(sn);
@@ -190,7 +216,8 @@ END_TEST
 
 START_TEST(test_narrow_rounding_patterns)
 {
-    const row_type *t = &types[_i];
+    const row_type *t = TYPE_OF(_i);
+    const impl *vi = IMPL_OF(_i);
     const uint32_t half = 1u << (t->dropped - 1), all = (1u << t->dropped) - 1;
     /* the dropped bits: zero, one ulp, just under/at/over the halfway point,
      * all ones, and one random pattern */
@@ -201,7 +228,7 @@ START_TEST(test_narrow_rounding_patterns)
     uint16_t *xa = malloc(M * 2), *xb = calloc(M, 2), *ya = malloc(M * 2), *yb = malloc(M * 2),
              *x2 = malloc(M * 4), *y2 = malloc(M * 4);
     uint64_t s = tu_seed;
-    if (!fr_avx2_usable())
+    if (!vi->usable())
         goto out;
     ck_assert(cs && sn && xa && xb && ya && yb && x2 && y2);
     for (int64_t i = 0; i < M; i++)
@@ -213,15 +240,15 @@ START_TEST(test_narrow_rounding_patterns)
                 for (int k = 0; k < NLOW; k++)
                     cs[n++] = from_bits(hi << t->dropped |
                                         (k < NLOW - 1 ? low[k] : (uint32_t)ref_splitmix(&s) & all));
-            avx2_rotate(t, inter, xa, xb, ya, yb, cs, sn, M, 1.0f, 0, x2, y2);
-            check_pairs(t, inter ? "interleaved, rounding" : "rows, rounding", xa, xb, ya, yb,
-                        cs, sn, M, 1.0f);
+            vec_rotate(t, vi, inter, xa, xb, ya, yb, cs, sn, M, 1.0f, 0, x2, y2);
+            check_pairs(t, vi, inter ? "interleaved, rounding" : "rows, rounding", xa, xb, ya,
+                        yb, cs, sn, M, 1.0f);
         }
         /* random floats, in a length that leaves a scalar tail */
         for (int64_t i = 0; i < M; i++)
             cs[i] = from_bits((uint32_t)ref_splitmix(&s));
-        avx2_rotate(t, inter, xa, xb, ya, yb, cs, sn, M - 5, 1.0f, 0, x2, y2);
-        check_pairs(t, "random floats", xa, xb, ya, yb, cs, sn, M - 5, 1.0f);
+        vec_rotate(t, vi, inter, xa, xb, ya, yb, cs, sn, M - 5, 1.0f, 0, x2, y2);
+        check_pairs(t, vi, "random floats", xa, xb, ya, yb, cs, sn, M - 5, 1.0f);
     }
 out:
     free(cs); free(sn); free(xa); free(xb); free(ya); free(yb); free(x2); free(y2);
@@ -245,6 +272,124 @@ static void fill(const row_type *t, uint16_t *x, int64_t n, uint64_t *s)
     }
 }
 
+/* Tails and alignments: m pairs (m = 0..33, and lengths around the 128 pairs
+ * from which the AVX-512 rows align streamed stores first) of random data salted with
+ * specials through v's rotation, the output (a row or interleaved pairs)
+ * starting `oa` values past a 64-byte boundary, the second row `ob` past
+ * one, inside poisoned guards; every result against the portable one, and
+ * the guards untouched.  nt: non-temporal stores, the outputs then on 16
+ * bytes (offsets multiples of 8 values), as the backend calls them. */
+enum { TAIL_MAX = 160, TAIL_GUARD = 64, TAIL_SPAN = TAIL_GUARD + 2 * TAIL_MAX + 64 + TAIL_GUARD };
+
+static void tail_case(const row_type *t, const impl *v, int inter, int nt, int in_place,
+                      int64_t m, int oa, int ob, float sgn, uint64_t *st, uint16_t *ybuf,
+                      uint16_t *ybuf2, uint16_t *xbuf, float *cs, float *sn)
+{
+    const int ti = (int)(t - types);
+    uint16_t *ya = ybuf + TAIL_GUARD + oa, *yb = ybuf2 + TAIL_GUARD + ob;
+    uint16_t xa[TAIL_MAX], xb[TAIL_MAX];
+    fill(t, xa, m, st);
+    fill(t, xb, m, st);
+    for (int64_t i = 0; i < m; i++) {
+        cs[i] = (float)((double)(ref_splitmix(st) >> 11) * 0x1p-53 * 3.0 - 1.5);
+        sn[i] = (float)((double)(ref_splitmix(st) >> 11) * 0x1p-53 * 3.0 - 1.5);
+    }
+    memset(ybuf, 0xa5, TAIL_SPAN * 2);
+    memset(ybuf2, 0xa5, TAIL_SPAN * 2);
+    if (inter) {
+        /* the pairs in ya, 2m values; x a copy of them elsewhere, or ya itself */
+        uint16_t *x = in_place ? ya : xbuf + 3 + oa;
+        for (int64_t i = 0; i < m; i++) {
+            x[2 * i] = xa[i];
+            x[2 * i + 1] = xb[i];
+        }
+        v->pairs[ti](x, ya, cs, sn, m, sgn, nt);
+    } else {
+        const uint16_t *x0 = xa, *x1 = xb;
+        if (in_place) {
+            memcpy(ya, xa, (size_t)m * 2);
+            memcpy(yb, xb, (size_t)m * 2);
+            x0 = ya;
+            x1 = yb;
+        }
+        v->rows[ti](x0, x1, ya, yb, cs, sn, m, sgn, nt);
+    }
+    __builtin_ia32_sfence();
+    for (int64_t i = 0; i < m; i++) {
+        uint16_t wa, wb;
+        const uint16_t ga = inter ? ya[2 * i] : ya[i], gb = inter ? ya[2 * i + 1] : yb[i];
+        portable_pair(t, xa[i], xb[i], cs[i], sn[i], sgn, &wa, &wb);
+        if (!same16(t, ga, wa) || !same16(t, gb, wb))
+            ck_abort_msg("%s %s %s, %s stores%s, m %lld, offsets %d %d, pair %lld: (0x%04x, "
+                         "0x%04x) by cos 0x%08x sin 0x%08x sgn %g: (0x%04x, 0x%04x), portable "
+                         "(0x%04x, 0x%04x)",
+                         v->name, t->name, inter ? "interleaved" : "rows",
+                         nt ? "non-temporal" : "plain", in_place ? ", in place" : "",
+                         (long long)m, oa, ob, (long long)i, xa[i], xb[i], bits(cs[i]),
+                         bits(sn[i]), (double)sgn, ga, gb, wa, wb);
+    }
+    /* nothing outside the output: ya's m (rows) or 2m (pairs) values, yb's m */
+    for (int k = 0; k < 2; k++) {
+        const uint16_t *buf = k ? ybuf2 : ybuf, *out = k ? yb : ya;
+        const int64_t len = k ? (inter ? 0 : m) : (inter ? 2 * m : m);
+        for (int64_t j = 0; j < TAIL_SPAN; j++) {
+            const int64_t rel = (buf + j) - out;
+            if ((rel < 0 || rel >= len) && buf[j] != 0xa5a5)
+                ck_abort_msg("%s %s %s, %s stores, m %lld, offsets %d %d: value %lld %s the "
+                             "output written (0x%04x)",
+                             v->name, t->name, inter ? "interleaved" : "rows",
+                             nt ? "non-temporal" : "plain", (long long)m, oa, ob,
+                             (long long)(rel < 0 ? -rel : rel - len + 1),
+                             rel < 0 ? "before" : "after", buf[j]);
+        }
+    }
+}
+
+START_TEST(test_tails)
+{
+    const row_type *t = TYPE_OF(_i);
+    const impl *vi = IMPL_OF(_i);
+    static const int plain_off[] = { 0, 1, 3, 8, 13, 16, 24, 31 };
+    const size_t bytes = (TAIL_SPAN * 2 + 63) / 64 * 64; /* aligned_alloc: a multiple */
+    uint16_t *ybuf = aligned_alloc(64, bytes), *ybuf2 = aligned_alloc(64, bytes),
+             *xbuf = aligned_alloc(64, bytes);
+    float cs[TAIL_MAX], sn[TAIL_MAX];
+    uint64_t st = tu_seed ^ 0x7a1;
+    int64_t cases = 0;
+    if (!vi->usable())
+        goto out;
+    ck_assert(ybuf && ybuf2 && xbuf);
+    for (int inter = 0; inter < 2; inter++)
+        for (int nt = 0; nt < 2; nt++)
+            for (int in_place = 0; in_place < 2 - nt; in_place++)
+                for (int64_t m = 0; m <= TAIL_MAX; m = m < 33 ? m + 1 : m < 127 ? 127 : m + 11)
+                    for (int k = 0; k < 8; k++) {
+                        /* nt: ya at each 16-byte step of a line, yb with it
+                         * (k even) or 16 bytes out of step (k odd) */
+                        const int oa = nt ? 8 * (k / 2) : plain_off[k];
+                        const int ob = nt ? (oa + 8 * (k & 1)) % 32 : plain_off[(k + 3) % 8];
+                        tail_case(t, vi, inter, nt, in_place, m, oa, ob, m & 1 ? -1.0f : 1.0f,
+                                  &st, ybuf, ybuf2, xbuf, cs, sn);
+                        cases++;
+                    }
+    ck_assert_int_eq(cases, 2 * 3 * (34 + 4) * 8); /* 0..33, 127, 138, 149, 160 */
+out:
+    free(ybuf); free(ybuf2); free(xbuf);
+}
+END_TEST
+
+/* The calls tests' three paths: 0 the library's choice (AVX-512 where the
+ * CPU has it), 1 AVX2 alone (fr_avx512_off), 2 the portable one
+ * (fr_avx2_off, which turns AVX-512 off too). */
+static const char *const path_name[3] = { "default (AVX-512 where usable)", "AVX2 only",
+                                          "portable" };
+
+static void set_path(int p)
+{
+    __atomic_store_n(&fr_avx512_off, p == 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&fr_avx2_off, p == 2, __ATOMIC_RELAXED);
+}
+
 START_TEST(test_calls_match_portable)
 {
     /* sbhd [S, B, H, D], rot_dim R: odd sizes, pass-through channels, and
@@ -266,18 +411,19 @@ START_TEST(test_calls_match_portable)
                       R = shapes[k].r, n = S * B * H * D;
         fusedrope_cache_config cfg;
         fusedrope_cache *c;
-        uint16_t *x = malloc((size_t)n * 2), *y[2] = { malloc((size_t)n * 2), malloc((size_t)n * 2) };
-        ck_assert(x && y[0] && y[1]);
+        uint16_t *x = malloc((size_t)n * 2),
+                 *y[3] = { malloc((size_t)n * 2), malloc((size_t)n * 2), malloc((size_t)n * 2) };
+        ck_assert(x && y[0] && y[1] && y[2]);
         fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)R, S, 10000.0);
         ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &c), FUSEDROPE_OK);
         fill(t, x, n, &st);
         for (int style = 0; style < 2; style++)
             for (int op = 0; op < 2; op++)
                 for (int in_place = 0; in_place < 2; in_place++) {
-                    for (int off = 0; off < 2; off++) {
+                    for (int off = 0; off < 3; off++) {
                         fusedrope_tensor tin, tout;
                         fusedrope_status rc;
-                        __atomic_store_n(&fr_avx2_off, off, __ATOMIC_RELAXED);
+                        set_path(off);
                         memset(y[off], 0xa5, (size_t)n * 2);
                         if (in_place)
                             memcpy(y[off], x, (size_t)n * 2);
@@ -287,18 +433,20 @@ START_TEST(test_calls_match_portable)
                                 : fusedrope_forward(c, (fusedrope_style)style, NULL, &tin, &tout, NULL);
                         ck_assert_int_eq(rc, FUSEDROPE_OK);
                     }
-                    __atomic_store_n(&fr_avx2_off, 0, __ATOMIC_RELAXED);
+                    set_path(0);
                     for (int64_t i = 0; i < n; i++)
-                        if (!same16(t, y[0][i], y[1][i]))
-                            ck_abort_msg("%s shape %zu style %d op %d in place %d element %lld: "
-                                         "AVX2 0x%04x, portable 0x%04x (input 0x%04x)",
-                                         t->name, k, style, op, in_place, (long long)i, y[0][i],
-                                         y[1][i], x[i]);
+                        for (int p = 0; p < 2; p++)
+                            if (!same16(t, y[p][i], y[2][i]))
+                                ck_abort_msg("%s shape %zu style %d op %d in place %d element "
+                                             "%lld: %s 0x%04x, portable 0x%04x (input 0x%04x)",
+                                             t->name, k, style, op, in_place, (long long)i,
+                                             path_name[p], y[p][i], y[2][i], x[i]);
                 }
         fusedrope_cache_destroy(c);
         free(x);
         free(y[0]);
         free(y[1]);
+        free(y[2]);
     }
 }
 END_TEST
@@ -312,43 +460,45 @@ START_TEST(test_qk_streamed_matches_portable)
     const row_type *t = &types[_i];
     const int64_t nq = (int64_t)B * S * HQ * D, nk = (int64_t)B * S * HK * D;
     uint16_t *q = malloc((size_t)nq * 2), *k = malloc((size_t)nk * 2),
-             *yq[2] = { malloc((size_t)nq * 2), malloc((size_t)nq * 2) },
-             *yk[2] = { malloc((size_t)nk * 2), malloc((size_t)nk * 2) };
+             *yq[3] = { malloc((size_t)nq * 2), malloc((size_t)nq * 2), malloc((size_t)nq * 2) },
+             *yk[3] = { malloc((size_t)nk * 2), malloc((size_t)nk * 2), malloc((size_t)nk * 2) };
     uint64_t st = tu_seed ^ 0x9c;
     fusedrope_cache_config cfg;
     fusedrope_cache *c;
-    ck_assert(q && k && yq[0] && yq[1] && yk[0] && yk[1]);
+    ck_assert(q && k && yq[0] && yq[1] && yq[2] && yk[0] && yk[1] && yk[2]);
     fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, R, S, 10000.0);
     ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &c), FUSEDROPE_OK);
     fill(t, q, nq, &st);
     fill(t, k, nk, &st);
     for (int style = 0; style < 2; style++)
         for (int op = 0; op < 2; op++) {
-            for (int off = 0; off < 2; off++) {
+            for (int off = 0; off < 3; off++) {
                 fusedrope_tensor qi = fusedrope_tensor_bshd(q, t->dt, B, S, HQ, D),
                                  qo = fusedrope_tensor_bshd(yq[off], t->dt, B, S, HQ, D),
                                  ki = fusedrope_tensor_bshd(k, t->dt, B, S, HK, D),
                                  ko = fusedrope_tensor_bshd(yk[off], t->dt, B, S, HK, D);
                 fusedrope_status rc;
-                __atomic_store_n(&fr_avx2_off, off, __ATOMIC_RELAXED);
+                set_path(off);
                 memset(yq[off], 0xa5, (size_t)nq * 2);
                 memset(yk[off], 0xa5, (size_t)nk * 2);
                 rc = op ? fusedrope_backward_qk(c, (fusedrope_style)style, NULL, &qi, &qo, &ki, &ko, NULL)
                         : fusedrope_forward_qk(c, (fusedrope_style)style, NULL, &qi, &qo, &ki, &ko, NULL);
                 ck_assert_int_eq(rc, FUSEDROPE_OK);
             }
-            __atomic_store_n(&fr_avx2_off, 0, __ATOMIC_RELAXED);
-            for (int64_t i = 0; i < nq + nk; i++) {
-                const uint16_t a = i < nq ? yq[0][i] : yk[0][i - nq],
-                               p = i < nq ? yq[1][i] : yk[1][i - nq];
-                if (!same16(t, a, p))
-                    ck_abort_msg("%s q+k style %d op %d %s element %lld: AVX2 0x%04x, portable 0x%04x",
-                                 t->name, style, op, i < nq ? "q" : "k",
-                                 (long long)(i < nq ? i : i - nq), a, p);
-            }
+            set_path(0);
+            for (int64_t i = 0; i < nq + nk; i++)
+                for (int w = 0; w < 2; w++) {
+                    const uint16_t a = i < nq ? yq[w][i] : yk[w][i - nq],
+                                   p = i < nq ? yq[2][i] : yk[2][i - nq];
+                    if (!same16(t, a, p))
+                        ck_abort_msg("%s q+k style %d op %d %s element %lld: %s 0x%04x, portable "
+                                     "0x%04x",
+                                     t->name, style, op, i < nq ? "q" : "k",
+                                     (long long)(i < nq ? i : i - nq), path_name[w], a, p);
+                }
         }
     fusedrope_cache_destroy(c);
-    free(q); free(k); free(yq[0]); free(yq[1]); free(yk[0]); free(yk[1]);
+    free(q); free(k); free(yq[0]); free(yq[1]); free(yq[2]); free(yk[0]); free(yk[1]); free(yk[2]);
 }
 END_TEST
 
@@ -359,10 +509,16 @@ int main(void)
 
     printf("test_cpu_rows: %s\n",
            fr_avx2_usable() ? "AVX2 and F16C in use"
-                            : "this CPU lacks AVX2 or F16C: both paths are the portable ones");
+                            : "this CPU lacks AVX2 or F16C: every path is the portable one");
+    printf("test_cpu_rows: %s\n",
+           fr_avx512_usable()
+               ? "AVX-512 F/BW/VL in use"
+               : "this CPU (or its OS, or valgrind) lacks AVX-512 F/BW/VL: skipping the AVX-512 "
+                 "functions' tests; the calls' default path is the AVX2 one");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, test_every_value, 0, 2);
-    tcase_add_loop_test(tc, test_narrow_rounding_patterns, 0, 2);
+    tcase_add_loop_test(tc, test_every_value, 0, 4);
+    tcase_add_loop_test(tc, test_narrow_rounding_patterns, 0, 4);
+    tcase_add_loop_test(tc, test_tails, 0, 4);
     tcase_add_loop_test(tc, test_calls_match_portable, 0, 2);
     tcase_add_loop_test(tc, test_qk_streamed_matches_portable, 0, 2);
     suite_add_tcase(s, tc);
