@@ -174,7 +174,6 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
     for (int k = 0; k < 2; k++) {
         const fusedrope_tensor *t = k < count ? tin[k] : NULL;
         const int64_t hd = t ? t->head_dim : 0;
-        const int64_t tokens = t ? t->seq_len * t->batch : 0;
         int64_t rows = 0;
         if (!t) {
             if (weights[k] || rstd[k] || dw[k])
@@ -195,7 +194,10 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
         if (backward && !rstd[k])
             return fr_fail(FUSEDROPE_ERR_INVALID,
                            "%s is NULL; the backward needs the forward's rstd", rname[k]);
-        if (__builtin_mul_overflow(tokens, t->heads, &rows))
+        /* an empty tensor has no rows (its seq_len x batch may not even be a
+         * number: the plain calls accept any empty shape) */
+        if (!tensor_empty(t) && (__builtin_mul_overflow(t->seq_len, t->batch, &rows) ||
+                                 __builtin_mul_overflow(rows, t->heads, &rows)))
             return fr_fail(FUSEDROPE_ERR_RANGE, "%s: tokens x heads overflows", rname[k]);
         TRY(array_range(weights[k], hd, fr_dtype_size(nm->weight_dtype), wname[k], 0, dev,
                         &r[nr++]));
@@ -206,11 +208,15 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
         if (backward)
             r[nr++] = tensor_range(saved[k], saved_names[2 * k], 0);
     }
-    {
+    if (!tensor_empty(tin[0]) || (count > 1 && !tensor_empty(tin[1]))) {
+        /* tokens of a non-empty tensor (both share seq_len and batch):
+         * no overflow, its extent was checked */
         const fr_pos_args *pa = &na->a.pos;
-        const int64_t tokens = tin[0]->seq_len * tin[0]->batch;
-        /* extents as fr_apply_prepare checked them */
-        TRY(array_range(pa->ids, tokens, sizeof(int64_t), "pos->ids", 0, dev, &r[nr++]));
+        const fusedrope_tensor *tt = tensor_empty(tin[0]) ? tin[1] : tin[0];
+        const int64_t tokens = tt->seq_len * tt->batch;
+        /* extents as fr_apply_prepare checked them (ids: every row of it) */
+        TRY(array_range(pa->ids, (int64_t)(pa->ids_rows - 1) * pa->ids_row_stride + tokens,
+                        sizeof(int64_t), "pos->ids", 0, dev, &r[nr++]));
         TRY(array_range(pa->offsets, pa->cu_seqlens ? pa->num_seqs : tin[0]->batch,
                         sizeof(int64_t), "pos->offsets", 0, dev, &r[nr++]));
         TRY(array_range(pa->cu_seqlens, pa->num_seqs + 1, sizeof(int32_t), "pos->cu_seqlens", 0,

@@ -1101,6 +1101,50 @@ START_TEST(test_refusals)
     R.norm.k_rstd = NULL;
     R.norm.q_rstd = (float *)((char *)rq + 2);
     expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "aligned", "misaligned rstd");
+    {
+        /* rstd over the second row of ids (a multimodal cache reads every
+         * row while the call writes rstd) */
+        fusedrope_cache_config cfg;
+        fusedrope_cache *mm;
+        fusedrope_positions P;
+        const int64_t stride = R.tokens * c.hq + 5;
+        int64_t *ids = tu_alloc(sizeof(int64_t) * (size_t)(3 * stride));
+        for (int64_t i = 0; i < 3 * stride; i++)
+            ids[i] = i % 64;
+        fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, 64, 64, 10000.0);
+        cfg.axes = FUSEDROPE_AXES_SECTIONS;
+        cfg.sections[0] = 8;
+        cfg.sections[1] = cfg.sections[2] = 12;
+        ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &mm), FUSEDROPE_OK);
+        tu_track(mm);
+        fusedrope_positions_init(&P);
+        P.ids = ids;
+        P.ids_axes = 3;
+        P.ids_axis_stride = stride;
+        R.norm.q_rstd = (float *)(ids + stride + 1);
+        expect(fusedrope_norm_forward_qk(mm, c.style, &P, &R.norm, &R.q, &R.qo, &R.k, &R.ko,
+                                         NULL),
+               FUSEDROPE_ERR_INVALID, "overlaps", "rstd over the second row of ids");
+        R.norm.q_rstd = rq;
+        ck_assert_msg(fusedrope_norm_forward_qk(mm, c.style, &P, &R.norm, &R.q, &R.qo, &R.k,
+                                                &R.ko, NULL) == FUSEDROPE_OK,
+                      "%s", fusedrope_last_error());
+        memcpy(R.qob.p, snap.p, snap.nbytes); /* expect() compares q_out with snap */
+    }
+    {
+        /* an empty q (no heads) whose seq_len x batch is no int64: nothing
+         * to do, as for the plain calls (was undefined behaviour) */
+        fusedrope_tensor eq = R.q;
+        fusedrope_norm nq = saved;
+        eq.heads = 0;
+        eq.seq_len = INT64_MAX / 2;
+        eq.batch = 4;
+        nq.q_rstd = rq;
+        nq.k_weight = NULL;
+        ck_assert_msg(fusedrope_norm_forward_qk(R.cache, c.style, NULL, &nq, &eq, &eq, NULL, NULL,
+                                                NULL) == FUSEDROPE_OK,
+                      "empty q with a huge shape: %s", fusedrope_last_error());
+    }
     R.norm = saved;
     /* a weight inside an output */
     R.norm.q_weight = R.ko.data;
