@@ -341,6 +341,18 @@ FR_AVX2_INLINE float nv_widen1(const void *x, int64_t c, int dt)
                    : fr_bf16_to_float(((const uint16_t *)x)[c]);
 }
 
+/* fr_norm_tree32 over the partial sums in four accumulators (partial sum l
+ * lane l % 8 of accumulator l / 8): off 16 (p[l] + p[l + 16]) and 8 as
+ * whole vectors, then 4, 2 and 1 within one. */
+FR_AVX2_INLINE float nv_tree(__m256 s0, __m256 s1, __m256 s2, __m256 s3)
+{
+    const __m256 t = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    u = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    u = _mm_add_ss(u, _mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 1, 1, 1)));
+    return _mm_cvtss_f32(u);
+}
+
 /* Pass 1 of a row of hd channels of dt: x widened into v, and the sum of
  * the squares in norm_math.h's order. */
 FR_AVX2_INLINE float nv_sum(const void *x, float *v, int64_t hd, int dt)
@@ -378,15 +390,7 @@ FR_AVX2_INLINE float nv_sum(const void *x, float *v, int64_t hd, int dt)
         s2 = _mm256_loadu_ps(p + 16);
         s3 = _mm256_loadu_ps(p + 24);
     }
-    /* fr_norm_tree32: off 16 (p[l] + p[l + 16]) and 8 as whole vectors,
-     * then 4, 2 and 1 within one */
-    {
-        const __m256 t = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
-        __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-        u = _mm_add_ps(u, _mm_movehl_ps(u, u));
-        u = _mm_add_ss(u, _mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 1, 1, 1)));
-        return _mm_cvtss_f32(u);
-    }
+    return nv_tree(s0, s1, s2, s3);
 }
 
 /* Pass 2 of a row: the values of v's channels for rstd, the first 2 * half
@@ -832,6 +836,162 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
 
 /* ---------------------------------------------------------------- backward */
 
+#ifdef FR_HAVE_AVX2
+/*
+ * The backward of one row with AVX2 and F16C (fr_avx2_usable), for rows
+ * whose rotation pairs and other channels come in whole vectors (nb_whole):
+ * pass A widens dy and the saved row, rotates them back (fr_rotate with sgn
+ * -1: its s * -1.0f, then the same products and sums), forms n, adds g * n
+ * into the chunk's dw partial and stores dn = g * w' and n as floats; the
+ * dot of dn and n in norm_math.h's order (nv_tree); pass B forms
+ * dx = rstd * (dn - n * mean) and narrows it (with the NaN case).  Each
+ * operation is the portable loops' in the same order, in float, without
+ * FMA: the same bits (tests/test_norm.c compares the two).
+ */
+
+/* Whether nb_row takes a row of hd channels. */
+static int nb_whole(int64_t hd, int64_t half, int interleaved)
+{
+    return (interleaved ? (2 * half) % 16 == 0 : half % 8 == 0) && (hd - 2 * half) % 8 == 0;
+}
+
+/* fr_rotate with sgn -1 on 8 pairs. */
+FR_AVX2_INLINE void nb_rotate8(__m256 *a, __m256 *b, const float *cs, const float *sn)
+{
+    const __m256 c = _mm256_loadu_ps(cs);
+    const __m256 ss = _mm256_mul_ps(_mm256_loadu_ps(sn), _mm256_set1_ps(-1.0f));
+    const __m256 ra = _mm256_sub_ps(_mm256_mul_ps(*a, c), _mm256_mul_ps(*b, ss));
+    const __m256 rb = _mm256_add_ps(_mm256_mul_ps(*b, c), _mm256_mul_ps(*a, ss));
+    *a = ra;
+    *b = rb;
+}
+
+/* 16 interleaved channels (lo: 0-7, hi: 8-15) to pair order (a even, b
+ * odd), and back. */
+FR_AVX2_INLINE void nb_split(__m256 lo, __m256 hi, __m256 *a, __m256 *b)
+{
+    *a = _mm256_castpd_ps(_mm256_permute4x64_pd(
+        _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0))), 0xd8));
+    *b = _mm256_castpd_ps(_mm256_permute4x64_pd(
+        _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1))), 0xd8));
+}
+
+FR_AVX2_INLINE void nb_join(__m256 a, __m256 b, __m256 *lo, __m256 *hi)
+{
+    const __m256 l = _mm256_unpacklo_ps(a, b), h = _mm256_unpackhi_ps(a, b);
+    *lo = _mm256_permute2f128_ps(l, h, 0x20);
+    *hi = _mm256_permute2f128_ps(l, h, 0x31);
+}
+
+/* Channels c..c+7 of pass A from g = R^T dy and xs (the saved x, or R^T y). */
+FR_AVX2_INLINE void nb_chan8(__m256 g, __m256 xs, int64_t c, const float *wf, __m256 vr,
+                             float *acc, float *dn, float *nn, int saved_y)
+{
+    const __m256 w = _mm256_loadu_ps(wf + c);
+    const __m256 n = saved_y ? _mm256_div_ps(xs, w) : _mm256_mul_ps(xs, vr);
+    if (acc)
+        _mm256_storeu_ps(acc + c, _mm256_add_ps(_mm256_loadu_ps(acc + c), _mm256_mul_ps(g, n)));
+    _mm256_storeu_ps(dn + c, _mm256_mul_ps(g, w));
+    _mm256_storeu_ps(nn + c, n);
+}
+
+FR_AVX2_INLINE void nb_row(const void *dy, const void *sv, void *out, const float *wf,
+                           const float *cs, const float *sn, float *acc, float r, int64_t hd,
+                           int64_t half, float *dn, float *nn, int dt, int interleaved,
+                           int saved_y)
+{
+    const int64_t es = dt == 0 ? 4 : 2, rot = 2 * half;
+    const char *db = dy, *sb = sv;
+    const __m256 vr = _mm256_set1_ps(r);
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, vm;
+    int64_t c = 0, i;
+
+    /* pass A */
+    if (interleaved) {
+        for (i = 0; 2 * i < rot; i += 8) {
+            __m256 ga, gb, xa, xb, g0, g1, x0 = nv_widen8(sb + 2 * i * es, dt),
+                                           x1 = nv_widen8(sb + (2 * i + 8) * es, dt);
+            nb_split(nv_widen8(db + 2 * i * es, dt), nv_widen8(db + (2 * i + 8) * es, dt), &ga, &gb);
+            nb_rotate8(&ga, &gb, cs + i, sn + i);
+            nb_join(ga, gb, &g0, &g1);
+            if (saved_y) {
+                nb_split(x0, x1, &xa, &xb);
+                nb_rotate8(&xa, &xb, cs + i, sn + i);
+                nb_join(xa, xb, &x0, &x1);
+            }
+            nb_chan8(g0, x0, 2 * i, wf, vr, acc, dn, nn, saved_y);
+            nb_chan8(g1, x1, 2 * i + 8, wf, vr, acc, dn, nn, saved_y);
+        }
+    } else {
+        for (i = 0; i < half; i += 8) {
+            __m256 ga = nv_widen8(db + i * es, dt), gb = nv_widen8(db + (half + i) * es, dt);
+            __m256 xa = nv_widen8(sb + i * es, dt), xb = nv_widen8(sb + (half + i) * es, dt);
+            nb_rotate8(&ga, &gb, cs + i, sn + i);
+            if (saved_y)
+                nb_rotate8(&xa, &xb, cs + i, sn + i);
+            nb_chan8(ga, xa, i, wf, vr, acc, dn, nn, saved_y);
+            nb_chan8(gb, xb, half + i, wf, vr, acc, dn, nn, saved_y);
+        }
+    }
+    for (c = rot; c < hd; c += 8)
+        nb_chan8(nv_widen8(db + c * es, dt), nv_widen8(sb + c * es, dt), c, wf, vr, acc, dn, nn,
+                 saved_y);
+    /* the mean of dn * n (row_dot's order) */
+    for (c = 0; c + 32 <= hd; c += 32) {
+        s0 = _mm256_add_ps(s0, _mm256_mul_ps(_mm256_loadu_ps(dn + c), _mm256_loadu_ps(nn + c)));
+        s1 = _mm256_add_ps(s1, _mm256_mul_ps(_mm256_loadu_ps(dn + c + 8), _mm256_loadu_ps(nn + c + 8)));
+        s2 = _mm256_add_ps(s2, _mm256_mul_ps(_mm256_loadu_ps(dn + c + 16), _mm256_loadu_ps(nn + c + 16)));
+        s3 = _mm256_add_ps(s3, _mm256_mul_ps(_mm256_loadu_ps(dn + c + 24), _mm256_loadu_ps(nn + c + 24)));
+    }
+    if (c < hd) {
+        float p[32];
+        _mm256_storeu_ps(p, s0);
+        _mm256_storeu_ps(p + 8, s1);
+        _mm256_storeu_ps(p + 16, s2);
+        _mm256_storeu_ps(p + 24, s3);
+        for (int l = 0; c + l < hd; l++)
+            p[l] = p[l] + dn[c + l] * nn[c + l];
+        s0 = _mm256_loadu_ps(p);
+        s1 = _mm256_loadu_ps(p + 8);
+        s2 = _mm256_loadu_ps(p + 16);
+        s3 = _mm256_loadu_ps(p + 24);
+    }
+    vm = _mm256_set1_ps(fr_norm_mean(nv_tree(s0, s1, s2, s3), hd));
+    /* pass B */
+    for (c = 0; c < hd; c += 8)
+        nv_store8((char *)out + c * es,
+                  _mm256_mul_ps(vr, _mm256_sub_ps(_mm256_loadu_ps(dn + c),
+                                                  _mm256_mul_ps(_mm256_loadu_ps(nn + c), vm))),
+                  dt, 0, 0);
+}
+
+typedef void (*nb_row_fn)(const void *, const void *, void *, const float *, const float *,
+                          const float *, float *, float, int64_t, int64_t, float *, float *);
+#define DEFINE_NB_ROW(D, I, Y)                                                                \
+    FR_AVX2_TARGET static void nb_row_##D##I##Y(const void *dy, const void *sv, void *out,    \
+                                                const float *wf, const float *cs,             \
+                                                const float *sn, float *acc, float r,         \
+                                                int64_t hd, int64_t half, float *dn,          \
+                                                float *nn)                                    \
+    {                                                                                         \
+        nb_row(dy, sv, out, wf, cs, sn, acc, r, hd, half, dn, nn, D, I, Y);                   \
+    }
+#define DEFINE_NB_ROWS(D)                                                                     \
+    DEFINE_NB_ROW(D, 0, 0) DEFINE_NB_ROW(D, 0, 1) DEFINE_NB_ROW(D, 1, 0) DEFINE_NB_ROW(D, 1, 1)
+DEFINE_NB_ROWS(0) DEFINE_NB_ROWS(1) DEFINE_NB_ROWS(2)
+#undef DEFINE_NB_ROWS
+#undef DEFINE_NB_ROW
+
+static nb_row_fn nb_pick_row(int dt, int interleaved, int saved_y)
+{
+#define ROWS(D) { { nb_row_##D##00, nb_row_##D##01 }, { nb_row_##D##10, nb_row_##D##11 } }
+    static const nb_row_fn fns[3][2][2] = { ROWS(0), ROWS(1), ROWS(2) };
+#undef ROWS
+    return fns[dt][!!interleaved][!!saved_y];
+}
+#endif /* FR_HAVE_AVX2 */
+
+
 fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
 {
     const fr_apply_args *a = &na->a;
@@ -845,6 +1005,11 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     int64_t hdmax = 0, elems = 0, pbase[2] = { 0, 0 }, ptotal = 0, items;
     float *wf[2] = { NULL, NULL }, *scratch, *partial;
     size_t per, total;
+#ifdef FR_HAVE_AVX2
+    const nb_row_fn avx2_row =
+        fr_avx2_usable() ? nb_pick_row((int)a->dtype, a->interleaved, na->saved_y) : NULL;
+    int nb_ok[2] = { 0, 0 }; /* slot k's rows go to avx2_row */
+#endif
 
     for (int k = 0; k < 2; k++)
         if (na->dw_zero[k])
@@ -857,6 +1022,9 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
         pbase[k] = ptotal;
         if (na->dw[k])
             ptotal += chunks * a->io[k].head_dim;
+#ifdef FR_HAVE_AVX2
+        nb_ok[k] = nb_whole(a->io[k].head_dim, half, a->interleaved);
+#endif
     }
     /* per thread: g, n (then dx), the saved row, a table-less token's cos/sin */
     per = 3 * (size_t)hdmax + (size_t)cache->rot_dim;
@@ -893,6 +1061,18 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
             for (int64_t h = 0; h < io->heads; h++) {
                 const float r = na->rstd[k][t * io->heads + h];
                 float m;
+#ifdef FR_HAVE_AVX2
+                if (avx2_row && nb_ok[k]) {
+                    avx2_row((const char *)io->in +
+                                 (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es,
+                             (const char *)na->x[k] +
+                                 (size_t)(s * na->x_ss[k] + b * na->x_sb[k] + h * na->x_sh[k]) * es,
+                             (char *)io->out +
+                                 (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es,
+                             wf[k], cs, sn, acc, r, hd, half, g, nv);
+                    continue;
+                }
+#endif
                 /* g = R^T dy */
                 widen((const char *)io->in +
                           (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es,
