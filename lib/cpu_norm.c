@@ -661,47 +661,94 @@ static void fwd_rows_portable(const fwd_call *fc, fwd_walk *w, int64_t n0, int64
 }
 
 #ifdef FR_HAVE_AVX2
-/* The same walk with the AVX2 passes (nv_sum, nv_out), its mode and types
- * constants: one copy per combination, chosen once per call, with the
- * passes and the walk inlined.  Rows with a NaN or an infinity on the way
- * take the portable loops: the same bits. */
+/* Rows h0..h1-1 of io slot k of one token (b, s, t) with the AVX2 passes
+ * (nv_sum, nv_out), pipelined as above within the run; its mode and types
+ * constants.  Rows with a NaN or an infinity on the way take the portable
+ * loops: the same bits. */
+FR_AVX2_INLINE void nv_run(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,
+                           int64_t s, int64_t t, int64_t h0, int64_t h1, const float *cs,
+                           const float *sn, int R, int D, int I)
+{
+    const fr_norm_args *na = fc->na;
+    const fr_io *io = &na->a.io[k];
+    const int64_t hd = io->head_dim, half = fc->half, es = D == 0 ? 4 : 2;
+    const float eps = na->eps, *wf = fc->wf[k];
+    const int direct = fc->direct[k], stream = fc->stream[k], fin = D != 0 && fc->fin[k];
+    const int ok = fc->wf_ok[k];
+    const int64_t xstep = io->in_sh * es, ystep = io->out_sh * es;
+    const char *x = (const char *)io->in + (s * io->in_ss + b * io->in_sb + h0 * io->in_sh) * es;
+    char *y = (char *)io->out + (s * io->out_ss + b * io->out_sb + h0 * io->out_sh) * es;
+    float *rp = na->rstd[k] ? na->rstd[k] + t * io->heads + h0 : NULL;
+    float *v = mine, *vn = mine + fc->hdmax;
+    float sum = nv_sum(x, v, hd, D);
+
+    for (int64_t h = h0; h < h1; h++) {
+        const float rstd = fr_norm_rstd(sum, hd, eps);
+        char *dst = stream && !direct ? stage : y;
+        float next = 0.0f, *tmp;
+        if (h + 1 < h1)
+            next = nv_sum(x + xstep, vn, hd, D); /* the next row's pass 1 first */
+        if (isfinite(sum) && isfinite(rstd) && ok) {
+            if (fin) {
+                if (direct)
+                    nv_out(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 1, 1);
+                else
+                    nv_out(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 0, 1);
+            } else {
+                if (direct)
+                    nv_out(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 1, 0);
+                else
+                    nv_out(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 0, 0);
+            }
+        } else {
+            fwd_row r;
+            r.cs = cs;
+            r.sn = sn;
+            r.v = v;
+            r.hd = hd;
+            r.k = k;
+            if (stream)
+                dst = stage;
+            fwd_out_portable(fc, &r, rstd, dst);
+        }
+#ifdef __SSE2__
+        if (dst != y)
+            fr_stream_row(y, dst, (size_t)hd * (size_t)es);
+#endif
+        if (rp)
+            *rp++ = rstd;
+        x += xstep;
+        y += ystep;
+        sum = next;
+        tmp = v;
+        v = vn;
+        vn = tmp;
+    }
+}
+
+/* A thread's rows n0..n1-1 (row n: head n % heads of token n / heads) in
+ * runs of one token and one io slot. */
 FR_AVX2_INLINE void nv_rows(const fwd_call *fc, fwd_walk *w, int64_t n0, int64_t n1, int R,
                             int D, int I)
 {
-    const float eps = fc->na->eps;
-    const int64_t half = fc->half;
-    fwd_row rows[2];
-    for (int64_t n = n0; n <= n1; n++) {
-        if (n < n1) {
-            fwd_row *r = &rows[n & 1];
-            fwd_begin(fc, w, n, r, &rows[(n - 1) & 1]);
-            r->sum = nv_sum(r->x, r->v, r->hd, D);
-        }
-        if (n > n0) {
-            const fwd_row *r = &rows[(n - 1) & 1];
-            const int k = r->k;
-            const float rstd = fr_norm_rstd(r->sum, r->hd, eps);
-            char *dst = fc->stream[k] && !fc->direct[k] ? w->stage : r->y;
-            if (isfinite(r->sum) && isfinite(rstd) && fc->wf_ok[k]) {
-                const float *wf = fc->wf[k];
-                if (D != 0 && fc->fin[k]) {
-                    if (fc->direct[k])
-                        nv_out(r->v, dst, wf, r->cs, r->sn, r->hd, half, rstd, R, D, I, 1, 1);
-                    else
-                        nv_out(r->v, dst, wf, r->cs, r->sn, r->hd, half, rstd, R, D, I, 0, 1);
-                } else {
-                    if (fc->direct[k])
-                        nv_out(r->v, dst, wf, r->cs, r->sn, r->hd, half, rstd, R, D, I, 1, 0);
-                    else
-                        nv_out(r->v, dst, wf, r->cs, r->sn, r->hd, half, rstd, R, D, I, 0, 0);
-                }
-            } else {
-                if (dst == r->y && fc->stream[k])
-                    dst = w->stage;
-                fwd_out_portable(fc, r, rstd, dst);
-            }
-            fwd_end(fc, r, rstd, dst);
-        }
+    const fr_apply_args *a = &fc->na->a;
+    const int64_t heads = fc->heads, heads0 = fc->heads0;
+    float *row_c = w->mine + 2 * fc->hdmax;
+    int64_t n = n0, hh = w->hh, t = w->t;
+    while (n < n1) {
+        const int64_t b = t / a->seq_len, s = t % a->seq_len;
+        const int64_t end = heads - hh < n1 - n ? heads : hh + (n1 - n);
+        const float *cs, *sn;
+        token_angles(a->cache, &a->pos, b, s, row_c, row_c + fc->half, &cs, &sn);
+        if (hh < heads0)
+            nv_run(fc, w->mine, w->stage, 0, b, s, t, hh, end < heads0 ? end : heads0, cs, sn, R,
+                   D, I);
+        if (end > heads0)
+            nv_run(fc, w->mine, w->stage, 1, b, s, t, (hh > heads0 ? hh : heads0) - heads0,
+                   end - heads0, cs, sn, R, D, I);
+        n += end - hh;
+        hh = 0;
+        t++;
     }
 }
 
