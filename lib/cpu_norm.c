@@ -6,8 +6,8 @@
  * follow), turned into the rotation's input as the rounding mode says,
  * rotated with rope_math.h's fr_rotate and narrowed once.  Every loop is a
  * simple one over floats the compiler vectorises; where the CPU has AVX2
- * and F16C the forward's rows instead take two intrinsic passes (below),
- * the same bits.
+ * and F16C the forward's rows instead take two intrinsic passes (nv_*), and
+ * the backward's rows of whole vectors three (nb_row), the same bits.
  *
  * The forward splits the (token, head) rows evenly over the threads.  The
  * backward works in chunks of FUSEDROPE_NORM_DW_CHUNK tokens: a chunk's
