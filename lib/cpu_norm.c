@@ -479,8 +479,9 @@ FR_AVX2_INLINE void nv_out(const float *v, void *y, const float *wf, const float
         nv_store1(y, c, fr_norm_value(v[c], rstd, wf[c], rounding, dt), dt);
 }
 
-/* Whether nv_out can stream a row: every store a whole vector at a
- * multiple of 8 channels. */
+/* Whether a row's rotation pairs and other channels come in whole vectors:
+ * nv_out can then stream it (every store a whole vector at a multiple of 8
+ * channels), and nb_row takes it. */
 static int nt_whole(int64_t hd, int64_t half, int interleaved)
 {
     return (interleaved ? (2 * half) % 16 == 0 : half % 8 == 0) && (hd - 2 * half) % 8 == 0;
@@ -886,7 +887,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
 #ifdef FR_HAVE_AVX2
 /*
  * The backward of one row with AVX2 and F16C (fr_avx2_usable), for rows
- * whose rotation pairs and other channels come in whole vectors (nb_whole):
+ * whose rotation pairs and other channels come in whole vectors (nt_whole):
  * pass A widens dy and the saved row, rotates them back (fr_rotate with sgn
  * -1: its s * -1.0f, then the same products and sums), forms n, adds g * n
  * into the chunk's dw partial and stores dn = g * w' and n as floats; the
@@ -895,12 +896,6 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
  * operation is the portable loops' in the same order, in float, without
  * FMA: the same bits (tests/test_norm.c compares the two).
  */
-
-/* Whether nb_row takes a row of hd channels. */
-static int nb_whole(int64_t hd, int64_t half, int interleaved)
-{
-    return (interleaved ? (2 * half) % 16 == 0 : half % 8 == 0) && (hd - 2 * half) % 8 == 0;
-}
 
 /* fr_rotate with sgn -1 on 8 pairs. */
 FR_AVX2_INLINE void nb_rotate8(__m256 *a, __m256 *b, const float *cs, const float *sn)
@@ -1070,7 +1065,7 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
         if (na->dw[k])
             ptotal += chunks * a->io[k].head_dim;
 #ifdef FR_HAVE_AVX2
-        nb_ok[k] = nb_whole(a->io[k].head_dim, half, a->interleaved);
+        nb_ok[k] = nt_whole(a->io[k].head_dim, half, a->interleaved);
 #endif
     }
     /* per thread: g, n (then dx), the saved row, a table-less token's cos/sin */
