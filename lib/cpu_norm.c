@@ -6,8 +6,8 @@
  * follow), turned into the rotation's input as the rounding mode says,
  * rotated with rope_math.h's fr_rotate and narrowed once.  Every loop is a
  * simple one over floats the compiler vectorises; where the CPU has AVX2
- * and F16C the forward's rows instead take two intrinsic passes (below),
- * the same bits.
+ * and F16C the forward's rows instead take two intrinsic passes (nv_*), and
+ * the backward's rows of whole vectors three (nb_row), the same bits.
  *
  * The forward splits the (token, head) rows evenly over the threads.  The
  * backward works in chunks of FUSEDROPE_NORM_DW_CHUNK tokens: a chunk's
@@ -209,14 +209,17 @@ FR_AVX2_INLINE __m256 nv_round8(__m256 v, int dt)
 }
 
 /* fr_float_to_bf16 on 8 floats, in the low halves of the 32-bit lanes: the
- * rounded value, or for a NaN its top half with the quiet bit. */
-FR_AVX2_INLINE __m256i nv_bf16_bits(__m256 v)
+ * rounded value, or for a NaN its top half with the quiet bit; fin: no lane
+ * is a NaN (the caller knows), so no NaN case. */
+FR_AVX2_INLINE __m256i nv_bf16_bits(__m256 v, int fin)
 {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i rounded =
         _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
                          _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)));
     const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    if (fin)
+        return _mm256_srli_epi32(rounded, 16);
     return _mm256_srli_epi32(
         _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(rounded),
                                              _mm256_castsi256_ps(quiet),
@@ -224,20 +227,59 @@ FR_AVX2_INLINE __m256i nv_bf16_bits(__m256 v)
         16);
 }
 
+/* fp16 bits of 8 floats (fin: none is a NaN). */
+FR_AVX2_INLINE __m128i nv_half_bits(__m256 v, int fin)
+{
+    return _mm256_cvtps_ph(fin ? v : nv_nan_for_half(v), _MM_FROUND_TO_NEAREST_INT);
+}
+
 /* 8 channels narrowed to dt: the 16-bit types' in a 128-bit vector. */
-FR_AVX2_INLINE __m128i nv_narrow8(__m256 v, int dt)
+FR_AVX2_INLINE __m128i nv_narrow8(__m256 v, int dt, int fin)
 {
     if (dt == 1)
-        return _mm256_cvtps_ph(nv_nan_for_half(v), _MM_FROUND_TO_NEAREST_INT);
+        return nv_half_bits(v, fin);
     {
-        const __m256i b = nv_bf16_bits(v);
+        const __m256i b = nv_bf16_bits(v, fin);
         return _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    }
+}
+
+/* 16 channels narrowed to a 16-bit dt: channels 0-7 in a, 8-15 in b. */
+FR_AVX2_INLINE __m256i nv_narrow16(__m256 a, __m256 b, int dt, int fin)
+{
+    if (dt == 1)
+        return _mm256_set_m128i(nv_half_bits(b, fin), nv_half_bits(a, fin));
+    return _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(nv_bf16_bits(a, fin), nv_bf16_bits(b, fin)), 0xd8);
+}
+
+/* The same where the channels lie across 128-bit halves: 0-3 in l's low
+ * half, 4-7 in h's low half, 8-11 in l's high half, 12-15 in h's high
+ * half (an unpacklo/unpackhi pair's order: no permutation for bfloat16). */
+FR_AVX2_INLINE __m256i nv_narrow16_lanes(__m256 l, __m256 h, int dt, int fin)
+{
+    if (dt == 1) {
+        const __m128i a = nv_half_bits(l, fin), b = nv_half_bits(h, fin);
+        return _mm256_set_m128i(_mm_unpackhi_epi64(a, b), _mm_unpacklo_epi64(a, b));
+    }
+    return _mm256_packus_epi32(nv_bf16_bits(l, fin), nv_bf16_bits(h, fin));
+}
+
+/* 16 narrowed 16-bit channels stored at p: unaligned, or with nt
+ * non-temporal (p 16-byte aligned). */
+FR_AVX2_INLINE void nv_store16(void *p, __m256i b, int nt)
+{
+    if (nt) {
+        _mm_stream_si128((__m128i *)p, _mm256_castsi256_si128(b));
+        _mm_stream_si128((__m128i *)p + 1, _mm256_extracti128_si256(b, 1));
+    } else {
+        _mm256_storeu_si256((__m256i *)p, b);
     }
 }
 
 /* 8 channels narrowed to dt and stored at p: unaligned, or with nt
  * non-temporal (p 16-byte aligned). */
-FR_AVX2_INLINE void nv_store8(void *p, __m256 v, int dt, int nt)
+FR_AVX2_INLINE void nv_store8(void *p, __m256 v, int dt, int nt, int fin)
 {
     if (dt == 0 && nt) {
         _mm_stream_ps((float *)p, _mm256_castps256_ps128(v));
@@ -245,9 +287,9 @@ FR_AVX2_INLINE void nv_store8(void *p, __m256 v, int dt, int nt)
     } else if (dt == 0) {
         _mm256_storeu_ps((float *)p, v);
     } else if (nt) {
-        _mm_stream_si128((__m128i *)p, nv_narrow8(v, dt));
+        _mm_stream_si128((__m128i *)p, nv_narrow8(v, dt, fin));
     } else {
-        _mm_storeu_si128((__m128i *)p, nv_narrow8(v, dt));
+        _mm_storeu_si128((__m128i *)p, nv_narrow8(v, dt, fin));
     }
 }
 
@@ -299,6 +341,18 @@ FR_AVX2_INLINE float nv_widen1(const void *x, int64_t c, int dt)
                    : fr_bf16_to_float(((const uint16_t *)x)[c]);
 }
 
+/* fr_norm_tree32 over the partial sums in four accumulators (partial sum l
+ * lane l % 8 of accumulator l / 8): off 16 (p[l] + p[l + 16]) and 8 as
+ * whole vectors, then 4, 2 and 1 within one. */
+FR_AVX2_INLINE float nv_tree(__m256 s0, __m256 s1, __m256 s2, __m256 s3)
+{
+    const __m256 t = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    u = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    u = _mm_add_ss(u, _mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 1, 1, 1)));
+    return _mm_cvtss_f32(u);
+}
+
 /* Pass 1 of a row of hd channels of dt: x widened into v, and the sum of
  * the squares in norm_math.h's order. */
 FR_AVX2_INLINE float nv_sum(const void *x, float *v, int64_t hd, int dt)
@@ -336,25 +390,19 @@ FR_AVX2_INLINE float nv_sum(const void *x, float *v, int64_t hd, int dt)
         s2 = _mm256_loadu_ps(p + 16);
         s3 = _mm256_loadu_ps(p + 24);
     }
-    /* fr_norm_tree32: off 16 (p[l] + p[l + 16]) and 8 as whole vectors,
-     * then 4, 2 and 1 within one */
-    {
-        const __m256 t = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
-        __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-        u = _mm_add_ps(u, _mm_movehl_ps(u, u));
-        u = _mm_add_ss(u, _mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 1, 1, 1)));
-        return _mm_cvtss_f32(u);
-    }
+    return nv_tree(s0, s1, s2, s3);
 }
 
 /* Pass 2 of a row: the values of v's channels for rstd, the first 2 * half
  * rotated, narrowed to y (which may be the row's input: pass 1 has read it).
  * Only for rows that nv_value8 takes (finite rstd and weight factors).
  * nt: y is streamed, 16-byte aligned, and the row has no scalar tail
- * (nt_whole). */
+ * (nt_whole).  fin: no rotated value is a NaN (fwd_fin), so the 16-bit
+ * narrowings need no NaN case.  16-bit types narrow 16 channels at a time
+ * (one pack and one 32-byte store). */
 FR_AVX2_INLINE void nv_out(const float *v, void *y, const float *wf, const float *cs,
                            const float *sn, int64_t hd, int64_t half, float rstd, int rounding,
-                           int dt, int interleaved, int nt)
+                           int dt, int interleaved, int nt, int fin)
 {
     const int64_t es = dt == 0 ? 4 : 2, rot = 2 * half;
     const __m256 vr = _mm256_set1_ps(rstd);
@@ -376,8 +424,12 @@ FR_AVX2_INLINE void nv_out(const float *v, void *y, const float *wf, const float
             nv_rotate8(&a, &b, cs + i, sn + i);
             l = _mm256_unpacklo_ps(a, b);
             h = _mm256_unpackhi_ps(a, b);
-            nv_store8(yb + 2 * i * es, _mm256_permute2f128_ps(l, h, 0x20), dt, nt);
-            nv_store8(yb + (2 * i + 8) * es, _mm256_permute2f128_ps(l, h, 0x31), dt, nt);
+            if (dt == 0) {
+                nv_store8(yb + 2 * i * es, _mm256_permute2f128_ps(l, h, 0x20), dt, nt, fin);
+                nv_store8(yb + (2 * i + 8) * es, _mm256_permute2f128_ps(l, h, 0x31), dt, nt, fin);
+            } else {
+                nv_store16(yb + 2 * i * es, nv_narrow16_lanes(l, h, dt, fin), nt);
+            }
         }
         for (; i < half; i++) {
             float ra, rb;
@@ -388,13 +440,26 @@ FR_AVX2_INLINE void nv_out(const float *v, void *y, const float *wf, const float
             nv_store1(y, 2 * i + 1, rb, dt);
         }
     } else {
+        for (; dt != 0 && i + 16 <= half; i += 16) {
+            __m256 a0 = nv_value8(_mm256_loadu_ps(v + i), vr, _mm256_loadu_ps(wf + i), rounding, dt);
+            __m256 b0 = nv_value8(_mm256_loadu_ps(v + half + i), vr, _mm256_loadu_ps(wf + half + i),
+                                  rounding, dt);
+            __m256 a1 = nv_value8(_mm256_loadu_ps(v + i + 8), vr, _mm256_loadu_ps(wf + i + 8),
+                                  rounding, dt);
+            __m256 b1 = nv_value8(_mm256_loadu_ps(v + half + i + 8), vr,
+                                  _mm256_loadu_ps(wf + half + i + 8), rounding, dt);
+            nv_rotate8(&a0, &b0, cs + i, sn + i);
+            nv_rotate8(&a1, &b1, cs + i + 8, sn + i + 8);
+            nv_store16(yb + i * es, nv_narrow16(a0, a1, dt, fin), nt);
+            nv_store16(yb + (half + i) * es, nv_narrow16(b0, b1, dt, fin), nt);
+        }
         for (; i + 8 <= half; i += 8) {
             __m256 a = nv_value8(_mm256_loadu_ps(v + i), vr, _mm256_loadu_ps(wf + i), rounding, dt);
             __m256 b = nv_value8(_mm256_loadu_ps(v + half + i), vr, _mm256_loadu_ps(wf + half + i),
                                  rounding, dt);
             nv_rotate8(&a, &b, cs + i, sn + i);
-            nv_store8(yb + i * es, a, dt, nt);
-            nv_store8(yb + (half + i) * es, b, dt, nt);
+            nv_store8(yb + i * es, a, dt, nt, fin);
+            nv_store8(yb + (half + i) * es, b, dt, nt, fin);
         }
         for (; i < half; i++) {
             float ra, rb;
@@ -409,61 +474,17 @@ FR_AVX2_INLINE void nv_out(const float *v, void *y, const float *wf, const float
     for (c = rot; c + 8 <= hd; c += 8)
         nv_store8(yb + c * es,
                   nv_value8(_mm256_loadu_ps(v + c), vr, _mm256_loadu_ps(wf + c), rounding, dt), dt,
-                  nt);
+                  nt, fin);
     for (; c < hd; c++)
         nv_store1(y, c, fr_norm_value(v[c], rstd, wf[c], rounding, dt), dt);
 }
 
-/* The passes with their mode and types as constants, one copy per
- * combination, chosen once per call. */
-typedef float (*avx2_sum_fn)(const void *, float *, int64_t);
-typedef void (*avx2_out_fn)(const float *, void *, const float *, const float *, const float *,
-                            int64_t, int64_t, float);
-/* Whether nv_out can stream a row: every store a whole vector at a
- * multiple of 8 channels. */
+/* Whether a row's rotation pairs and other channels come in whole vectors:
+ * nv_out can then stream it (every store a whole vector at a multiple of 8
+ * channels), and nb_row takes it. */
 static int nt_whole(int64_t hd, int64_t half, int interleaved)
 {
     return (interleaved ? (2 * half) % 16 == 0 : half % 8 == 0) && (hd - 2 * half) % 8 == 0;
-}
-#define DEFINE_AVX2_SUM(D)                                                                    \
-    FR_AVX2_TARGET static float avx2_sum_##D(const void *x, float *v, int64_t hd)             \
-    {                                                                                         \
-        return nv_sum(x, v, hd, D);                                                           \
-    }
-DEFINE_AVX2_SUM(0) DEFINE_AVX2_SUM(1) DEFINE_AVX2_SUM(2)
-#undef DEFINE_AVX2_SUM
-#define DEFINE_AVX2_OUT(R, D, I, NT)                                                          \
-    FR_AVX2_TARGET static void avx2_out_##R##D##I##NT(const float *v, void *y, const float *wf, \
-                                                      const float *cs, const float *sn,       \
-                                                      int64_t hd, int64_t half, float rstd)   \
-    {                                                                                         \
-        nv_out(v, y, wf, cs, sn, hd, half, rstd, R, D, I, NT);                                \
-    }
-#define DEFINE_AVX2_OUTS(R, D)                                                                \
-    DEFINE_AVX2_OUT(R, D, 0, 0) DEFINE_AVX2_OUT(R, D, 1, 0)                                   \
-    DEFINE_AVX2_OUT(R, D, 0, 1) DEFINE_AVX2_OUT(R, D, 1, 1)
-DEFINE_AVX2_OUTS(0, 0) DEFINE_AVX2_OUTS(0, 1) DEFINE_AVX2_OUTS(0, 2)
-DEFINE_AVX2_OUTS(1, 0) DEFINE_AVX2_OUTS(1, 1) DEFINE_AVX2_OUTS(1, 2)
-DEFINE_AVX2_OUTS(2, 0) DEFINE_AVX2_OUTS(2, 1) DEFINE_AVX2_OUTS(2, 2)
-#undef DEFINE_AVX2_OUTS
-#undef DEFINE_AVX2_OUT
-
-static avx2_sum_fn avx2_pick_sum(int dt)
-{
-    return dt == 0 ? avx2_sum_0 : dt == 1 ? avx2_sum_1 : avx2_sum_2;
-}
-
-static avx2_out_fn avx2_pick_out(int rounding, int dt, int interleaved, int nt)
-{
-#define OUT(R, D)                                                                             \
-    { { { avx2_out_##R##D##00, avx2_out_##R##D##01 }, { avx2_out_##R##D##10, avx2_out_##R##D##11 } } }
-    static const struct { avx2_out_fn f[2][2]; } outs[3][3] = {
-        { OUT(0, 0), OUT(0, 1), OUT(0, 2) },
-        { OUT(1, 0), OUT(1, 1), OUT(1, 2) },
-        { OUT(2, 0), OUT(2, 1), OUT(2, 2) },
-    };
-#undef OUT
-    return outs[rounding][dt].f[!!interleaved][!!nt];
 }
 #endif /* FR_HAVE_AVX2 */
 
@@ -531,169 +552,496 @@ static int thread_id(void)
 
 /* ----------------------------------------------------------------- forward */
 
-/* A row between its two passes (the forward). */
+/* A forward call's constants, shared by its threads. */
+typedef struct {
+    const fr_norm_args *na;
+    float *scratch;          /* per thread `per` floats, then the weight factors */
+    size_t per, es;
+    int64_t hdmax, half, heads0, heads, items;
+    const float *wf[2];      /* per io slot: the weight factors */
+    int stream[2];           /* its output is streamed (fr_streamable) */
+    int direct[2];           /* ... by nv_out itself, from the registers (else via `stage`) */
+    int wf_ok[2];            /* its weight factors are finite */
+    int fin[2];              /* fwd_fin: no AVX2 row of it rotates to a NaN */
+} fwd_call;
+
+/* A row between its two passes. */
 typedef struct {
     const float *cs, *sn; /* its token's angles */
     float *v;             /* its channels as floats */
+    const char *x;        /* its input */
     char *y;              /* its output */
     float *rstd;          /* where its rstd goes, or NULL */
+    int64_t hd;           /* its head_dim */
     int k;                /* its io slot */
     float sum;            /* its sum of squares */
 } fwd_row;
+
+/* A thread's walk over its rows: the next row's token t and head hh, and
+ * the token whose angles are in its buffers. */
+typedef struct {
+    int64_t t, hh, b, s, token;
+    float *mine;  /* the thread's scratch */
+    char *stage;  /* a streamed row, assembled before fr_stream_row */
+} fwd_walk;
+
+/* The next row's addresses and angles into r (prev: the row before it, whose
+ * angles r shares when of the same token); the walk moves on a row. */
+static inline __attribute__((always_inline)) void fwd_begin(const fwd_call *fc, fwd_walk *w, int64_t n, fwd_row *r,
+                             const fwd_row *prev)
+{
+    const fr_apply_args *a = &fc->na->a;
+    const int k = w->hh >= fc->heads0;
+    const fr_io *io = &a->io[k];
+    const int64_t h = w->hh - (k ? fc->heads0 : 0);
+    if (w->t != w->token) {
+        /* token t's angles in buffer t % 2: row n - 1 is of token t - 1 or
+         * t, whose buffer stays */
+        float *row_c = w->mine + 2 * fc->hdmax + (w->t & 1) * a->cache->rot_dim;
+        w->b = w->t / a->seq_len;
+        w->s = w->t % a->seq_len;
+        token_angles(a->cache, &a->pos, w->b, w->s, row_c, row_c + fc->half, &r->cs, &r->sn);
+        w->token = w->t;
+    } else {
+        r->cs = prev->cs;
+        r->sn = prev->sn;
+    }
+    r->k = k;
+    r->hd = io->head_dim;
+    r->v = w->mine + (n & 1) * fc->hdmax;
+    r->rstd = fc->na->rstd[k] ? &fc->na->rstd[k][w->t * io->heads + h] : NULL;
+    r->x = (const char *)io->in + (size_t)(w->s * io->in_ss + w->b * io->in_sb + h * io->in_sh) * fc->es;
+    r->y = (char *)io->out + (size_t)(w->s * io->out_ss + w->b * io->out_sb + h * io->out_sh) * fc->es;
+    if (++w->hh == fc->heads) {
+        w->hh = 0;
+        w->t++;
+    }
+}
+
+/* Pass 2 of a row on the portable loops, into dst. */
+static void fwd_out_portable(const fwd_call *fc, const fwd_row *r, float rstd, char *dst)
+{
+    const fr_norm_args *na = fc->na;
+    row_values(r->v, fc->wf[r->k], rstd, na->rounding, (int)na->a.dtype, r->hd);
+    row_rotate(r->v, r->cs, r->sn, fc->half, na->a.interleaved, 1.0f);
+    narrow(r->v, dst, na->a.dtype, r->hd);
+}
+
+/* After pass 2 into dst: a staged row streamed out, and the rstd stored. */
+static inline __attribute__((always_inline)) void fwd_end(const fwd_call *fc, const fwd_row *r, float rstd, const char *dst)
+{
+#ifdef __SSE2__
+    if (dst != r->y)
+        fr_stream_row(r->y, dst, (size_t)r->hd * fc->es);
+#else
+    (void)fc;
+    (void)dst;
+#endif
+    if (r->rstd)
+        *r->rstd = rstd;
+}
+
+/*
+ * Each thread's rows are software-pipelined: row n's first pass (widen,
+ * sum of squares) is done before row n - 1's second pass (values,
+ * rotation, narrowing).  Between a row's sum and its rstd lie a chain of
+ * dependent additions, a division and a square root (~60 cycles) that
+ * the second pass waits on; issued a row earlier, they are done by then
+ * (one pass after the other costs ~45% more time on a 128-channel row,
+ * bench/RESULTS.md).
+ */
+static void fwd_rows_portable(const fwd_call *fc, fwd_walk *w, int64_t n0, int64_t n1)
+{
+    fwd_row rows[2];
+    for (int64_t n = n0; n <= n1; n++) {
+        if (n < n1) {
+            fwd_row *r = &rows[n & 1];
+            fwd_begin(fc, w, n, r, &rows[(n - 1) & 1]);
+            widen(r->x, fc->na->a.dtype, r->v, r->hd);
+            r->sum = row_dot(r->v, r->v, r->hd);
+        }
+        if (n > n0) {
+            const fwd_row *r = &rows[(n - 1) & 1];
+            const float rstd = fr_norm_rstd(r->sum, r->hd, fc->na->eps);
+            char *dst = fc->stream[r->k] ? w->stage : r->y;
+            fwd_out_portable(fc, r, rstd, dst);
+            fwd_end(fc, r, rstd, dst);
+        }
+    }
+}
+
+#ifdef FR_HAVE_AVX2
+/* Rows h0..h1-1 of io slot k of one token (b, s, t) with the AVX2 passes
+ * (nv_sum, nv_out), pipelined as above within the run; its mode and types
+ * constants.  Rows with a NaN or an infinity on the way take the portable
+ * loops: the same bits. */
+FR_AVX2_INLINE void nv_run(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,
+                           int64_t s, int64_t t, int64_t h0, int64_t h1, const float *cs,
+                           const float *sn, int R, int D, int I)
+{
+    const fr_norm_args *na = fc->na;
+    const fr_io *io = &na->a.io[k];
+    const int64_t hd = io->head_dim, half = fc->half, es = D == 0 ? 4 : 2;
+    const float eps = na->eps, *wf = fc->wf[k];
+    const int direct = fc->direct[k], stream = fc->stream[k], fin = D != 0 && fc->fin[k];
+    const int ok = fc->wf_ok[k];
+    const int64_t xstep = io->in_sh * es, ystep = io->out_sh * es;
+    const char *x = (const char *)io->in + (s * io->in_ss + b * io->in_sb + h0 * io->in_sh) * es;
+    char *y = (char *)io->out + (s * io->out_ss + b * io->out_sb + h0 * io->out_sh) * es;
+    float *rp = na->rstd[k] ? na->rstd[k] + t * io->heads + h0 : NULL;
+    float *v = mine, *vn = mine + fc->hdmax;
+    float sum = nv_sum(x, v, hd, D);
+
+    for (int64_t h = h0; h < h1; h++) {
+        const float rstd = fr_norm_rstd(sum, hd, eps);
+        char *dst = stream && !direct ? stage : y;
+        float next = 0.0f, *tmp;
+        if (h + 1 < h1)
+            next = nv_sum(x + xstep, vn, hd, D); /* the next row's pass 1 first */
+        if (isfinite(sum) && isfinite(rstd) && ok) {
+            if (fin) {
+                if (direct)
+                    nv_out(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 1, 1);
+                else
+                    nv_out(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 0, 1);
+            } else {
+                if (direct)
+                    nv_out(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 1, 0);
+                else
+                    nv_out(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 0, 0);
+            }
+        } else {
+            fwd_row r;
+            r.cs = cs;
+            r.sn = sn;
+            r.v = v;
+            r.hd = hd;
+            r.k = k;
+            if (stream)
+                dst = stage;
+            fwd_out_portable(fc, &r, rstd, dst);
+        }
+#ifdef __SSE2__
+        if (dst != y)
+            fr_stream_row(y, dst, (size_t)hd * (size_t)es);
+#endif
+        if (rp)
+            *rp++ = rstd;
+        x += xstep;
+        y += ystep;
+        sum = next;
+        tmp = v;
+        v = vn;
+        vn = tmp;
+    }
+}
+
+/* A thread's rows n0..n1-1 (row n: head n % heads of token n / heads) in
+ * runs of one token and one io slot. */
+FR_AVX2_INLINE void nv_rows(const fwd_call *fc, fwd_walk *w, int64_t n0, int64_t n1, int R,
+                            int D, int I)
+{
+    const fr_apply_args *a = &fc->na->a;
+    const int64_t heads = fc->heads, heads0 = fc->heads0;
+    float *row_c = w->mine + 2 * fc->hdmax;
+    int64_t n = n0, hh = w->hh, t = w->t;
+    while (n < n1) {
+        const int64_t b = t / a->seq_len, s = t % a->seq_len;
+        const int64_t end = heads - hh < n1 - n ? heads : hh + (n1 - n);
+        const float *cs, *sn;
+        token_angles(a->cache, &a->pos, b, s, row_c, row_c + fc->half, &cs, &sn);
+        if (hh < heads0)
+            nv_run(fc, w->mine, w->stage, 0, b, s, t, hh, end < heads0 ? end : heads0, cs, sn, R,
+                   D, I);
+        if (end > heads0)
+            nv_run(fc, w->mine, w->stage, 1, b, s, t, (hh > heads0 ? hh : heads0) - heads0,
+                   end - heads0, cs, sn, R, D, I);
+        n += end - hh;
+        hh = 0;
+        t++;
+    }
+}
+
+typedef void (*nv_rows_fn)(const fwd_call *, fwd_walk *, int64_t, int64_t);
+#define DEFINE_NV_ROWS(R, D, I)                                                               \
+    FR_AVX2_TARGET static void nv_rows_##R##D##I(const fwd_call *fc, fwd_walk *w, int64_t n0, \
+                                                 int64_t n1)                                  \
+    {                                                                                         \
+        nv_rows(fc, w, n0, n1, R, D, I);                                                      \
+    }
+#define DEFINE_NV_ROWS2(R, D) DEFINE_NV_ROWS(R, D, 0) DEFINE_NV_ROWS(R, D, 1)
+DEFINE_NV_ROWS2(0, 0) DEFINE_NV_ROWS2(0, 1) DEFINE_NV_ROWS2(0, 2)
+DEFINE_NV_ROWS2(1, 0) DEFINE_NV_ROWS2(1, 1) DEFINE_NV_ROWS2(1, 2)
+DEFINE_NV_ROWS2(2, 0) DEFINE_NV_ROWS2(2, 1) DEFINE_NV_ROWS2(2, 2)
+#undef DEFINE_NV_ROWS2
+#undef DEFINE_NV_ROWS
+
+static nv_rows_fn nv_pick_rows(int rounding, int dt, int interleaved)
+{
+#define ROWS(R, D) { nv_rows_##R##D##0, nv_rows_##R##D##1 }
+    static const nv_rows_fn fns[3][3][2] = {
+        { ROWS(0, 0), ROWS(0, 1), ROWS(0, 2) },
+        { ROWS(1, 0), ROWS(1, 1), ROWS(1, 2) },
+        { ROWS(2, 0), ROWS(2, 1), ROWS(2, 2) },
+    };
+#undef ROWS
+    return fns[rounding][dt][!!interleaved];
+}
+#endif /* FR_HAVE_AVX2 */
+
+/* Whether no AVX2 row of slot k can rotate to a NaN, so that nv_out's
+ * narrowings may leave out their NaN case.  Such a row has a finite sum and
+ * rstd, so |n| <= sqrt(head_dim) (1 + a few ulps) < 2 sqrt(head_dim) (see
+ * nv_value8); with |w'| <= wmax every value before the rotation is at most
+ * 2 sqrt(head_dim) wmax (1 + 2^-7 per rounding) and finite if that is below
+ * 2^100, or below 32768 where it is rounded to float16 (whose largest is
+ * 65504).  The angles of a cache built from a config are cos and sin times
+ * its attention factor, at most 2^20 here (a user's table may hold
+ * anything), so each rotated value is below 2^122: finite, never NaN. */
+static int fwd_fin(const fr_norm_args *na, const float *wf, int64_t hd)
+{
+    const fusedrope_cache *cache = na->a.cache;
+    double wmax = 0.0;
+    for (int64_t c = 0; c < hd; c++)
+        wmax = fabs((double)wf[c]) > wmax ? fabs((double)wf[c]) : wmax;
+    if (!cache->inv_freq || !(cache->attention_factor <= 0x1p20) || !(wmax < 0x1p100))
+        return 0;
+    return 2.0 * sqrt((double)hd) * wmax <
+           (na->a.dtype == FUSEDROPE_FLOAT16 && na->rounding != FR_ROUND_ONCE ? 32768.0
+                                                                               : 0x1p100);
+}
 
 fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
 {
     const fr_apply_args *a = &na->a;
     const fusedrope_cache *cache = a->cache;
-    const int64_t half = cache->rot_dim / 2;
-    const size_t es = fr_dtype_size(a->dtype);
     const int64_t tokens = a->seq_len * a->batch;
-    const int64_t heads0 = a->io[0].heads;
-    const int64_t heads = heads0 + (a->count > 1 ? a->io[1].heads : 0);
-    const int64_t items = tokens * heads;
-    int64_t hdmax = 0, elems = 0;
+    int64_t elems = 0;
     const int nth = threads_max();
-    float *wf[2] = { NULL, NULL }, *scratch;
-    size_t per;
-    int stream[2] = { 0, 0 };
+    fwd_call fc;
+    float *wf[2] = { NULL, NULL };
 #ifdef FR_HAVE_AVX2
-    const int avx2 = fr_avx2_usable();
-    const avx2_sum_fn avx2_sum = avx2 ? avx2_pick_sum((int)a->dtype) : NULL;
-    const avx2_out_fn avx2_out[2] = {
-        avx2 ? avx2_pick_out(na->rounding, (int)a->dtype, a->interleaved, 0) : NULL,
-        avx2 ? avx2_pick_out(na->rounding, (int)a->dtype, a->interleaved, 1) : NULL
-    };
+    const nv_rows_fn avx2_rows =
+        fr_avx2_usable() ? nv_pick_rows(na->rounding, (int)a->dtype, a->interleaved) : NULL;
 #endif
-    /* direct: a streamed slot's rows are stored non-temporally by nv_out
-     * itself (others through `stage`); wf_ok: its weight factors are finite */
-    int direct[2] = { 0, 0 }, wf_ok[2] = { 0, 0 };
 
+    memset(&fc, 0, sizeof fc);
+    fc.na = na;
+    fc.half = cache->rot_dim / 2;
+    fc.es = fr_dtype_size(a->dtype);
+    fc.heads0 = a->io[0].heads;
+    fc.heads = fc.heads0 + (a->count > 1 ? a->io[1].heads : 0);
+    fc.items = tokens * fc.heads;
     for (int k = 0; k < a->count; k++) {
-        hdmax = a->io[k].head_dim > hdmax ? a->io[k].head_dim : hdmax;
+        fc.hdmax = a->io[k].head_dim > fc.hdmax ? a->io[k].head_dim : fc.hdmax;
         elems += tokens * a->io[k].heads * a->io[k].head_dim;
-        stream[k] = fr_streamable(&a->io[k], es, tokens, SIZE_MAX);
+        fc.stream[k] = fr_streamable(&a->io[k], fc.es, tokens, SIZE_MAX);
 #ifdef FR_HAVE_AVX2
-        direct[k] = avx2 && stream[k] && nt_whole(a->io[k].head_dim, half, a->interleaved);
+        fc.direct[k] = avx2_rows && fc.stream[k] && nt_whole(a->io[k].head_dim, fc.half, a->interleaved);
 #endif
     }
     /* per thread: two rows of floats and two tokens' cos and sin (table-less
      * caches), for the two rows in flight, and a streamed output row
      * (hdmax elements of at most 4 bytes) */
-    per = 3 * (size_t)hdmax + 2 * (size_t)cache->rot_dim;
-    scratch = malloc(((size_t)nth * per + 2 * (size_t)hdmax) * sizeof(float));
-    if (!scratch)
+    fc.per = 3 * (size_t)fc.hdmax + 2 * (size_t)cache->rot_dim;
+    fc.scratch = malloc(((size_t)nth * fc.per + 2 * (size_t)fc.hdmax) * sizeof(float));
+    if (!fc.scratch)
         return fr_fail(FUSEDROPE_ERR_NOMEM, "the norm's row scratch (%zu bytes) could not be "
-                       "allocated", ((size_t)nth * per + 2 * (size_t)hdmax) * sizeof(float));
+                       "allocated", ((size_t)nth * fc.per + 2 * (size_t)fc.hdmax) * sizeof(float));
     for (int k = 0; k < a->count; k++) {
-        wf[k] = scratch + (size_t)nth * per + (size_t)k * hdmax;
+        wf[k] = fc.scratch + (size_t)nth * fc.per + (size_t)k * fc.hdmax;
         weight_factors(na, k, a->io[k].head_dim, wf[k]);
-        wf_ok[k] = 1;
+        fc.wf[k] = wf[k];
+        fc.wf_ok[k] = 1;
         for (int64_t c = 0; c < a->io[k].head_dim; c++)
-            wf_ok[k] &= isfinite(wf[k][c]) != 0;
+            fc.wf_ok[k] &= isfinite(wf[k][c]) != 0;
+        fc.fin[k] = fc.wf_ok[k] && fwd_fin(na, wf[k], a->io[k].head_dim);
     }
 
-    /*
-     * Each thread's rows are software-pipelined: row n's first pass (widen,
-     * sum of squares) is done before row n - 1's second pass (values,
-     * rotation, narrowing).  Between a row's sum and its rstd lie a chain of
-     * dependent additions, a division and a square root (~60 cycles) that
-     * the second pass waits on; issued a row earlier, they are done by then
-     * (one pass after the other costs ~45% more time on a 128-channel row,
-     * bench/RESULTS.md).
-     */
 #pragma omp parallel if (elems > (1 << 15))
     {
         int threads = 1;
         const int id = thread_id();
-        int64_t n0, n1, base, rem, t, hh, b = 0, s = 0, token = -1;
-        float *const mine = scratch + (size_t)id * per;
-        char *stage = (char *)(mine + 2 * hdmax + 2 * cache->rot_dim); /* a streamed row */
-        fwd_row rows[2];
+        int64_t n0, base, rem;
+        fwd_walk w;
         fr_fpenv fpenv; /* this thread's, restored at the end (internal.h) */
         fr_fpenv_enter(&fpenv);
 #ifdef _OPENMP
         threads = omp_get_num_threads();
 #endif
-        base = items / threads;
-        rem = items % threads;
+        base = fc.items / threads;
+        rem = fc.items % threads;
         n0 = id * base + (id < rem ? id : rem);
-        n1 = n0 + base + (id < rem);
-        t = heads ? n0 / heads : 0;
-        hh = heads ? n0 % heads : 0;
-        for (int64_t n = n0; n <= n1; n++) {
-            if (n < n1) {
-                /* row n, head hh of token t: pass 1 */
-                fwd_row *r = &rows[n & 1];
-                const int k = hh >= heads0;
-                const fr_io *io = &a->io[k];
-                const int64_t h = hh - (k ? heads0 : 0), hd = io->head_dim;
-                const char *x;
-                if (t != token) {
-                    /* token t's angles in buffer t % 2: row n - 1 is of
-                     * token t - 1 or t, whose buffer stays */
-                    float *row_c = mine + 2 * hdmax + (t & 1) * cache->rot_dim;
-                    b = t / a->seq_len;
-                    s = t % a->seq_len;
-                    token_angles(cache, &a->pos, b, s, row_c, row_c + half, &r->cs, &r->sn);
-                    token = t;
-                } else {
-                    r->cs = rows[(n - 1) & 1].cs;
-                    r->sn = rows[(n - 1) & 1].sn;
-                }
-                r->k = k;
-                r->v = mine + (n & 1) * hdmax;
-                r->rstd = na->rstd[k] ? &na->rstd[k][t * io->heads + h] : NULL;
-                x = (const char *)io->in +
-                    (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es;
-                r->y = (char *)io->out +
-                       (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es;
+        w.mine = fc.scratch + (size_t)id * fc.per;
+        w.stage = (char *)(w.mine + 2 * fc.hdmax + 2 * cache->rot_dim);
+        w.t = fc.heads ? n0 / fc.heads : 0;
+        w.hh = fc.heads ? n0 % fc.heads : 0;
+        w.b = w.s = 0;
+        w.token = -1;
 #ifdef FR_HAVE_AVX2
-                if (avx2) {
-                    r->sum = avx2_sum(x, r->v, hd);
-                } else
+        if (avx2_rows)
+            avx2_rows(&fc, &w, n0, n0 + base + (id < rem));
+        else
 #endif
-                {
-                    widen(x, a->dtype, r->v, hd);
-                    r->sum = row_dot(r->v, r->v, hd);
-                }
-                hh = hh + 1 < heads ? hh + 1 : (t++, 0);
-            }
-            if (n > n0) {
-                /* row n - 1: pass 2 */
-                const fwd_row *r = &rows[(n - 1) & 1];
-                const int64_t hd = a->io[r->k].head_dim;
-                const float rstd = fr_norm_rstd(r->sum, hd, na->eps);
-                char *dst = stream[r->k] ? stage : r->y;
-#ifdef FR_HAVE_AVX2
-                /* nv_out's rows (the others, with a NaN or an infinity on
-                 * the way, take the portable loops: the same bits) */
-                if (avx2 && isfinite(r->sum) && isfinite(rstd) && wf_ok[r->k]) {
-                    if (direct[r->k])
-                        dst = r->y;
-                    avx2_out[direct[r->k]](r->v, dst, wf[r->k], r->cs, r->sn, hd, half, rstd);
-                } else
-#endif
-                {
-                    row_values(r->v, wf[r->k], rstd, na->rounding, (int)a->dtype, hd);
-                    row_rotate(r->v, r->cs, r->sn, half, a->interleaved, 1.0f);
-                    narrow(r->v, dst, a->dtype, hd);
-                }
-#ifdef __SSE2__
-                if (dst != r->y)
-                    fr_stream_row(r->y, dst, (size_t)hd * es);
-#endif
-                if (r->rstd)
-                    *r->rstd = rstd;
-            }
-        }
+            fwd_rows_portable(&fc, &w, n0, n0 + base + (id < rem));
         FR_STREAM_FENCE();
         fr_fpenv_leave(&fpenv);
     }
-    free(scratch);
+    free(fc.scratch);
     return FUSEDROPE_OK;
 }
 
 /* ---------------------------------------------------------------- backward */
+
+#ifdef FR_HAVE_AVX2
+/*
+ * The backward of one row with AVX2 and F16C (fr_avx2_usable), for rows
+ * whose rotation pairs and other channels come in whole vectors (nt_whole):
+ * pass A widens dy and the saved row, rotates them back (fr_rotate with sgn
+ * -1: its s * -1.0f, then the same products and sums), forms n, adds g * n
+ * into the chunk's dw partial and stores dn = g * w' and n as floats; the
+ * dot of dn and n in norm_math.h's order (nv_tree); pass B forms
+ * dx = rstd * (dn - n * mean) and narrows it (with the NaN case).  Each
+ * operation is the portable loops' in the same order, in float, without
+ * FMA: the same bits (tests/test_norm.c compares the two).
+ */
+
+/* fr_rotate with sgn -1 on 8 pairs. */
+FR_AVX2_INLINE void nb_rotate8(__m256 *a, __m256 *b, const float *cs, const float *sn)
+{
+    const __m256 c = _mm256_loadu_ps(cs);
+    const __m256 ss = _mm256_mul_ps(_mm256_loadu_ps(sn), _mm256_set1_ps(-1.0f));
+    const __m256 ra = _mm256_sub_ps(_mm256_mul_ps(*a, c), _mm256_mul_ps(*b, ss));
+    const __m256 rb = _mm256_add_ps(_mm256_mul_ps(*b, c), _mm256_mul_ps(*a, ss));
+    *a = ra;
+    *b = rb;
+}
+
+/* 16 interleaved channels (lo: 0-7, hi: 8-15) to pair order (a even, b
+ * odd), and back. */
+FR_AVX2_INLINE void nb_split(__m256 lo, __m256 hi, __m256 *a, __m256 *b)
+{
+    *a = _mm256_castpd_ps(_mm256_permute4x64_pd(
+        _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0))), 0xd8));
+    *b = _mm256_castpd_ps(_mm256_permute4x64_pd(
+        _mm256_castps_pd(_mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1))), 0xd8));
+}
+
+FR_AVX2_INLINE void nb_join(__m256 a, __m256 b, __m256 *lo, __m256 *hi)
+{
+    const __m256 l = _mm256_unpacklo_ps(a, b), h = _mm256_unpackhi_ps(a, b);
+    *lo = _mm256_permute2f128_ps(l, h, 0x20);
+    *hi = _mm256_permute2f128_ps(l, h, 0x31);
+}
+
+/* Channels c..c+7 of pass A from g = R^T dy and xs (the saved x, or R^T y). */
+FR_AVX2_INLINE void nb_chan8(__m256 g, __m256 xs, int64_t c, const float *wf, __m256 vr,
+                             float *acc, float *dn, float *nn, int saved_y)
+{
+    const __m256 w = _mm256_loadu_ps(wf + c);
+    const __m256 n = saved_y ? _mm256_div_ps(xs, w) : _mm256_mul_ps(xs, vr);
+    if (acc)
+        _mm256_storeu_ps(acc + c, _mm256_add_ps(_mm256_loadu_ps(acc + c), _mm256_mul_ps(g, n)));
+    _mm256_storeu_ps(dn + c, _mm256_mul_ps(g, w));
+    _mm256_storeu_ps(nn + c, n);
+}
+
+FR_AVX2_INLINE void nb_row(const void *dy, const void *sv, void *out, const float *wf,
+                           const float *cs, const float *sn, float *acc, float r, int64_t hd,
+                           int64_t half, float *dn, float *nn, int dt, int interleaved,
+                           int saved_y)
+{
+    const int64_t es = dt == 0 ? 4 : 2, rot = 2 * half;
+    const char *db = dy, *sb = sv;
+    const __m256 vr = _mm256_set1_ps(r);
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, vm;
+    int64_t c = 0, i;
+
+    /* pass A */
+    if (interleaved) {
+        for (i = 0; 2 * i < rot; i += 8) {
+            __m256 ga, gb, xa, xb, g0, g1, x0 = nv_widen8(sb + 2 * i * es, dt),
+                                           x1 = nv_widen8(sb + (2 * i + 8) * es, dt);
+            nb_split(nv_widen8(db + 2 * i * es, dt), nv_widen8(db + (2 * i + 8) * es, dt), &ga, &gb);
+            nb_rotate8(&ga, &gb, cs + i, sn + i);
+            nb_join(ga, gb, &g0, &g1);
+            if (saved_y) {
+                nb_split(x0, x1, &xa, &xb);
+                nb_rotate8(&xa, &xb, cs + i, sn + i);
+                nb_join(xa, xb, &x0, &x1);
+            }
+            nb_chan8(g0, x0, 2 * i, wf, vr, acc, dn, nn, saved_y);
+            nb_chan8(g1, x1, 2 * i + 8, wf, vr, acc, dn, nn, saved_y);
+        }
+    } else {
+        for (i = 0; i < half; i += 8) {
+            __m256 ga = nv_widen8(db + i * es, dt), gb = nv_widen8(db + (half + i) * es, dt);
+            __m256 xa = nv_widen8(sb + i * es, dt), xb = nv_widen8(sb + (half + i) * es, dt);
+            nb_rotate8(&ga, &gb, cs + i, sn + i);
+            if (saved_y)
+                nb_rotate8(&xa, &xb, cs + i, sn + i);
+            nb_chan8(ga, xa, i, wf, vr, acc, dn, nn, saved_y);
+            nb_chan8(gb, xb, half + i, wf, vr, acc, dn, nn, saved_y);
+        }
+    }
+    for (c = rot; c < hd; c += 8)
+        nb_chan8(nv_widen8(db + c * es, dt), nv_widen8(sb + c * es, dt), c, wf, vr, acc, dn, nn,
+                 saved_y);
+    /* the mean of dn * n (row_dot's order) */
+    for (c = 0; c + 32 <= hd; c += 32) {
+        s0 = _mm256_add_ps(s0, _mm256_mul_ps(_mm256_loadu_ps(dn + c), _mm256_loadu_ps(nn + c)));
+        s1 = _mm256_add_ps(s1, _mm256_mul_ps(_mm256_loadu_ps(dn + c + 8), _mm256_loadu_ps(nn + c + 8)));
+        s2 = _mm256_add_ps(s2, _mm256_mul_ps(_mm256_loadu_ps(dn + c + 16), _mm256_loadu_ps(nn + c + 16)));
+        s3 = _mm256_add_ps(s3, _mm256_mul_ps(_mm256_loadu_ps(dn + c + 24), _mm256_loadu_ps(nn + c + 24)));
+    }
+    if (c < hd) {
+        float p[32];
+        _mm256_storeu_ps(p, s0);
+        _mm256_storeu_ps(p + 8, s1);
+        _mm256_storeu_ps(p + 16, s2);
+        _mm256_storeu_ps(p + 24, s3);
+        for (int l = 0; c + l < hd; l++)
+            p[l] = p[l] + dn[c + l] * nn[c + l];
+        s0 = _mm256_loadu_ps(p);
+        s1 = _mm256_loadu_ps(p + 8);
+        s2 = _mm256_loadu_ps(p + 16);
+        s3 = _mm256_loadu_ps(p + 24);
+    }
+    vm = _mm256_set1_ps(fr_norm_mean(nv_tree(s0, s1, s2, s3), hd));
+    /* pass B */
+    for (c = 0; c < hd; c += 8)
+        nv_store8((char *)out + c * es,
+                  _mm256_mul_ps(vr, _mm256_sub_ps(_mm256_loadu_ps(dn + c),
+                                                  _mm256_mul_ps(_mm256_loadu_ps(nn + c), vm))),
+                  dt, 0, 0);
+}
+
+typedef void (*nb_row_fn)(const void *, const void *, void *, const float *, const float *,
+                          const float *, float *, float, int64_t, int64_t, float *, float *);
+#define DEFINE_NB_ROW(D, I, Y)                                                                \
+    FR_AVX2_TARGET static void nb_row_##D##I##Y(const void *dy, const void *sv, void *out,    \
+                                                const float *wf, const float *cs,             \
+                                                const float *sn, float *acc, float r,         \
+                                                int64_t hd, int64_t half, float *dn,          \
+                                                float *nn)                                    \
+    {                                                                                         \
+        nb_row(dy, sv, out, wf, cs, sn, acc, r, hd, half, dn, nn, D, I, Y);                   \
+    }
+#define DEFINE_NB_ROWS(D)                                                                     \
+    DEFINE_NB_ROW(D, 0, 0) DEFINE_NB_ROW(D, 0, 1) DEFINE_NB_ROW(D, 1, 0) DEFINE_NB_ROW(D, 1, 1)
+DEFINE_NB_ROWS(0) DEFINE_NB_ROWS(1) DEFINE_NB_ROWS(2)
+#undef DEFINE_NB_ROWS
+#undef DEFINE_NB_ROW
+
+static nb_row_fn nb_pick_row(int dt, int interleaved, int saved_y)
+{
+#define ROWS(D) { { nb_row_##D##00, nb_row_##D##01 }, { nb_row_##D##10, nb_row_##D##11 } }
+    static const nb_row_fn fns[3][2][2] = { ROWS(0), ROWS(1), ROWS(2) };
+#undef ROWS
+    return fns[dt][!!interleaved][!!saved_y];
+}
+#endif /* FR_HAVE_AVX2 */
+
 
 fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
 {
@@ -708,6 +1056,11 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     int64_t hdmax = 0, elems = 0, pbase[2] = { 0, 0 }, ptotal = 0, items;
     float *wf[2] = { NULL, NULL }, *scratch, *partial;
     size_t per, total;
+#ifdef FR_HAVE_AVX2
+    const nb_row_fn avx2_row =
+        fr_avx2_usable() ? nb_pick_row((int)a->dtype, a->interleaved, na->saved_y) : NULL;
+    int nb_ok[2] = { 0, 0 }; /* slot k's rows go to avx2_row */
+#endif
 
     for (int k = 0; k < 2; k++)
         if (na->dw_zero[k])
@@ -720,6 +1073,9 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
         pbase[k] = ptotal;
         if (na->dw[k])
             ptotal += chunks * a->io[k].head_dim;
+#ifdef FR_HAVE_AVX2
+        nb_ok[k] = nt_whole(a->io[k].head_dim, half, a->interleaved);
+#endif
     }
     /* per thread: g, n (then dx), the saved row, a table-less token's cos/sin */
     per = 3 * (size_t)hdmax + (size_t)cache->rot_dim;
@@ -756,6 +1112,18 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
             for (int64_t h = 0; h < io->heads; h++) {
                 const float r = na->rstd[k][t * io->heads + h];
                 float m;
+#ifdef FR_HAVE_AVX2
+                if (avx2_row && nb_ok[k]) {
+                    avx2_row((const char *)io->in +
+                                 (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es,
+                             (const char *)na->x[k] +
+                                 (size_t)(s * na->x_ss[k] + b * na->x_sb[k] + h * na->x_sh[k]) * es,
+                             (char *)io->out +
+                                 (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es,
+                             wf[k], cs, sn, acc, r, hd, half, g, nv);
+                    continue;
+                }
+#endif
                 /* g = R^T dy */
                 widen((const char *)io->in +
                           (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es,

@@ -899,10 +899,12 @@ START_TEST(test_avx2_rows_match_portable)
                     for (int64_t c = 0; c < D; c++)
                         ref_store(w, dt, c,
                                   weight == 2 && c == D / 2 && in_place ? INFINITY
-                                  /* finite, but n * w overflows: the rotation
-                                   * makes NaNs (float32, bfloat16) */
-                                  : weight == 1 && in_place && !big &&
-                                          dt != FUSEDROPE_FLOAT16 ? (c % 3 ? 3e38 : -3e38)
+                                  /* finite, but n * w overflows (float16: its
+                                   * rounding does): the rotation makes NaNs, and
+                                   * the narrowings keep their NaN case */
+                                  : weight == 1 && in_place && !big
+                                      ? (dt == FUSEDROPE_FLOAT16 ? (c % 3 ? 6e4 : -6e4)
+                                                                 : (c % 3 ? 3e38 : -3e38))
                                   : weight == 2 ? tu_uniform(&r, -0.6, 0.6)
                                                 : tu_uniform(&r, 0.4, 1.7));
                     fusedrope_norm_init(&nm);
@@ -939,6 +941,105 @@ START_TEST(test_avx2_rows_match_portable)
                                           (isnan(rs[0][i]) && isnan(rs[1][i])),
                                       "rstd[%lld]: AVX2 %.9g, portable %.9g", (long long)i,
                                       rs[0][i], rs[1][i]);
+                }
+    }
+    tu_free_all();
+}
+END_TEST
+
+/* fusedrope_norm_backward_qk through the AVX2 rows and through the portable
+ * loops: the same bytes for dx and dw (a NaN need only be NaN in both), over
+ * every dtype, style and weight kind, from saved x and from saved y, out of
+ * place and in place; head_dim with and without whole vectors (the others
+ * take the portable loops in both), partial rotary, several dw chunks, and
+ * special values in some rows of dy, the saved tensor and rstd (zero,
+ * infinite, NaN) and a weight 1 + w of 0 (saved y divides by it). */
+START_TEST(test_avx2_backward_rows_match_portable)
+{
+    static const struct { int64_t s, h, hd, rot; } shapes[] = {
+        { 5, 3, 128, 128 }, { 70, 2, 96, 48 }, { 3, 5, 34, 10 }, { 4, 2, 256, 64 },
+        { 2, 3, 6, 6 },     { 40, 2, 72, 64 }, { 33, 1, 48, 32 },
+    };
+    const fusedrope_dtype dt = dtypes[_i % 3];
+    const fusedrope_style style = (_i / 3) % 2 ? FUSEDROPE_INTERLEAVED : FUSEDROPE_NEOX;
+    const size_t es = ref_dtype_size(dt);
+    tu_rng r;
+
+    if (!fr_avx2_usable())
+        return; /* nothing to compare on this CPU */
+    tu_rng_init(&r, 950 + (uint64_t)_i);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t S = shapes[si].s, H = shapes[si].h, D = shapes[si].hd, n = S * H * D;
+        fusedrope_cache_config cfg;
+        fusedrope_cache *cache;
+        void *sv = tu_alloc((size_t)n * es), *dy = tu_alloc((size_t)n * es);
+        void *w = tu_alloc((size_t)D * es);
+        void *dx[2] = { tu_alloc((size_t)n * es), tu_alloc((size_t)n * es) };
+        float *rs = tu_alloc(sizeof(float) * (size_t)(S * H));
+        float *dw[2] = { tu_alloc(sizeof(float) * (size_t)D), tu_alloc(sizeof(float) * (size_t)D) };
+
+        fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)shapes[si].rot, S, 10000.0);
+        ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+        tu_track(cache);
+        for (int64_t row = 0; row < S * H; row++) {
+            /* one row in 8 with hard values in dy or the saved row, one
+             * rstd in 16 special */
+            const int64_t kind = tu_int(&r, 0, 15);
+            static const float odd_rstd[] = { 0.0f, INFINITY, NAN, 1e30f };
+            for (int64_t c = 0; c < D; c++) {
+                ref_store(sv, dt, row * D + c,
+                          kind == 1 ? odd_value(&r, dt) : tu_uniform(&r, -3.0, 3.0));
+                ref_store(dy, dt, row * D + c,
+                          kind == 2 ? odd_value(&r, dt) : tu_uniform(&r, -2.0, 2.0));
+            }
+            rs[row] = kind == 3 ? odd_rstd[tu_int(&r, 0, 3)] : (float)tu_uniform(&r, 0.1, 4.0);
+        }
+        for (int weight = 0; weight < 3; weight++)
+            for (int saved_y = 0; saved_y < 2; saved_y++)
+                for (int in_place = 0; in_place < 2; in_place++) {
+                    fusedrope_norm nm;
+                    for (int64_t c = 0; c < D; c++)
+                        ref_store(w, dt, c,
+                                  weight == 2 && c == D / 3 ? -1.0
+                                  : weight == 2 ? tu_uniform(&r, -0.6, 0.6)
+                                                : tu_uniform(&r, 0.4, 1.7));
+                    fusedrope_norm_init(&nm);
+                    nm.weight = (fusedrope_norm_weight)weight;
+                    nm.weight_dtype = dt;
+                    nm.q_weight = weight ? w : NULL;
+                    nm.q_rstd = rs;
+                    nm.saved_output = saved_y;
+                    for (int off = 0; off < 2; off++) {
+                        fusedrope_tensor ts, tdy, tdx;
+                        nm.dq_weight = weight ? dw[off] : NULL;
+                        memset(dx[off], 0xa5, (size_t)n * es);
+                        memset(dw[off], 0xa5, sizeof(float) * (size_t)D);
+                        if (in_place)
+                            memcpy(dx[off], dy, (size_t)n * es);
+                        ts = fusedrope_tensor_bshd(sv, dt, S, 1, H, D);
+                        tdy = fusedrope_tensor_bshd(in_place ? dx[off] : dy, dt, S, 1, H, D);
+                        tdx = fusedrope_tensor_bshd(dx[off], dt, S, 1, H, D);
+                        __atomic_store_n(&fr_avx2_off, off, __ATOMIC_RELAXED);
+                        ck_assert_msg(fusedrope_norm_backward_qk(cache, style, NULL, &nm, &ts, &tdy,
+                                                                 &tdx, NULL, NULL, NULL,
+                                                                 NULL) == FUSEDROPE_OK,
+                                      "%s", fusedrope_last_error());
+                        __atomic_store_n(&fr_avx2_off, 0, __ATOMIC_RELAXED);
+                    }
+                    for (int64_t i = 0; i < n; i++)
+                        if (memcmp((char *)dx[0] + i * es, (char *)dx[1] + i * es, es) != 0 &&
+                            !(nan_at(dx[0], dt, i) && nan_at(dx[1], dt, i)))
+                            ck_abort_msg("%s %s shape %zu weight %d saved_y %d in place %d: dx[%lld] "
+                                         "AVX2 %.9g, portable %.9g", ref_dtype_name(dt),
+                                         style ? "interleaved" : "neox", si, weight, saved_y,
+                                         in_place, (long long)i, ref_load(dx[0], dt, i),
+                                         ref_load(dx[1], dt, i));
+                    for (int64_t c = 0; weight && c < D; c++)
+                        ck_assert_msg(memcmp(&dw[0][c], &dw[1][c], 4) == 0 ||
+                                          (isnan(dw[0][c]) && isnan(dw[1][c])),
+                                      "%s shape %zu weight %d saved_y %d: dw[%lld]: AVX2 %.9g, "
+                                      "portable %.9g", ref_dtype_name(dt), si, weight, saved_y,
+                                      (long long)c, dw[0][c], dw[1][c]);
                 }
     }
     tu_free_all();
@@ -1259,6 +1360,7 @@ static Suite *norm_suite(void)
     tcase_add_loop_test(tc, test_unfused_literal, 0, 18);
 #ifdef FR_HAVE_AVX2
     tcase_add_loop_test(tc, test_avx2_rows_match_portable, 0, 6);
+    tcase_add_loop_test(tc, test_avx2_backward_rows_match_portable, 0, 6);
 #endif
     suite_add_tcase(s, tc);
     tc = tcase_create("backward");
