@@ -34,9 +34,12 @@
 
 
 /* Rotates m float pairs by cs[i]/sn[i]: interleaved (x[2i], x[2i+1]), else
- * NeoX (x[i], x[bofs + i]); x may equal y. */
-FR_CLONES static void rotate_f32(const float *x, float *y, const float *cs, const float *sn,
-                                 int64_t m, int64_t bofs, int interleaved, float sgn)
+ * NeoX (x[i], x[bofs + i]); x may equal y.  Inlined into each caller's
+ * clones. */
+static inline __attribute__((always_inline)) void rotate_f32_loop(const float *x, float *y,
+                                                                 const float *cs, const float *sn,
+                                                                 int64_t m, int64_t bofs,
+                                                                 int interleaved, float sgn)
 {
     if (interleaved) {
         FR_IVDEP for (int64_t i = 0; i < m; i++)
@@ -55,6 +58,26 @@ FR_CLONES static void rotate_f32(const float *x, float *y, const float *cs, cons
             y[bofs + i] = b;
         }
     }
+}
+
+FR_CLONES static void rotate_f32(const float *x, float *y, const float *cs, const float *sn,
+                                 int64_t m, int64_t bofs, int interleaved, float sgn)
+{
+    rotate_f32_loop(x, y, cs, sn, m, bofs, interleaved, sgn);
+}
+
+/* A float head of `half` pairs whose cos/sin come in steps of 8 pairs (see
+ * the steps below): pair i's are c8[i / 8][i % 8] and s8[i / 8][i % 8]. */
+FR_CLONES static void rotate_f32_steps(const float *x, float *y, const float *const *c8,
+                                       const float *const *s8, int64_t half, int interleaved,
+                                       float sgn)
+{
+    const int64_t w = interleaved ? 16 : 8; /* floats a step of 8 pairs starts after the last */
+    int64_t k = 0;
+    for (; 8 * k + 8 <= half; k++)
+        rotate_f32_loop(x + w * k, y + w * k, c8[k], s8[k], 8, half, interleaved, sgn);
+    if (8 * k < half)
+        rotate_f32_loop(x + w * k, y + w * k, c8[k], s8[k], half - 8 * k, half, interleaved, sgn);
 }
 
 /* The portable row conversions (rope_math.h's converters, vectorised). */
@@ -93,8 +116,10 @@ FR_CLONES static void merge_pairs(const uint16_t *in, uint16_t *out, int64_t hal
 /* The row operations of a call's 16-bit type, chosen once per call: where
  * the CPU has AVX-512 (F, BW, VL), cpu_avx512.c's one-pass rotations of
  * 16-bit pairs (rotate, rotate_pairs), else where it has AVX2 and F16C,
- * cpu_avx2.c's (the same results, 8 pairs a step); else the portable
- * conversions around rotate_f32 (rotate and rotate_pairs NULL). */
+ * cpu_avx2.c's (the same results, 8 pairs a step); rotate_steps (heads of
+ * an axes table, rotated straight from per-step table rows) is always
+ * cpu_avx2.c's; without AVX2 the portable conversions around rotate_f32
+ * (those three NULL). */
 typedef struct {
     void (*widen)(const uint16_t *, float *, int64_t);
     void (*narrow)(const float *, uint16_t *, int64_t);
@@ -102,23 +127,25 @@ typedef struct {
                    const float *, int64_t, float, int);
     void (*rotate_pairs)(const uint16_t *, uint16_t *, const float *, const float *, int64_t,
                          float, int);
+    void (*rotate_steps)(const uint16_t *, uint16_t *, int64_t, int, const float *const *,
+                         const float *const *, float, int);
 } row_conv;
 
 static row_conv pick_rows(fusedrope_dtype dt)
 {
     const int f16 = dt == FUSEDROPE_FLOAT16;
-    row_conv r = { f16 ? widen_f16 : widen_bf16, f16 ? narrow_f16 : narrow_bf16, NULL, NULL };
-#ifdef FR_HAVE_AVX512
-    if (fr_avx512_usable()) {
-        r.rotate = f16 ? fr_avx512_rotate_f16 : fr_avx512_rotate_bf16;
-        r.rotate_pairs = f16 ? fr_avx512_rotate_pairs_f16 : fr_avx512_rotate_pairs_bf16;
-        return r;
-    }
-#endif
+    row_conv r = { f16 ? widen_f16 : widen_bf16, f16 ? narrow_f16 : narrow_bf16, NULL, NULL, NULL };
 #ifdef FR_HAVE_AVX2
     if (fr_avx2_usable()) {
         r.rotate = f16 ? fr_avx2_rotate_f16 : fr_avx2_rotate_bf16;
         r.rotate_pairs = f16 ? fr_avx2_rotate_pairs_f16 : fr_avx2_rotate_pairs_bf16;
+        r.rotate_steps = f16 ? fr_avx2_rotate_steps_f16 : fr_avx2_rotate_steps_bf16;
+    }
+#endif
+#ifdef FR_HAVE_AVX512
+    if (fr_avx512_usable()) { /* off with fr_avx2_off too */
+        r.rotate = f16 ? fr_avx512_rotate_f16 : fr_avx512_rotate_bf16;
+        r.rotate_pairs = f16 ? fr_avx512_rotate_pairs_f16 : fr_avx512_rotate_pairs_bf16;
     }
 #endif
     return r;
@@ -275,10 +302,66 @@ static inline void rotate_whole_head(const row_conv *rc, const void *x, void *y,
 }
 
 
+/*
+ * An axes table's pairs in steps of 8 (the AVX2 rotation's step): a step
+ * whose pairs are on one axis with consecutive columns (inside a SECTIONS
+ * run, a VISION_2D half) is rotated straight from that axis's table row,
+ * its cos/sin never copied; other steps (INTERLEAVED's T H W T H W ...,
+ * a step across a section boundary) are gathered into row_c/row_s.
+ * Gathering every step cost a bf16 prefill +20% wall time for +4%
+ * instructions: the rotation read back at once what the gather had just
+ * stored (bench/RESULTS.md, "Position axes").  Only for heads of at most
+ * ANGLE_PAIRS pairs (the pointers' stack rows); others gather.
+ */
+enum { STEP_MAX = ANGLE_PAIRS / 8 };
+
+/* Each step's axis and first column into axis[]/col[] (axis -1: gathered);
+ * 1 when some step is read in place, else 0 (the plain gather then). */
+static int plan_steps(const fusedrope_cache *cache, int axis[STEP_MAX], int64_t col[STEP_MAX])
+{
+    const int64_t half = cache->rot_dim / 2;
+    const int32_t *map = cache->pair_map;
+    int any = 0;
+
+    if (map == NULL || cache->cos == NULL || half > ANGLE_PAIRS)
+        return 0;
+    for (int64_t k = 0; 8 * k < half; k++) {
+        const int64_t i0 = 8 * k, m = half - i0 < 8 ? half - i0 : 8;
+        int64_t j = 1;
+        while (j < m && map[i0 + j] == map[i0] + 4 * (int32_t)j) /* same axis, next columns */
+            j++;
+        axis[k] = j == m ? fr_map_axis(map[i0]) : -1;
+        col[k] = fr_map_col(map[i0]);
+        any |= j == m;
+    }
+    return any;
+}
+
+/* A whole head whose cos/sin come in steps (c8/s8 as rotate_f32_steps). */
+static inline void rotate_steps(const row_conv *rc, const void *x, void *y,
+                                const float *const *c8, const float *const *s8, int64_t half,
+                                int interleaved, float sgn, int nt_stores, float *tmp,
+                                uint16_t *tmp16)
+{
+    if (rc == NULL) {
+        rotate_f32_steps(x, y, c8, s8, half, interleaved, sgn);
+        return;
+    }
+    if (rc->rotate_steps != NULL) {
+        rc->rotate_steps(x, y, half, interleaved, c8, s8, sgn, nt_stores);
+        return;
+    }
+    for (int64_t k = 0; 8 * k < half; k++)
+        rotate_head(rc, x, y, c8[k], s8[k], half, 8 * k, half - 8 * k < 8 ? half - 8 * k : 8,
+                    interleaved, sgn, nt_stores, tmp, tmp16);
+}
+
+
 /* One thread's share of a call's (token, head) items: all of them on the
  * calling thread, or the thread's slice inside a team. */
 static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int stream[2],
-                      const int direct[2])
+                      const int direct[2], int steps, const int *step_axis,
+                      const int64_t *step_col)
 {
     const fusedrope_cache *cache = args->cache;
     const int64_t half = cache->rot_dim / 2;
@@ -291,9 +374,10 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
      * contiguous memory, not through a token's few KiB every seq stride;
      * bench/RESULTS.md, "CPU roofline"), bshd's positions inside each entry. */
     const int s_outer = args->batch > 1 && args->io[0].in_sb < args->io[0].in_ss;
-    /* a 1D table's row is used in place; otherwise each token's cos/sin are
-     * gathered per pair (axes) or computed (no table) into row_c/row_s */
-    const int gather = cache->max_positions == 0 || cache->pair_map != NULL;
+    /* a 1D table's row is used in place, an axes table's rows in place
+     * step by step (steps); otherwise each token's cos/sin are gathered per
+     * pair (other axes maps) or computed (no table) into row_c/row_s */
+    const int gather = !steps && (cache->max_positions == 0 || cache->pair_map != NULL);
 
     (void)direct; /* read only where there is SSE2, as on every CPU with AVX2 */
     {
@@ -301,6 +385,7 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
         int64_t n0, n1, base, rem;
         int64_t pax[FUSEDROPE_MAX_AXES] = { 0, 0, 0, 0 }; /* the token's position per axis */
         const float *cs = NULL, *sn = NULL;
+        const float *c8[STEP_MAX], *s8[STEP_MAX]; /* with steps: each step's cos/sin */
         /* Gathered or computed: this token's cos/sin (ANGLE_PAIRS of them at a time). */
         float row_c[ANGLE_PAIRS], row_s[ANGLE_PAIRS];
         _Alignas(16) char row[STREAM_ROW_BYTES];
@@ -337,7 +422,20 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
             for (int a = 1; a < args->pos.num_axes; a++)
                 pax[a] = fr_token_axis_position(&args->pos, b, s, a, pax[0], &bad);
             n += run;
-            if (!gather) {
+            if (steps) {
+                for (int64_t k = 0; 8 * k < half; k++) {
+                    if (step_axis[k] >= 0) {
+                        const int64_t at = pax[step_axis[k]] * half + step_col[k];
+                        c8[k] = cache->cos + at;
+                        s8[k] = cache->sin + at;
+                    } else {
+                        token_angles(cache, pax, 8 * k, half - 8 * k < 8 ? half - 8 * k : 8,
+                                     row_c + 8 * k, row_s + 8 * k);
+                        c8[k] = row_c + 8 * k;
+                        s8[k] = row_s + 8 * k;
+                    }
+                }
+            } else if (!gather) {
                 cs = cache->cos + pax[0] * half;
                 sn = cache->sin + pax[0] * half;
             } else if (half <= ANGLE_PAIRS) {
@@ -403,7 +501,10 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
                     for (int64_t h = h0; h < h1; h++, x += xstep, y += ystep) {
                         const uint16_t *x16 = (const uint16_t *)x;
                         uint16_t *y16 = (uint16_t *)y;
-                        if (args->interleaved)
+                        if (steps)
+                            rc->rotate_steps(x16, y16, half, args->interleaved, c8, s8,
+                                             args->sgn, 1);
+                        else if (args->interleaved)
                             rc->rotate_pairs(x16, y16, cs, sn, half, args->sgn, 1);
                         else
                             rc->rotate(x16, x16 + half, y16, y16 + half, cs, sn, half, args->sgn,
@@ -417,8 +518,12 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
                 for (int64_t h = h0; h < h1; h++, x += xstep, y += ystep) {
                     /* A streamed head is assembled in `row`, then written past the cache. */
                     char *dst = stream[k] ? row : y;
-                    rotate_whole_head(rc, x, dst, cs, sn, half, args->interleaved, args->sgn, 0,
-                                      frow, hrow);
+                    if (steps)
+                        rotate_steps(rc, x, dst, c8, s8, half, args->interleaved, args->sgn, 0,
+                                     frow, hrow);
+                    else
+                        rotate_whole_head(rc, x, dst, cs, sn, half, args->interleaved, args->sgn,
+                                          0, frow, hrow);
                     if (!io->in_place && pass)
                         memcpy(dst + rot, x + rot, pass);
 #ifdef __SSE2__
@@ -445,6 +550,9 @@ void fr_cpu_apply(const fr_apply_args *args)
     int stream[2] = { 0, 0 }, direct[2] = { 0, 0 };
     const row_conv rows = pick_rows(args->dtype);
     const row_conv *rc = args->dtype == FUSEDROPE_FLOAT32 ? NULL : &rows;
+    int step_axis[STEP_MAX];
+    int64_t step_col[STEP_MAX];
+    const int steps = plan_steps(cache, step_axis, step_col);
 
     for (int k = 0; k < args->count; k++) {
         elems += tokens * args->io[k].heads * args->io[k].head_dim;
@@ -472,7 +580,7 @@ void fr_cpu_apply(const fr_apply_args *args)
         if (nthreads > 1 || omp_in_parallel()) {
 #pragma omp parallel num_threads(nthreads)
             {
-                cpu_share(args, rc, stream, direct);
+                cpu_share(args, rc, stream, direct, steps, step_axis, step_col);
                 if (omp_get_thread_num() == 0)
                     fr_cpu_team = omp_get_num_threads();
             }
@@ -481,5 +589,5 @@ void fr_cpu_apply(const fr_apply_args *args)
     }
 #endif
     fr_cpu_team = 0;
-    cpu_share(args, rc, stream, direct);
+    cpu_share(args, rc, stream, direct, steps, step_axis, step_col);
 }

@@ -30,6 +30,9 @@
 #include <immintrin.h>
 
 #define FR_AVX2_TARGET __attribute__((target("avx2,f16c")))
+/* The rotation loops, inlined into every entry point (also the step
+ * pointers' ones), so that each is specialised as the one-entry file was. */
+#define FR_AVX2_INLINE __attribute__((always_inline))
 
 int fr_avx2_off;
 
@@ -139,26 +142,39 @@ FR_AVX2_TARGET static inline void store16(uint16_t *p, __m128i v, int nt)
         _mm_storeu_si128((__m128i *)p, v);
 }
 
-FR_AVX2_TARGET static inline void rotate16(const uint16_t *xa, const uint16_t *xb, uint16_t *ya,
-                                           uint16_t *yb, const float *cs, const float *sn,
-                                           int64_t m, float sgn, int nt, int f16)
+/* The cos (C) and sin (S) of pair i: cs[i], or with step pointers cs8 (a
+ * head rotated in steps, see fr_avx2_rotate_steps_bf16) cs8[i / 8][i % 8];
+ * `stepped`, a constant in each inlined copy, says which. */
+#define STEP_C(i) (stepped ? cs8[(i) >> 3] + ((i)&7) : cs + (i))
+#define STEP_S(i) (stepped ? sn8[(i) >> 3] + ((i)&7) : sn + (i))
+
+FR_AVX2_TARGET static inline FR_AVX2_INLINE void rotate16(const uint16_t *xa, const uint16_t *xb,
+                                                          uint16_t *ya, uint16_t *yb,
+                                                          const float *cs, const float *sn,
+                                                          const float *const *cs8,
+                                                          const float *const *sn8, int stepped,
+                                                          int64_t m,
+                                                          float sgn, int nt, int f16)
 {
     const __m256 vsgn = _mm256_set1_ps(sgn);
     int64_t i = 0;
     for (; i + 8 <= m; i += 8) {
         const __m256i y =
-            rotate8(widen8(xa + i, f16), widen8(xb + i, f16), cs + i, sn + i, vsgn, f16);
+            rotate8(widen8(xa + i, f16), widen8(xb + i, f16), STEP_C(i), STEP_S(i), vsgn, f16);
         store16(ya + i, _mm256_castsi256_si128(y), nt);
         store16(yb + i, _mm256_extracti128_si256(y, 1), nt);
     }
     for (; i < m; i++)
-        rotate1(xa[i], xb[i], cs[i], sn[i], sgn, f16, &ya[i], &yb[i]);
+        rotate1(xa[i], xb[i], *STEP_C(i), *STEP_S(i), sgn, f16, &ya[i], &yb[i]);
 }
 
 /* Interleaved heads: 8 pairs are 8 32-bit words, a in the low half. */
-FR_AVX2_TARGET static inline void rotate16_pairs(const uint16_t *x, uint16_t *y, const float *cs,
-                                                 const float *sn, int64_t m, float sgn, int nt,
-                                                 int f16)
+FR_AVX2_TARGET static inline FR_AVX2_INLINE void rotate16_pairs(const uint16_t *x, uint16_t *y,
+                                                                const float *cs, const float *sn,
+                                                                const float *const *cs8,
+                                                                const float *const *sn8, int stepped,
+                                                          int64_t m,
+                                                                float sgn, int nt, int f16)
 {
     const __m256 vsgn = _mm256_set1_ps(sgn);
     const __m256i lo16 = _mm256_set1_epi32(0xffff);
@@ -178,40 +194,61 @@ FR_AVX2_TARGET static inline void rotate16_pairs(const uint16_t *x, uint16_t *y,
             a = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
             b = _mm256_castsi256_ps(_mm256_andnot_si256(lo16, w));
         }
-        r = rotate8(a, b, cs + i, sn + i, vsgn, f16);
+        r = rotate8(a, b, STEP_C(i), STEP_S(i), vsgn, f16);
         ra = _mm256_castsi256_si128(r);
         rb = _mm256_extracti128_si256(r, 1);
         store16(y + 2 * i, _mm_unpacklo_epi16(ra, rb), nt); /* back to pairs 0-3 */
         store16(y + 2 * i + 8, _mm_unpackhi_epi16(ra, rb), nt); /* and 4-7 */
     }
     for (; i < m; i++)
-        rotate1(x[2 * i], x[2 * i + 1], cs[i], sn[i], sgn, f16, &y[2 * i], &y[2 * i + 1]);
+        rotate1(x[2 * i], x[2 * i + 1], *STEP_C(i), *STEP_S(i), sgn, f16, &y[2 * i],
+                &y[2 * i + 1]);
+}
+
+FR_AVX2_TARGET void fr_avx2_rotate_steps_f16(const uint16_t *x, uint16_t *y, int64_t half,
+                                             int interleaved, const float *const *cs8,
+                                             const float *const *sn8, float sgn, int nt)
+{
+    if (interleaved)
+        rotate16_pairs(x, y, NULL, NULL, cs8, sn8, 1, half, sgn, nt, 1);
+    else
+        rotate16(x, x + half, y, y + half, NULL, NULL, cs8, sn8, 1, half, sgn, nt, 1);
+}
+
+FR_AVX2_TARGET void fr_avx2_rotate_steps_bf16(const uint16_t *x, uint16_t *y, int64_t half,
+                                              int interleaved, const float *const *cs8,
+                                              const float *const *sn8, float sgn, int nt)
+{
+    if (interleaved)
+        rotate16_pairs(x, y, NULL, NULL, cs8, sn8, 1, half, sgn, nt, 0);
+    else
+        rotate16(x, x + half, y, y + half, NULL, NULL, cs8, sn8, 1, half, sgn, nt, 0);
 }
 
 FR_AVX2_TARGET void fr_avx2_rotate_pairs_f16(const uint16_t *x, uint16_t *y, const float *cs,
                                              const float *sn, int64_t m, float sgn, int nt)
 {
-    rotate16_pairs(x, y, cs, sn, m, sgn, nt, 1);
+    rotate16_pairs(x, y, cs, sn, NULL, NULL, 0, m, sgn, nt, 1);
 }
 
 FR_AVX2_TARGET void fr_avx2_rotate_pairs_bf16(const uint16_t *x, uint16_t *y, const float *cs,
                                               const float *sn, int64_t m, float sgn, int nt)
 {
-    rotate16_pairs(x, y, cs, sn, m, sgn, nt, 0);
+    rotate16_pairs(x, y, cs, sn, NULL, NULL, 0, m, sgn, nt, 0);
 }
 
 FR_AVX2_TARGET void fr_avx2_rotate_f16(const uint16_t *xa, const uint16_t *xb, uint16_t *ya,
                                        uint16_t *yb, const float *cs, const float *sn, int64_t m,
                                        float sgn, int nt)
 {
-    rotate16(xa, xb, ya, yb, cs, sn, m, sgn, nt, 1);
+    rotate16(xa, xb, ya, yb, cs, sn, NULL, NULL, 0, m, sgn, nt, 1);
 }
 
 FR_AVX2_TARGET void fr_avx2_rotate_bf16(const uint16_t *xa, const uint16_t *xb, uint16_t *ya,
                                         uint16_t *yb, const float *cs, const float *sn, int64_t m,
                                         float sgn, int nt)
 {
-    rotate16(xa, xb, ya, yb, cs, sn, m, sgn, nt, 0);
+    rotate16(xa, xb, ya, yb, cs, sn, NULL, NULL, 0, m, sgn, nt, 0);
 }
 
 #else

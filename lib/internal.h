@@ -322,6 +322,15 @@ void fr_avx2_rotate_pairs_f16(const uint16_t *x, uint16_t *y, const float *cs, c
                               int64_t m, float sgn, int nt);
 void fr_avx2_rotate_pairs_bf16(const uint16_t *x, uint16_t *y, const float *cs, const float *sn,
                                int64_t m, float sgn, int nt);
+/* A whole head of `half` pairs, NeoX (x[i], x[half + i]) or interleaved,
+ * whose cos/sin come in steps of 8 pairs: those of pair i are
+ * cs8[i / 8][i % 8] and sn8[i / 8][i % 8] (an axes map's pairs rotated
+ * straight from their axis's table row, cpu_apply.c). */
+void fr_avx2_rotate_steps_f16(const uint16_t *x, uint16_t *y, int64_t half, int interleaved,
+                              const float *const *cs8, const float *const *sn8, float sgn, int nt);
+void fr_avx2_rotate_steps_bf16(const uint16_t *x, uint16_t *y, int64_t half, int interleaved,
+                               const float *const *cs8, const float *const *sn8, float sgn,
+                               int nt);
 extern int fr_avx2_off;
 
 /* cpu_avx512.c (x86-64): the same four rotations with AVX-512 F/BW/VL, for

@@ -33,6 +33,7 @@
 #include <check.h>
 
 #include "fusedrope.h"
+#include "internal.h" /* fr_avx2_off */
 #include "ref.h"
 #include "util.h"
 
@@ -1042,6 +1043,66 @@ END_TEST
  * positions outside every table, which the library must not read.  THD
  * tokens, then the same rows on a bshd tensor.
  */
+/*
+ * Outputs of >= 4 MiB (streamed by the CPU backend, out of place, aligned),
+ * 16-bit ones with and without the AVX2 rotations: maps whose pairs are read
+ * in steps of 8 straight from the table rows (Qwen2-VL), steps gathered
+ * among them (GLM's [8,12,12] crosses a boundary inside a step, both
+ * styles, pass-through channels), and heads of 80 and 72 channels (a tail
+ * of 4 pairs, a head not whole 16-byte halves), forward and backward.
+ */
+static const int streamed_specs[5] = {0, 3, 4, 6, 7};
+
+static void test_streamed_body(int _i)
+{
+    const spec *sp = &specs[streamed_specs[_i / 3]];
+    const fusedrope_dtype dt = dtypes[_i % 3];
+    const int64_t B = 1, H = 32, D = sp->D;
+    const int64_t S = ((int64_t)4 << 20) / (H * D * (int64_t)ref_dtype_size(dt)) + 3;
+    cache_pair cp;
+    tu_rng r;
+    make_cache(&cp, sp, ROWS);
+    tu_rng_init(&r, 300000 + (uint64_t)_i);
+    neg_ok = 0;
+    for (int off = 0; off < (dt == FUSEDROPE_FLOAT32 ? 1 : 2); off++) {
+        for (int backward = 0; backward < 2; backward++) {
+            tu_buf xb, yb, ysnap;
+            fusedrope_tensor x = tu_tensor(LAY_SBHD, dt, S, B, H, D, &xb);
+            fusedrope_tensor y = tu_tensor(LAY_SBHD, dt, S, B, H, D, &yb);
+            fusedrope_positions P;
+            const fusedrope_positions *pos =
+                make_positions(&P, PM_ROWS, cp.naxes, S, B, NULL, 0, ROWS, &r);
+            const int64_t *positions = axis_positions(pos, cp.naxes, S, B);
+            fusedrope_status st;
+            char what[512];
+            tu_fill_random(&xb, &r, -4, 4);
+            ysnap = tu_buf_copy(&yb);
+            ck_assert_msg(yb.nbytes >= ((size_t)4 << 20), "not a streamed size");
+            snprintf(what, sizeof what, "[seed %llu] %s, %s %s %s%s, streamed",
+                     (unsigned long long)tu_seed, sp->name, ref_dtype_name(dt),
+                     sp->style == NEOX ? "neox" : "gpt-j", backward ? "backward" : "forward",
+                     off ? ", AVX2 off" : "");
+#ifdef FR_HAVE_AVX2
+            __atomic_store_n(&fr_avx2_off, off, __ATOMIC_RELAXED);
+#endif
+            st = call1(cp.cache, sp->style, pos, &x, &y, backward);
+#ifdef FR_HAVE_AVX2
+            __atomic_store_n(&fr_avx2_off, 0, __ATOMIC_RELAXED);
+#endif
+            ck_assert_msg(st == FUSEDROPE_OK, "%s: returned %s (%s)", what,
+                          fusedrope_status_string(st), fusedrope_last_error());
+            verify(what, &cp.ref, sp->style, positions, &x, &y, &yb, &ysnap, backward);
+        }
+    }
+    end_test();
+}
+
+START_TEST(test_streamed)
+{
+    test_streamed_body(_i);
+}
+END_TEST
+
 START_TEST(test_persistent_buffer)
 {
     const spec *sp = &specs[_i];
@@ -1143,6 +1204,7 @@ int main(void)
     tcase_add_test(tc, test_bad_configs);
     tcase_add_loop_test(tc, test_bad_positions, 0, NSPECS);
     tcase_add_loop_test(tc, test_persistent_buffer, 0, NSPECS);
+    tcase_add_loop_test(tc, test_streamed, 0, 15);
     tcase_add_loop_test(tc, test_longrope_seq_len, 0, 6);
     suite_add_tcase(s, tc);
     return tu_main(s, "test_axes");
