@@ -225,13 +225,8 @@ static void token_angles(const fusedrope_cache *cache, const int64_t *pax, int64
     }
     for (int64_t i = 0; i < m; i++) {
         const int32_t e = cache->pair_map ? cache->pair_map[i0 + i] : (int32_t)((i0 + i) << 2);
-        const int64_t p = pax[fr_map_axis(e)], col = fr_map_col(e);
-        if (cache->cos) {
-            c[i] = cache->cos[p * half + col];
-            s[i] = cache->sin[p * half + col];
-        } else {
-            fr_angle(p, cache->inv_freq[col], cache->attention_factor, &c[i], &s[i]);
-        }
+        fr_pair_cos_sin(cache->cos, cache->sin, cache->inv_freq, cache->attention_factor, half,
+                        pax[fr_map_axis(e)], fr_map_col(e), &c[i], &s[i]);
     }
 }
 
