@@ -169,13 +169,7 @@ enum {
     ROW_PAIRS = 128,
     ANGLE_PAIRS = 256,
     STREAM_ROW_BYTES = 8192,      /* heads streamed without cpu_avx2.c: up to this */
-    STREAM_DIRECT_BYTES = 16384,  /* heads streamed straight from cpu_avx2.c: up to this */
-    /* A call of fewer elements runs on the calling thread alone: starting a
-     * team cost 1.3-2 us a call, the work ~0.2 ns an element on one core
-     * (decode calls, 1 token x 40 heads x 128 channels per batch entry,
-     * bench/RESULTS.md), so 2 threads broke even at 10-20K elements and
-     * saved >= 15% from 30K on */
-    TEAM_MIN_ELEMS = 1 << 15
+    STREAM_DIRECT_BYTES = 16384   /* heads streamed straight from cpu_avx2.c: up to this */
 };
 
 /* cos/sin of pairs [i0, i0 + m) of a token whose position on axis a is
@@ -377,7 +371,7 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
     (void)direct; /* read only where there is SSE2, as on every CPU with AVX2 */
     {
         int threads = 1, id = 0;
-        int64_t n0, n1, base, rem;
+        int64_t n0, n1;
         int64_t pax[FUSEDROPE_MAX_AXES] = { 0, 0, 0, 0 }; /* the token's position per axis */
         const float *cs = NULL, *sn = NULL;
         const float *c8[STEP_MAX], *s8[STEP_MAX]; /* with steps: each step's cos/sin */
@@ -392,10 +386,7 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
         threads = omp_get_num_threads();
         id = omp_get_thread_num();
 #endif
-        base = items / threads;
-        rem = items % threads;
-        n0 = id * base + (id < rem ? id : rem);
-        n1 = n0 + base + (id < rem);
+        fr_thread_share(items, threads, id, &n0, &n1);
 
         /* Items n0..n1-1, one token's run of heads [hh, hh + run) at a time:
          * the token's position and cos/sin once per run, each tensor's head
@@ -535,6 +526,18 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
 
 _Thread_local int fr_cpu_team;
 
+int fr_cpu_team_size(const fusedrope_cache *cache, int64_t elems)
+{
+#ifdef _OPENMP
+    if (elems >= FR_TEAM_MIN_ELEMS)
+        return cache->num_threads > 0 ? cache->num_threads : omp_get_max_threads();
+#else
+    (void)cache;
+#endif
+    (void)elems;
+    return 1;
+}
+
 void fr_cpu_apply(const fr_apply_args *args)
 {
     const fusedrope_cache *cache = args->cache;
@@ -561,7 +564,6 @@ void fr_cpu_apply(const fr_apply_args *args)
         stream[k] = direct[k] || fr_streamable(&args->io[k], es, tokens, STREAM_ROW_BYTES);
     }
 
-#ifdef _OPENMP
     {
         /* Small calls run on the calling thread: a team, even an inactive
          * one (a false if clause), costs more than such a call (~0.3 us,
@@ -569,9 +571,8 @@ void fr_cpu_apply(const fr_apply_args *args)
          * OpenMP default.  Inside the caller's active parallel region the
          * nested region is normally inactive (one thread) and still gives
          * cpu_share its own team of one. */
-        const int nthreads = elems < TEAM_MIN_ELEMS ? 1
-                             : cache->num_threads > 0 ? cache->num_threads
-                                                      : omp_get_max_threads();
+        const int nthreads = fr_cpu_team_size(cache, elems);
+#ifdef _OPENMP
         if (nthreads > 1 || omp_in_parallel()) {
 #pragma omp parallel num_threads(nthreads)
             {
@@ -581,8 +582,10 @@ void fr_cpu_apply(const fr_apply_args *args)
             }
             return;
         }
-    }
+#else
+        (void)nthreads; /* 1 */
 #endif
+    }
     fr_cpu_team = 0;
     cpu_share(args, rc, stream, direct, steps, step_axis, step_col);
 }

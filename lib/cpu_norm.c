@@ -529,15 +529,6 @@ static void token_angles(const fusedrope_cache *cache, const fr_pos_args *pos, i
     *sn = row_s;
 }
 
-static int threads_max(void)
-{
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
 static int thread_id(void)
 {
 #ifdef _OPENMP
@@ -817,7 +808,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
     const fusedrope_cache *cache = a->cache;
     const int64_t tokens = a->seq_len * a->batch;
     int64_t elems = 0;
-    const int nth = threads_max();
+    int nth;
     fwd_call fc;
     float *wf[2] = { NULL, NULL };
 #ifdef FR_HAVE_AVX2
@@ -844,6 +835,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
      * caches), for the two rows in flight, and a streamed output row
      * (hdmax elements of at most 4 bytes) */
     fc.per = 3 * (size_t)fc.hdmax + 2 * (size_t)cache->rot_dim;
+    nth = fr_cpu_team_size(cache, elems);
     fc.scratch = malloc(((size_t)nth * fc.per + 2 * (size_t)fc.hdmax) * sizeof(float));
     if (!fc.scratch)
         return fr_fail(FUSEDROPE_ERR_NOMEM, "the norm's row scratch (%zu bytes) could not be "
@@ -858,20 +850,22 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
         fc.fin[k] = fc.wf_ok[k] && fwd_fin(na, wf[k], a->io[k].head_dim);
     }
 
-#pragma omp parallel if (elems > (1 << 15))
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nth) if (nth > 1)
+#endif
     {
         int threads = 1;
         const int id = thread_id();
-        int64_t n0, base, rem;
+        int64_t n0, n1;
         fwd_walk w;
         fr_fpenv fpenv; /* this thread's, restored at the end (internal.h) */
         fr_fpenv_enter(&fpenv);
 #ifdef _OPENMP
         threads = omp_get_num_threads();
 #endif
-        base = fc.items / threads;
-        rem = fc.items % threads;
-        n0 = id * base + (id < rem ? id : rem);
+        if (id == 0) /* the test hook, as fr_cpu_apply sets it */
+            fr_cpu_team = nth > 1 ? threads : 0;
+        fr_thread_share(fc.items, threads, id, &n0, &n1);
         w.mine = fc.scratch + (size_t)id * fc.per;
         w.stage = (char *)(w.mine + 2 * fc.hdmax + 2 * cache->rot_dim);
         w.t = fc.heads ? n0 / fc.heads : 0;
@@ -880,10 +874,10 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
         w.token = -1;
 #ifdef FR_HAVE_AVX2
         if (avx2_rows)
-            avx2_rows(&fc, &w, n0, n0 + base + (id < rem));
+            avx2_rows(&fc, &w, n0, n1);
         else
 #endif
-            fwd_rows_portable(&fc, &w, n0, n0 + base + (id < rem));
+            fwd_rows_portable(&fc, &w, n0, n1);
         FR_STREAM_FENCE();
         fr_fpenv_leave(&fpenv);
     }
@@ -1052,7 +1046,7 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     const int64_t tokens = a->seq_len * a->batch;
     const int64_t C = FUSEDROPE_NORM_DW_CHUNK;
     const int64_t chunks = (tokens + C - 1) / C;
-    const int nth = threads_max();
+    int nth;
     int64_t hdmax = 0, elems = 0, pbase[2] = { 0, 0 }, ptotal = 0, items;
     float *wf[2] = { NULL, NULL }, *scratch, *partial;
     size_t per, total;
@@ -1078,6 +1072,7 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
 #endif
     }
     /* per thread: g, n (then dx), the saved row, a table-less token's cos/sin */
+    nth = fr_cpu_team_size(cache, elems);
     per = 3 * (size_t)hdmax + (size_t)cache->rot_dim;
     total = (size_t)nth * per + 2 * (size_t)hdmax + (size_t)ptotal;
     scratch = malloc(total * sizeof(float));
@@ -1091,7 +1086,9 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     }
     items = chunks * a->count;
 
-#pragma omp parallel for schedule(dynamic, 1) if (elems > (1 << 15))
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nth) if (nth > 1)
+#endif
     for (int64_t it = 0; it < items; it++) {
         const int k = (int)(it / chunks);
         const int64_t ch = it % chunks;

@@ -168,6 +168,15 @@ static inline int fr_streamable(const fr_io *io, size_t es, int64_t tokens, size
     return 0;
 #endif
 }
+
+/* Thread id's share [*n0, *n1) of `items` split over `threads`: the first
+ * items % threads threads one item more (both OpenMP backends). */
+static inline void fr_thread_share(int64_t items, int threads, int id, int64_t *n0, int64_t *n1)
+{
+    const int64_t base = items / threads, rem = items % threads;
+    *n0 = id * base + (id < rem ? id : rem);
+    *n1 = *n0 + base + (id < rem);
+}
 #endif /* !__cplusplus */
 
 /* The four public calls, each a direction (forward, backward) and a count
@@ -297,6 +306,16 @@ fusedrope_status fr_cuda_norm_backward(const fr_norm_args *args);
 
 /* OpenMP backend (lib/cpu_apply.c). */
 void fr_cpu_apply(const fr_apply_args *args);
+
+/* The team a CPU call of `elems` elements (its tensors together) asks for,
+ * both OpenMP backends' rule (fusedrope_cache_create(3), num_threads): a
+ * call under FR_TEAM_MIN_ELEMS runs on the calling thread (starting a team
+ * cost 1.3-2 us a call, the work ~0.2 ns an element on one core: 2 threads
+ * broke even at 10-20K elements and saved >= 15% from 30K on, decode calls
+ * in bench/RESULTS.md); larger ones the cache's num_threads, or the OpenMP
+ * default.  1 without OpenMP. */
+#define FR_TEAM_MIN_ELEMS ((int64_t)1 << 15)
+int fr_cpu_team_size(const fusedrope_cache *cache, int64_t elems);
 /* For tests: the size of the OpenMP team of this thread's last CPU call, or
  * 0 when it ran on the calling thread without a parallel region. */
 #ifndef __cplusplus

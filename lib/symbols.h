@@ -22,6 +22,7 @@
 #define fr_axes_map fusedrope__axes_map
 #define fr_cpu_apply fusedrope__cpu_apply
 #define fr_cpu_team fusedrope__cpu_team
+#define fr_cpu_team_size fusedrope__cpu_team_size
 #define fr_avx2_usable fusedrope__avx2_usable
 #define fr_avx2_off fusedrope__avx2_off
 #define fr_avx2_rotate_f16 fusedrope__avx2_rotate_f16

@@ -1126,6 +1126,48 @@ static void expect(fusedrope_status got, fusedrope_status want, const char *need
                   what, fusedrope_last_error(), needle);
 }
 
+/* The norm's OpenMP team is the cache's num_threads (fusedrope_cache_create(3)),
+ * small calls none, as for the plain calls; the bytes the same for each. */
+START_TEST(test_cache_num_threads)
+{
+#ifdef _OPENMP
+    static const int want[3][2] = { { 1, 0 }, { 3, 3 }, { 2, 2 } };
+    const int64_t S = 64, H = 8, D = 64; /* 32768 elements: a team */
+    tu_rng r;
+    tu_buf xb, yb[3], sb;
+    fusedrope_tensor x, y[3], small;
+    fusedrope_norm nm;
+    tu_rng_init(&r, 1200);
+    x = tu_tensor(LAY_SBHD, FUSEDROPE_BFLOAT16, S, 1, H, D, &xb);
+    tu_fill_view(&x, &r, -2, 2);
+    small = tu_tensor(LAY_SBHD, FUSEDROPE_BFLOAT16, 2, 1, H, D, &sb);
+    tu_fill_view(&small, &r, -2, 2);
+    fusedrope_norm_init(&nm);
+    for (int i = 0; i < 3; i++) {
+        fusedrope_cache_config cfg;
+        fusedrope_cache *cache;
+        fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)D, S, 10000.0);
+        cfg.num_threads = want[i][0];
+        ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+        tu_track(cache);
+        y[i] = tu_tensor(LAY_SBHD, FUSEDROPE_BFLOAT16, S, 1, H, D, &yb[i]);
+        fr_cpu_team = -1;
+        ck_assert_int_eq(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &x, &y[i],
+                                                   NULL, NULL, NULL), FUSEDROPE_OK);
+        ck_assert_msg(fr_cpu_team == want[i][1], "num_threads %d: team %d, want %d",
+                      want[i][0], fr_cpu_team, want[i][1]);
+        ck_assert_msg(memcmp(yb[i].p, yb[0].p, yb[0].nbytes) == 0,
+                      "num_threads %d changed the bytes", want[i][0]);
+        fr_cpu_team = -1;
+        ck_assert_int_eq(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &small,
+                                                   &small, NULL, NULL, NULL), FUSEDROPE_OK);
+        ck_assert_msg(fr_cpu_team == 0, "a small call started a team of %d", fr_cpu_team);
+    }
+    tu_free_all();
+#endif
+}
+END_TEST
+
 START_TEST(test_refusals)
 {
     tu_rng r;
@@ -1372,6 +1414,7 @@ static Suite *norm_suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("refusals");
     tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_cache_num_threads);
     tcase_add_test(tc, test_empty);
     suite_add_tcase(s, tc);
     return s;
