@@ -44,9 +44,11 @@ tests_test_nomem_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 # it has found stay tested under make check, the sanitizer build and
 # valgrind.  With ./configure CC=clang --enable-fuzzing it is also linked
 # with libFuzzer, and `make fuzz` runs it for $(FUZZ_TIME) seconds.
+# decode.c: the decoding and plain-call model both targets share.
+FUZZ_DECODE = tests/fuzz/decode.c tests/fuzz/decode.h
 check_PROGRAMS += tests/fuzz/fuzz_replay
 TESTS += tests/fuzz/fuzz_replay
-tests_fuzz_fuzz_replay_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c
+tests_fuzz_fuzz_replay_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c $(FUZZ_DECODE)
 tests_fuzz_fuzz_replay_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
 tests_fuzz_fuzz_replay_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
@@ -57,7 +59,7 @@ tests_fuzz_fuzz_replay_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 if HAVE_CUDA_EMU
 check_PROGRAMS += tests/fuzz/fuzz_replay_emu
 TESTS += tests/fuzz/fuzz_replay_emu
-tests_fuzz_fuzz_replay_emu_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c \
+tests_fuzz_fuzz_replay_emu_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c $(FUZZ_DECODE) \
 	tests/cuda_emu_wrap.c kernels/cuda_apply_emu.cc
 tests_fuzz_fuzz_replay_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_fuzz_fuzz_replay_emu_CXXFLAGS = $(EMU_CXXFLAGS)
@@ -67,7 +69,7 @@ tests_fuzz_fuzz_replay_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 endif
 
 EXTRA_PROGRAMS = tests/fuzz/fuzz_apply
-tests_fuzz_fuzz_apply_SOURCES = tests/fuzz/fuzz_apply.c
+tests_fuzz_fuzz_apply_SOURCES = tests/fuzz/fuzz_apply.c $(FUZZ_DECODE)
 tests_fuzz_fuzz_apply_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
 tests_fuzz_fuzz_apply_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 CLEANFILES += tests/fuzz/fuzz_apply$(EXEEXT)
