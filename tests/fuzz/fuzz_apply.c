@@ -48,7 +48,7 @@
  * reach angles far past the tests').
  *
  * Environment: FUSEDROPE_FUZZ_LENIENT=1 steers around the library defects
- * listed in the KI_ enum below (all fixed now; each has a regression test in
+ * listed in decode.h's KI_ enum (each fixed one has a regression test in
  * tests/fuzz/test_regress.c), so that fuzzing an old library can go on past
  * them; by default they are findings like any other.
  * FUSEDROPE_FUZZ_VERBOSE=1 prints every call's status and the trace.
