@@ -44,9 +44,11 @@ tests_test_nomem_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 # it has found stay tested under make check, the sanitizer build and
 # valgrind.  With ./configure CC=clang --enable-fuzzing it is also linked
 # with libFuzzer, and `make fuzz` runs it for $(FUZZ_TIME) seconds.
+# decode.c: the decoding and plain-call model both targets share.
+FUZZ_DECODE = tests/fuzz/decode.c tests/fuzz/decode.h
 check_PROGRAMS += tests/fuzz/fuzz_replay
 TESTS += tests/fuzz/fuzz_replay
-tests_fuzz_fuzz_replay_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c
+tests_fuzz_fuzz_replay_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c $(FUZZ_DECODE)
 tests_fuzz_fuzz_replay_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
 tests_fuzz_fuzz_replay_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
@@ -57,7 +59,7 @@ tests_fuzz_fuzz_replay_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 if HAVE_CUDA_EMU
 check_PROGRAMS += tests/fuzz/fuzz_replay_emu
 TESTS += tests/fuzz/fuzz_replay_emu
-tests_fuzz_fuzz_replay_emu_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c \
+tests_fuzz_fuzz_replay_emu_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c $(FUZZ_DECODE) \
 	tests/cuda_emu_wrap.c kernels/cuda_apply_emu.cc
 tests_fuzz_fuzz_replay_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_fuzz_fuzz_replay_emu_CXXFLAGS = $(EMU_CXXFLAGS)
@@ -66,18 +68,50 @@ tests_fuzz_fuzz_replay_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
 tests_fuzz_fuzz_replay_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 endif
 
-EXTRA_PROGRAMS = tests/fuzz/fuzz_apply
-tests_fuzz_fuzz_apply_SOURCES = tests/fuzz/fuzz_apply.c
+# The second target, tests/fuzz/fuzz_norm.c: the fused RMSNorm + RoPE
+# (fusedrope_norm_forward_qk / _backward_qk), on decode.c's calls.  Its
+# replay runs tests/fuzz/corpus_norm and tests/fuzz/regress_norm.
+FUZZ_NORM_REPLAY = -DFUZZ_CORPUS='"corpus_norm"' -DFUZZ_REGRESS='"regress_norm"'
+check_PROGRAMS += tests/fuzz/fuzz_norm_replay
+TESTS += tests/fuzz/fuzz_norm_replay
+tests_fuzz_fuzz_norm_replay_SOURCES = tests/fuzz/fuzz_norm.c tests/fuzz/replay.c $(FUZZ_DECODE)
+tests_fuzz_fuzz_norm_replay_CPPFLAGS = $(AM_CPPFLAGS) $(FUZZ_NORM_REPLAY)
+tests_fuzz_fuzz_norm_replay_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
+tests_fuzz_fuzz_norm_replay_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
+# ... and with test_norm_emu's wraps (tests/local.mk): every norm call the
+# library accepts runs on the emulated kernels (which must also match the
+# OpenMP backend to the bit), judged by the harness's model.
+if HAVE_CUDA_EMU
+check_PROGRAMS += tests/fuzz/fuzz_norm_replay_emu
+TESTS += tests/fuzz/fuzz_norm_replay_emu
+tests_fuzz_fuzz_norm_replay_emu_SOURCES = tests/fuzz/fuzz_norm.c tests/fuzz/replay.c \
+	$(FUZZ_DECODE) tests/cuda_norm_emu_wrap.c kernels/cuda_norm_emu.cc
+tests_fuzz_fuzz_norm_replay_emu_CPPFLAGS = $(EMU_CPPFLAGS) $(FUZZ_NORM_REPLAY)
+tests_fuzz_fuzz_norm_replay_emu_CXXFLAGS = $(EMU_CXXFLAGS)
+tests_fuzz_fuzz_norm_replay_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_norm_forward \
+	-Wl,--wrap=fusedrope__cpu_norm_backward
+tests_fuzz_fuzz_norm_replay_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
+tests_fuzz_fuzz_norm_replay_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+endif
+
+EXTRA_PROGRAMS = tests/fuzz/fuzz_apply tests/fuzz/fuzz_norm
+tests_fuzz_fuzz_apply_SOURCES = tests/fuzz/fuzz_apply.c $(FUZZ_DECODE)
 tests_fuzz_fuzz_apply_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
 tests_fuzz_fuzz_apply_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
-CLEANFILES += tests/fuzz/fuzz_apply$(EXEEXT)
+tests_fuzz_fuzz_norm_SOURCES = tests/fuzz/fuzz_norm.c $(FUZZ_DECODE)
+tests_fuzz_fuzz_norm_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
+tests_fuzz_fuzz_norm_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+CLEANFILES += tests/fuzz/fuzz_apply$(EXEEXT) tests/fuzz/fuzz_norm$(EXEEXT)
 
-EXTRA_DIST += tests/fuzz/corpus tests/fuzz/regress tests/fuzz/README
+EXTRA_DIST += tests/fuzz/corpus tests/fuzz/regress tests/fuzz/README \
+	tests/fuzz/corpus_norm tests/fuzz/regress_norm
 
 FUZZ_TIME = 60
 FUZZ_FLAGS =
 if ENABLE_FUZZING
 tests_fuzz_fuzz_apply_LDFLAGS = -fsanitize=fuzzer
+tests_fuzz_fuzz_norm_LDFLAGS = -fsanitize=fuzzer
 
 # make check in this (clang) build: LeakSanitizer reports LLVM libomp's
 # per-thread blocks at the exit of every forked test, and its tracer can
@@ -85,21 +119,26 @@ tests_fuzz_fuzz_apply_LDFLAGS = -fsanitize=fuzzer
 # build instead.  (make fuzz keeps libFuzzer's leak detection.)
 AM_TESTS_ENVIRONMENT = ASAN_OPTIONS="detect_leaks=0$${ASAN_OPTIONS:+:$$ASAN_OPTIONS}"; export ASAN_OPTIONS;
 
-# Runs on a temporary copy of the corpus (new inputs are not kept); a crash,
-# leak, timeout or sanitizer report is written to tests/fuzz/crash-* (etc.)
-# and makes the target fail.
-fuzz: tests/fuzz/fuzz_apply$(EXEEXT)
-	@tmp=`mktemp -d` || exit 1; \
-	cp $(srcdir)/tests/fuzz/corpus/* "$$tmp"/ && \
-	echo "fuzzing for $(FUZZ_TIME) s on a copy of $(srcdir)/tests/fuzz/corpus in $$tmp"; \
-	ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1} \
-	UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1} \
-	./tests/fuzz/fuzz_apply$(EXEEXT) -max_total_time=$(FUZZ_TIME) -timeout=30 \
-	  -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=tests/fuzz/ \
-	  $(FUZZ_FLAGS) "$$tmp"; \
-	rc=$$?; rm -rf "$$tmp"; \
-	if test $$rc -ne 0; then echo "make fuzz: a finding (exit $$rc); see tests/fuzz/crash-* and the log above" >&2; fi; \
-	exit $$rc
+# Runs each target (fuzz_apply on tests/fuzz/corpus, fuzz_norm on
+# tests/fuzz/corpus_norm) for $(FUZZ_TIME) seconds on a temporary copy of its
+# corpus (new inputs are not kept); a crash, leak, timeout or sanitizer
+# report is written to tests/fuzz/crash-* (etc.) and makes the target fail.
+# FUZZ_TARGETS="norm" runs one.
+FUZZ_TARGETS = apply norm
+fuzz: tests/fuzz/fuzz_apply$(EXEEXT) tests/fuzz/fuzz_norm$(EXEEXT)
+	@fail=0; for t in $(FUZZ_TARGETS); do \
+	  case $$t in apply) corpus=corpus ;; *) corpus=corpus_$$t ;; esac; \
+	  tmp=`mktemp -d` || exit 1; \
+	  cp $(srcdir)/tests/fuzz/$$corpus/* "$$tmp"/ && \
+	  echo "fuzz_$$t: fuzzing for $(FUZZ_TIME) s on a copy of $(srcdir)/tests/fuzz/$$corpus in $$tmp"; \
+	  ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1} \
+	  UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1} \
+	  ./tests/fuzz/fuzz_$$t$(EXEEXT) -max_total_time=$(FUZZ_TIME) -timeout=30 \
+	    -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=tests/fuzz/ \
+	    $(FUZZ_FLAGS) "$$tmp"; \
+	  rc=$$?; rm -rf "$$tmp"; \
+	  if test $$rc -ne 0; then echo "make fuzz: fuzz_$$t: a finding (exit $$rc); see tests/fuzz/crash-* and the log above" >&2; fail=$$rc; fi; \
+	done; exit $$fail
 else
 fuzz:
 	@echo "make fuzz needs a build configured with: ./configure CC=clang --enable-fuzzing" >&2; \

@@ -845,3 +845,27 @@ void ref_norm_backward(const ref_rope *r, fusedrope_style style, const int64_t *
         }
     free(g);
 }
+
+double ref_norm_rstd_tolerance(double ref)
+{
+    return fabs(ref) * 0x1p-20;
+}
+
+double ref_norm_y_tolerance(double ref, double mag, double flip, double attn, int rounding,
+                            fusedrope_dtype dt)
+{
+    return ref_ulp(ref, dt) + mag * 0x1p-19 * attn +
+           (rounding == FUSEDROPE_NORM_ROUND_LLAMA   ? 3 * flip * attn
+            : rounding == FUSEDROPE_NORM_ROUND_GEMMA ? flip * attn
+                                                     : 0);
+}
+
+double ref_norm_dx_tolerance(double ref, double scale, fusedrope_dtype dt)
+{
+    return ref_ulp(ref, dt) + scale * 0x1p-16;
+}
+
+double ref_norm_dw_tolerance(double dw_abs)
+{
+    return dw_abs * 0x1p-15 + 1e-30;
+}

@@ -229,4 +229,24 @@ void ref_norm_backward(const ref_rope *r, fusedrope_style style, const int64_t *
                        const float *rstd, double *dx, double *dw, double *dw_abs,
                        double *scale);
 
+/*
+ * The bounds tests/test_norm.c holds the fused norm to, for every test that
+ * judges it (test_norm, the fuzz target tests/fuzz/fuzz_norm.c):
+ *   rstd: |got - ref| <= ref * 2^-20 (float32 roundings of the sum, mean,
+ *     sqrt and division, times the reduction's depth);
+ *   y:    ulp(ref) + mag * 2^-19 * attn, plus, where the rounding mode
+ *     rounds to the dtype before the rotation, a value at a tie may go
+ *     the other way: GEMMA one ulp of v (flip * attn), LLAMA three
+ *     (3 * flip * attn: n rounded, then n * w', |w'| up to 2); mag is
+ *     |v_a| + |v_b| of the pair (|v| past rot_dim), flip ulp(v_a) + ulp(v_b)
+ *     (ulp(v) past rot_dim), in the dtype;
+ *   dx:   ulp(ref) + scale * 2^-16, scale from ref_norm_backward;
+ *   dw:   dw_abs * 2^-15 + 1e-30, dw_abs from ref_norm_backward.
+ */
+double ref_norm_rstd_tolerance(double ref);
+double ref_norm_y_tolerance(double ref, double mag, double flip, double attn, int rounding,
+                            fusedrope_dtype dt);
+double ref_norm_dx_tolerance(double ref, double scale, fusedrope_dtype dt);
+double ref_norm_dw_tolerance(double dw_abs);
+
 #endif /* FUSEDROPE_TEST_REF_H */

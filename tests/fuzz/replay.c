@@ -3,7 +3,8 @@
  * every file of the seed corpus and of the regression inputs (or the files
  * and directories named on the command line), then FUZZ_REPLAY_RANDOM
  * (default 300; 30 under valgrind) pseudo-random inputs from a fixed seed.
- * Any finding aborts, so the test fails.
+ * Any finding aborts, so the test fails; FUZZ_REPLAY_SAVE=file keeps the
+ * pseudo-random input being run in that file (the one that aborted).
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -17,6 +18,14 @@
 #include <sys/stat.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* The target's seed corpus and regression inputs under tests/fuzz/. */
+#ifndef FUZZ_CORPUS
+#define FUZZ_CORPUS "corpus"
+#endif
+#ifndef FUZZ_REGRESS
+#define FUZZ_REGRESS "regress"
+#endif
 
 static unsigned long files;
 
@@ -78,6 +87,7 @@ int main(int argc, char **argv)
     const char *srcdir = getenv("srcdir");
     const char *rs = getenv("FUZZ_REPLAY_RANDOM");
     const char *vg = getenv("VALGRIND");
+    const char *save = getenv("FUZZ_REPLAY_SAVE");
     long random_inputs = rs ? atol(rs) : vg && *vg ? 30 : 300;
     uint64_t x = 0x853c49e6748fea9bull;
     char p[4096];
@@ -86,9 +96,9 @@ int main(int argc, char **argv)
         for (int i = 1; i < argc; i++)
             run_path(argv[i], 1);
     } else {
-        snprintf(p, sizeof p, "%s/tests/fuzz/corpus", srcdir ? srcdir : ".");
+        snprintf(p, sizeof p, "%s/tests/fuzz/" FUZZ_CORPUS, srcdir ? srcdir : ".");
         run_path(p, 1);
-        snprintf(p, sizeof p, "%s/tests/fuzz/regress", srcdir ? srcdir : ".");
+        snprintf(p, sizeof p, "%s/tests/fuzz/" FUZZ_REGRESS, srcdir ? srcdir : ".");
         run_path(p, 0);
     }
     for (long i = 0; i < random_inputs; i++) {
@@ -101,9 +111,16 @@ int main(int argc, char **argv)
             /* mostly small bytes: the harness reads them as "ordinary" choices */
             buf[j] = (unsigned char)(x % 7 == 0 ? x >> 24 : (x >> 24) % 200);
         }
+        if (save) { /* the input being run, kept when it aborts */
+            FILE *f = fopen(save, "wb");
+            if (!f || fwrite(buf, 1, n, f) != n || fclose(f) != 0) {
+                perror(save);
+                exit(1);
+            }
+        }
         LLVMFuzzerTestOneInput(buf, n);
     }
-    printf("fuzz_replay: %lu files and %ld pseudo-random inputs, no finding\n", files,
+    printf("fuzz_replay (" FUZZ_CORPUS "): %lu files and %ld pseudo-random inputs, no finding\n", files,
            random_inputs);
     return 0;
 }
