@@ -102,10 +102,6 @@ enum {
     KI_CP_INT_OVERFLOW,     /* fr_cp_position computes 2 * cp_size in int: UB for cp_size >= 2^30 */
     KI_POS_IN_OUTPUT,       /* a position array inside an output is re-read after being written */
     KI_MISALIGNED,          /* data not aligned to its element size is accepted (UB, GPU fault) */
-    /* fuzz_norm (open): lib/norm.c's prepare computes tokens = seq_len * batch
-     * in int64 before any overflow check: UB for an empty tensor (heads 0)
-     * of seq_len 2 and batch INT64_MAX, which the plain rules accept */
-    KI_NORM_TOKENS_OVERFLOW,
 };
 
 int known_issue(int which);

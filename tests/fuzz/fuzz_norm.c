@@ -887,15 +887,6 @@ static void run_norm(src_t *s, cache_t *ct, rng_t *r, int null_cache)
     memset(&R, 0, sizeof R);
     fz_setup(s, ct, r, null_cache, qk, fc);
     hard = fc->any_nonempty;
-    for (int k = 0; k < 2 * fc->count; k++) {
-        const fusedrope_tensor *t = &fc->ts[k].t;
-        if (fc->ts[k].present && t->seq_len > 0 && t->batch > 0 &&
-            (i128)t->seq_len * t->batch > INT64_MAX && known_issue(KI_NORM_TOKENS_OVERFLOW)) {
-            note("  (lenient: tokens of tensor %d overflow int64; call skipped)\n", k);
-            fz_call_free(fc);
-            return;
-        }
-    }
 
     /* ---- the norm */
     R.kind = pick_enum(s, 3);
