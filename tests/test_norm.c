@@ -306,7 +306,7 @@ static int64_t check_forward_tensor(run *R, const ncase *c, const fusedrope_tens
                 if (rstd) {
                     const double got = rstd[(b * x->seq_len + s) * x->heads + h],
                                  want = rs[(b * x->seq_len + s) * x->heads + h];
-                    if (!(fabs(got - want) <= want * 0x1p-20) && bad++ < 3)
+                    if (!(fabs(got - want) <= ref_norm_rstd_tolerance(want)) && bad++ < 3)
                         snprintf(msg + strlen(msg), MSG - strlen(msg),
                                  " rstd(s %lld b %lld h %lld) %.9g want %.9g;", (long long)s,
                                  (long long)b, (long long)h, got, want);
@@ -324,16 +324,9 @@ static int64_t check_forward_tensor(run *R, const ncase *c, const fusedrope_tens
                         mag = fabs(vv[ch]);
                         flip = ref_ulp(vv[ch], c->dt);
                     }
-                    /* a rounding mode's intermediate roundings may land on
-                     * the other side of a tie than the float64 reference's
-                     * (rstd in float32): GEMMA rounds v = n(1+w) once (one
-                     * ulp of v); LLAMA rounds n, then n*w: a flip of n moves
-                     * v by |w| ulp(n) <= 2 ulp(v), and the product's own
-                     * rounding one more: three ulps of v */
-                    tol = ref_ulp(o[ch], c->dt) + mag * 0x1p-19 * R->ref.attn +
-                          (c->rounding == FUSEDROPE_NORM_ROUND_LLAMA   ? 3 * flip * R->ref.attn
-                           : c->rounding == FUSEDROPE_NORM_ROUND_GEMMA ? flip * R->ref.attn
-                                                                       : 0);
+                    /* ref.h: the rotation's bound, the norm's float32 steps
+                     * and, where the mode rounds v, a tie going the other way */
+                    tol = ref_norm_y_tolerance(o[ch], mag, flip, R->ref.attn, c->rounding, c->dt);
                     if (!(fabs(got - o[ch]) <= tol) && bad++ < 3)
                         snprintf(msg + strlen(msg), MSG - strlen(msg),
                                  " y(s %lld b %lld h %lld c %lld) %.9g want %.9g tol %.3g;",
@@ -620,7 +613,7 @@ static int64_t check_backward_tensor(run *R, const ncase *c, const fusedrope_ten
                 for (int64_t ch = 0; ch < dy->head_dim; ch++) {
                     const double got = ref_load(dx->data, dx->dtype, ref_offset(dx, s, b, h, ch));
                     const double wv = want[row * dy->head_dim + ch];
-                    const double tol = ref_ulp(wv, c->dt) + scale[row] * 0x1p-16;
+                    const double tol = ref_norm_dx_tolerance(wv, scale[row], c->dt);
                     if (!(fabs(got - wv) <= tol) && bad++ < 3)
                         snprintf(msg + strlen(msg), MSG - strlen(msg),
                                  " dx(s %lld b %lld h %lld c %lld) %.9g want %.9g tol %.3g;",
@@ -630,7 +623,7 @@ static int64_t check_backward_tensor(run *R, const ncase *c, const fusedrope_ten
             }
     if (dw)
         for (int64_t ch = 0; ch < dy->head_dim; ch++) {
-            const double tol = dwa[ch] * 0x1p-15 + 1e-30;
+            const double tol = ref_norm_dw_tolerance(dwa[ch]);
             if (!(fabs(dw[ch] - dwr[ch]) <= tol) && bad++ < 6)
                 snprintf(msg + strlen(msg), MSG - strlen(msg), " dw[%lld] %.9g want %.9g tol %.3g;",
                          (long long)ch, (double)dw[ch], dwr[ch], tol);
