@@ -6,7 +6,8 @@
  * follow), turned into the rotation's input as the rounding mode says,
  * rotated with rope_math.h's fr_rotate and narrowed once.  Every loop is a
  * simple one over floats the compiler vectorises; where the CPU has AVX2
- * and F16C the forward's rows instead take two intrinsic passes (nv_*), and
+ * and F16C the forward's rows instead take two intrinsic passes (nv_*;
+ * with AVX-512 F/BW/VL 16 channels a step, n5_*), and
  * the backward's rows of whole vectors three (nb_row), the same bits.
  *
  * The forward splits the (token, head) rows evenly over the threads.  The
@@ -488,6 +489,256 @@ static int nt_whole(int64_t hd, int64_t half, int interleaved)
 }
 #endif /* FR_HAVE_AVX2 */
 
+/* ---------------------------------------------- AVX-512 forward row (n5_*) */
+
+/*
+ * The AVX2 forward row's two passes with 512-bit vectors, for CPUs with
+ * AVX-512 F, BW and VL (fr_avx512_usable), on rows whose rotation pairs and
+ * other channels come in whole 16-channel vectors (n5_whole; the others of
+ * such a call take the AVX2 rows).  The bits are the AVX2 rows', lane by
+ * lane: the same operations in the same order, in float, without FMA.  The
+ * row sum keeps norm_math.h's 32 partial sums: partial l is lane l % 16 of
+ * accumulator l / 16 (the AVX2 rows' accumulators 0-1 and 2-3 side by
+ * side), and the tree adds the two (off 16), then the 256-bit halves (off
+ * 8), then as nv_tree.  The bf16 roundings keep the integer arithmetic (not
+ * vcvtneps2bf16, which flushes subnormal inputs to zero); a mask adds the
+ * rounding's odd bit (cpu_avx512.c's bf16_high).
+ */
+#ifdef FR_HAVE_AVX512
+#define FR_N5_TARGET __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl")))
+#define FR_N5_INLINE FR_N5_TARGET static inline __attribute__((always_inline))
+
+/* Lane indices of the two-source permutes (0-15 the first source's, 16-31
+ * the second's; for words 0-31 and 32-63). */
+static const int32_t n5_even[16] = { 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30 };
+static const int32_t n5_odd[16] = { 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31 };
+static const int32_t n5_zip_lo[16] = { 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23 };
+static const int32_t n5_zip_hi[16] = { 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31 };
+static const uint16_t n5_high_words[32] = { /* the high halves of a's lanes, then b's */
+    1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+    33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63
+};
+static const uint16_t n5_zip_high_words[32] = { /* a's high half i, b's high half i, ... */
+    1,  33, 3,  35, 5,  37, 7,  39, 9,  41, 11, 43, 13, 45, 15, 47,
+    17, 49, 19, 51, 21, 53, 23, 55, 25, 57, 27, 59, 29, 61, 31, 63
+};
+static const uint16_t n5_zip_words[32] = { /* a's word i, b's word i, ... */
+    0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47
+};
+
+/* 16 channels of type dt as floats, exactly. */
+FR_N5_INLINE __m512 n5_widen16(const void *p, int dt)
+{
+    if (dt == 0)
+        return _mm512_loadu_ps(p);
+    if (dt == 1)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* fr_float_to_bf16's rounding of 16 floats, in the high halves: u + 0x7fff
+ * + (bit 16 of u); with fin 0, a NaN lane u with the quiet bit. */
+FR_N5_INLINE __m512i n5_bf16_high(__m512 v, int fin)
+{
+    const __m512i u = _mm512_castps_si512(v);
+    const __mmask16 odd = _mm512_test_epi32_mask(u, _mm512_set1_epi32(0x10000));
+    __m512i r = _mm512_add_epi32(u, _mm512_set1_epi32(0x7fff));
+    r = _mm512_mask_add_epi32(r, odd, u, _mm512_set1_epi32(0x8000));
+    if (fin)
+        return r;
+    return _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), u,
+                                _mm512_set1_epi32(0x400000));
+}
+
+/* fp16 bits of 16 floats (fin 0: a NaN first made the quiet NaN of its
+ * sign, as nv_nan_for_half). */
+FR_N5_INLINE __m256i n5_half_bits(__m512 v, int fin)
+{
+    if (!fin)
+        v = _mm512_castsi512_ps(_mm512_mask_ternarylogic_epi32(
+            _mm512_castps_si512(v), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+            _mm512_set1_epi32((int)0x80000000u), _mm512_set1_epi32(0x7fc00000), 0xea));
+    return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+}
+
+/* nv_round8 on 16 floats. */
+FR_N5_INLINE __m512 n5_round16(__m512 v, int dt)
+{
+    if (dt == 0)
+        return v;
+    if (dt == 1)
+        return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(n5_bf16_high(v, 1), _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* nv_value8 on 16 channels. */
+FR_N5_INLINE __m512 n5_value16(const float *v, __m512 rstd, const float *wf, int rounding, int dt)
+{
+    const __m512 n = _mm512_mul_ps(_mm512_loadu_ps(v), rstd), w = _mm512_loadu_ps(wf);
+    if (rounding == FR_ROUND_LLAMA)
+        return n5_round16(_mm512_mul_ps(n5_round16(n, dt), w), dt);
+    if (rounding == FR_ROUND_GEMMA)
+        return n5_round16(_mm512_mul_ps(n, w), dt);
+    return _mm512_mul_ps(n, w);
+}
+
+/* nv_rotate8 on 16 pairs. */
+FR_N5_INLINE void n5_rotate16(__m512 *a, __m512 *b, const float *cs, const float *sn)
+{
+    const __m512 c = _mm512_loadu_ps(cs), ss = _mm512_loadu_ps(sn);
+    const __m512 ra = _mm512_sub_ps(_mm512_mul_ps(*a, c), _mm512_mul_ps(*b, ss));
+    const __m512 rb = _mm512_add_ps(_mm512_mul_ps(*b, c), _mm512_mul_ps(*a, ss));
+    *a = ra;
+    *b = rb;
+}
+
+/* 32 or 64 bytes stored at p: unaligned, or with nt non-temporal in
+ * 16-byte pieces (p 16-byte aligned). */
+FR_N5_INLINE void n5_store32(void *p, __m256i b, int nt)
+{
+    if (nt) {
+        _mm_stream_si128((__m128i *)p, _mm256_castsi256_si128(b));
+        _mm_stream_si128((__m128i *)p + 1, _mm256_extracti128_si256(b, 1));
+    } else {
+        _mm256_storeu_si256((__m256i *)p, b);
+    }
+}
+
+FR_N5_INLINE void n5_store64(void *p, __m512i b, int nt)
+{
+    if (nt) {
+        _mm_stream_si128((__m128i *)p, _mm512_castsi512_si128(b));
+        _mm_stream_si128((__m128i *)p + 1, _mm512_extracti32x4_epi32(b, 1));
+        _mm_stream_si128((__m128i *)p + 2, _mm512_extracti32x4_epi32(b, 2));
+        _mm_stream_si128((__m128i *)p + 3, _mm512_extracti32x4_epi32(b, 3));
+    } else {
+        _mm512_storeu_si512(p, b);
+    }
+}
+
+/* 16 channels narrowed to dt and stored at p. */
+FR_N5_INLINE void n5_store16(void *p, __m512 v, int dt, int nt, int fin)
+{
+    if (dt == 0)
+        n5_store64(p, _mm512_castps_si512(v), nt);
+    else if (dt == 1)
+        n5_store32(p, n5_half_bits(v, fin), nt);
+    else
+        n5_store32(p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(n5_bf16_high(v, fin), 16)), nt);
+}
+
+/* fr_norm_tree32 over partial sums in two accumulators: off 16 (the two),
+ * off 8 (their 256-bit halves), then 4, 2 and 1 as nv_tree. */
+FR_N5_INLINE float n5_tree(__m512 s0, __m512 s1)
+{
+    const __m512 t = _mm512_add_ps(s0, s1);
+    const __m256 e = _mm256_add_ps(_mm512_castps512_ps256(t),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1)));
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(e), _mm256_extractf128_ps(e, 1));
+    u = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    u = _mm_add_ss(u, _mm_shuffle_ps(u, u, _MM_SHUFFLE(1, 1, 1, 1)));
+    return _mm_cvtss_f32(u);
+}
+
+/* nv_sum with 16-channel vectors. */
+FR_N5_INLINE float n5_sum(const void *x, float *v, int64_t hd, int dt)
+{
+    const int64_t es = dt == 0 ? 4 : 2;
+    const char *xb = x;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
+    int64_t c = 0;
+
+    for (; c + 32 <= hd; c += 32) {
+        const __m512 x0 = n5_widen16(xb + c * es, dt), x1 = n5_widen16(xb + (c + 16) * es, dt);
+        _mm512_storeu_ps(v + c, x0);
+        _mm512_storeu_ps(v + c + 16, x1);
+        s0 = _mm512_add_ps(s0, _mm512_mul_ps(x0, x0));
+        s1 = _mm512_add_ps(s1, _mm512_mul_ps(x1, x1));
+    }
+    if (c < hd) {
+        float p[32];
+        _mm512_storeu_ps(p, s0);
+        _mm512_storeu_ps(p + 16, s1);
+        for (int l = 0; c + l < hd; l++) {
+            const float f = nv_widen1(x, c + l, dt);
+            v[c + l] = f;
+            p[l] = p[l] + f * f;
+        }
+        s0 = _mm512_loadu_ps(p);
+        s1 = _mm512_loadu_ps(p + 16);
+    }
+    return n5_tree(s0, s1);
+}
+
+/* nv_out with 16-channel vectors, for n5_whole rows (no tails). */
+FR_N5_INLINE void n5_out(const float *v, void *y, const float *wf, const float *cs,
+                         const float *sn, int64_t hd, int64_t half, float rstd, int rounding,
+                         int dt, int interleaved, int nt, int fin)
+{
+    const int64_t es = dt == 0 ? 4 : 2, rot = 2 * half;
+    const __m512 vr = _mm512_set1_ps(rstd);
+    char *yb = y;
+    int64_t c, i;
+
+    if (interleaved) {
+        for (i = 0; 2 * i < rot; i += 16) {
+            const __m512 lo = n5_value16(v + 2 * i, vr, wf + 2 * i, rounding, dt);
+            const __m512 hi = n5_value16(v + 2 * i + 16, vr, wf + 2 * i + 16, rounding, dt);
+            __m512 a = _mm512_permutex2var_ps(lo, _mm512_loadu_si512(n5_even), hi);
+            __m512 b = _mm512_permutex2var_ps(lo, _mm512_loadu_si512(n5_odd), hi);
+            n5_rotate16(&a, &b, cs + i, sn + i);
+            if (dt == 0) {
+                n5_store64(yb + 2 * i * es,
+                           _mm512_castps_si512(_mm512_permutex2var_ps(a, _mm512_loadu_si512(n5_zip_lo), b)), nt);
+                n5_store64(yb + (2 * i + 16) * es,
+                           _mm512_castps_si512(_mm512_permutex2var_ps(a, _mm512_loadu_si512(n5_zip_hi), b)), nt);
+            } else if (dt == 1) {
+                n5_store64(yb + 2 * i * es,
+                           _mm512_permutex2var_epi16(_mm512_castsi256_si512(n5_half_bits(a, fin)),
+                                                     _mm512_loadu_si512(n5_zip_words),
+                                                     _mm512_castsi256_si512(n5_half_bits(b, fin))),
+                           nt);
+            } else {
+                n5_store64(yb + 2 * i * es,
+                           _mm512_permutex2var_epi16(n5_bf16_high(a, fin),
+                                                     _mm512_loadu_si512(n5_zip_high_words),
+                                                     n5_bf16_high(b, fin)),
+                           nt);
+            }
+        }
+    } else {
+        for (i = 0; i < half; i += 16) {
+            __m512 a = n5_value16(v + i, vr, wf + i, rounding, dt);
+            __m512 b = n5_value16(v + half + i, vr, wf + half + i, rounding, dt);
+            n5_rotate16(&a, &b, cs + i, sn + i);
+            if (dt == 2) {
+                /* a's 16 bfloat16 in the low half, b's in the high */
+                const __m512i ab = _mm512_permutex2var_epi16(
+                    n5_bf16_high(a, fin), _mm512_loadu_si512(n5_high_words), n5_bf16_high(b, fin));
+                n5_store32(yb + i * es, _mm512_castsi512_si256(ab), nt);
+                n5_store32(yb + (half + i) * es, _mm512_extracti64x4_epi64(ab, 1), nt);
+            } else {
+                n5_store16(yb + i * es, a, dt, nt, fin);
+                n5_store16(yb + (half + i) * es, b, dt, nt, fin);
+            }
+        }
+    }
+    /* the channels past rot_dim: values only */
+    for (c = rot; c < hd; c += 16)
+        n5_store16(yb + c * es, n5_value16(v + c, vr, wf + c, rounding, dt), dt, nt, fin);
+}
+
+/* Whether a row's rotation pairs and other channels come in whole 16-channel
+ * vectors (n5_out's rows). */
+static int n5_whole(int64_t hd, int64_t half, int interleaved)
+{
+    return (interleaved ? (2 * half) % 32 == 0 : half % 16 == 0) && (hd - 2 * half) % 16 == 0;
+}
+#endif /* FR_HAVE_AVX512 */
+
 /* wf[c] = w' of channel c for a weight array of dtype wdt (or 1). */
 static void weight_factors(const fr_norm_args *na, int slot, int64_t hd, float *wf)
 {
@@ -554,6 +805,7 @@ typedef struct {
     int direct[2];           /* ... by nv_out itself, from the registers (else via `stage`) */
     int wf_ok[2];            /* its weight factors are finite */
     int fin[2];              /* fwd_fin: no AVX2 row of it rotates to a NaN */
+    int w16[2];              /* its rows take the AVX-512 passes (n5_whole) */
 } fwd_call;
 
 /* A row between its two passes. */
@@ -662,96 +914,99 @@ static void fwd_rows_portable(const fwd_call *fc, fwd_walk *w, int64_t n0, int64
 }
 
 #ifdef FR_HAVE_AVX2
-/* Rows h0..h1-1 of io slot k of one token (b, s, t) with the AVX2 passes
- * (nv_sum, nv_out), pipelined as above within the run; its mode and types
- * constants.  Rows with a NaN or an infinity on the way take the portable
- * loops: the same bits. */
-FR_AVX2_INLINE void nv_run(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,
-                           int64_t s, int64_t t, int64_t h0, int64_t h1, const float *cs,
-                           const float *sn, int R, int D, int I)
-{
-    const fr_norm_args *na = fc->na;
-    const fr_io *io = &na->a.io[k];
-    const int64_t hd = io->head_dim, half = fc->half, es = D == 0 ? 4 : 2;
-    const float eps = na->eps, *wf = fc->wf[k];
-    const int direct = fc->direct[k], stream = fc->stream[k], fin = D != 0 && fc->fin[k];
-    const int ok = fc->wf_ok[k];
-    const int64_t xstep = io->in_sh * es, ystep = io->out_sh * es;
-    const char *x = (const char *)io->in + (s * io->in_ss + b * io->in_sb + h0 * io->in_sh) * es;
-    char *y = (char *)io->out + (s * io->out_ss + b * io->out_sb + h0 * io->out_sh) * es;
-    float *rp = na->rstd[k] ? na->rstd[k] + t * io->heads + h0 : NULL;
-    float *v = mine, *vn = mine + fc->hdmax;
-    float sum = nv_sum(x, v, hd, D);
-
-    for (int64_t h = h0; h < h1; h++) {
-        const float rstd = fr_norm_rstd(sum, hd, eps);
-        char *dst = stream && !direct ? stage : y;
-        float next = 0.0f, *tmp;
-        if (h + 1 < h1)
-            next = nv_sum(x + xstep, vn, hd, D); /* the next row's pass 1 first */
-        if (isfinite(sum) && isfinite(rstd) && ok) {
-            if (fin) {
-                if (direct)
-                    nv_out(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 1, 1);
-                else
-                    nv_out(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 0, 1);
-            } else {
-                if (direct)
-                    nv_out(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 1, 0);
-                else
-                    nv_out(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 0, 0);
-            }
-        } else {
-            fwd_row r;
-            r.cs = cs;
-            r.sn = sn;
-            r.v = v;
-            r.hd = hd;
-            r.k = k;
-            if (stream)
-                dst = stage;
-            fwd_out_portable(fc, &r, rstd, dst);
-        }
-#ifdef __SSE2__
-        if (dst != y)
-            fr_stream_row(y, dst, (size_t)hd * (size_t)es);
-#endif
-        if (rp)
-            *rp++ = rstd;
-        x += xstep;
-        y += ystep;
-        sum = next;
-        tmp = v;
-        v = vn;
-        vn = tmp;
-    }
+/* NAME: rows h0..h1-1 of io slot k of one token (b, s, t) with the passes
+ * SUM and OUT (nv_run: the AVX2 ones; n5_run: the AVX-512 ones), pipelined
+ * as above within the run; its mode and types constants.  Rows with a NaN
+ * or an infinity on the way take the portable loops: the same bits.  A
+ * macro, as the two targets' functions cannot inline into each other's
+ * shared body. */
+#define FR_DEFINE_RUN(ATTR, NAME, SUM, OUT)                                                       \
+ATTR void NAME(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,                    \
+               int64_t s, int64_t t, int64_t h0, int64_t h1, const float *cs,                     \
+               const float *sn, int R, int D, int I)                                              \
+{                                                                                                 \
+    const fr_norm_args *na = fc->na;                                                              \
+    const fr_io *io = &na->a.io[k];                                                               \
+    const int64_t hd = io->head_dim, half = fc->half, es = D == 0 ? 4 : 2;                        \
+    const float eps = na->eps, *wf = fc->wf[k];                                                   \
+    const int direct = fc->direct[k], stream = fc->stream[k], fin = D != 0 && fc->fin[k];         \
+    const int ok = fc->wf_ok[k];                                                                  \
+    const int64_t xstep = io->in_sh * es, ystep = io->out_sh * es;                                \
+    const char *x = (const char *)io->in + (s * io->in_ss + b * io->in_sb + h0 * io->in_sh) * es; \
+    char *y = (char *)io->out + (s * io->out_ss + b * io->out_sb + h0 * io->out_sh) * es;         \
+    float *rp = na->rstd[k] ? na->rstd[k] + t * io->heads + h0 : NULL;                            \
+    float *v = mine, *vn = mine + fc->hdmax;                                                      \
+    float sum = SUM(x, v, hd, D);                                                                 \
+                                                                                                  \
+    for (int64_t h = h0; h < h1; h++) {                                                           \
+        const float rstd = fr_norm_rstd(sum, hd, eps);                                            \
+        char *dst = stream && !direct ? stage : y;                                                \
+        float next = 0.0f, *tmp;                                                                  \
+        if (h + 1 < h1)                                                                           \
+            next = SUM(x + xstep, vn, hd, D); /* the next row's pass 1 first */                   \
+        if (isfinite(sum) && isfinite(rstd) && ok) {                                              \
+            if (fin) {                                                                            \
+                if (direct)                                                                       \
+                    OUT(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 1, 1);                       \
+                else                                                                              \
+                    OUT(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 0, 1);                       \
+            } else {                                                                              \
+                if (direct)                                                                       \
+                    OUT(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 1, 0);                       \
+                else                                                                              \
+                    OUT(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 0, 0);                       \
+            }                                                                                     \
+        } else {                                                                                  \
+            fwd_row r;                                                                            \
+            r.cs = cs;                                                                            \
+            r.sn = sn;                                                                            \
+            r.v = v;                                                                              \
+            r.hd = hd;                                                                            \
+            r.k = k;                                                                              \
+            if (stream)                                                                           \
+                dst = stage;                                                                      \
+            fwd_out_portable(fc, &r, rstd, dst);                                                  \
+        }                                                                                         \
+        if (dst != y)                                                                             \
+            fr_stream_row(y, dst, (size_t)hd * (size_t)es);                                       \
+        if (rp)                                                                                   \
+            *rp++ = rstd;                                                                         \
+        x += xstep;                                                                               \
+        y += ystep;                                                                               \
+        sum = next;                                                                               \
+        tmp = v;                                                                                  \
+        v = vn;                                                                                   \
+        vn = tmp;                                                                                 \
+    }                                                                                             \
 }
+FR_DEFINE_RUN(FR_AVX2_INLINE, nv_run, nv_sum, nv_out)
 
-/* A thread's rows n0..n1-1 (row n: head n % heads of token n / heads) in
- * runs of one token and one io slot. */
-FR_AVX2_INLINE void nv_rows(const fwd_call *fc, fwd_walk *w, int64_t n0, int64_t n1, int R,
-                            int D, int I)
-{
-    const fr_apply_args *a = &fc->na->a;
-    const int64_t heads = fc->heads, heads0 = fc->heads0;
-    float *row_c = w->mine + 2 * fc->hdmax;
-    int64_t n = n0, hh = w->hh, t = w->t;
-    while (n < n1) {
-        const int64_t b = t / a->seq_len, s = t % a->seq_len;
-        const int64_t end = heads - hh < n1 - n ? heads : hh + (n1 - n);
-        const float *cs, *sn;
-        token_angles(a->cache, &a->pos, b, s, row_c, row_c + fc->half, &cs, &sn);
-        if (hh < heads0)
-            nv_run(fc, w->mine, w->stage, 0, b, s, t, hh, end < heads0 ? end : heads0, cs, sn, R,
-                   D, I);
-        if (end > heads0)
-            nv_run(fc, w->mine, w->stage, 1, b, s, t, (hh > heads0 ? hh : heads0) - heads0,
-                   end - heads0, cs, sn, R, D, I);
-        n += end - hh;
-        hh = 0;
-        t++;
-    }
+/* NAME: a thread's rows n0..n1-1 (row n: head n % heads of token n / heads)
+ * in runs of one token and one io slot, each by RUN. */
+#define FR_DEFINE_ROWS(ATTR, NAME, RUN)                                                          \
+ATTR void NAME(const fwd_call *fc, fwd_walk *w, int64_t n0, int64_t n1, int R, int D, int I)     \
+{                                                                                                \
+    const fr_apply_args *a = &fc->na->a;                                                         \
+    const int64_t heads = fc->heads, heads0 = fc->heads0;                                        \
+    float *row_c = w->mine + 2 * fc->hdmax;                                                      \
+    int64_t n = n0, hh = w->hh, t = w->t;                                                        \
+    while (n < n1) {                                                                             \
+        const int64_t b = t / a->seq_len, s = t % a->seq_len;                                    \
+        const int64_t end = heads - hh < n1 - n ? heads : hh + (n1 - n);                         \
+        const float *cs, *sn;                                                                    \
+        token_angles(a->cache, &a->pos, b, s, row_c, row_c + fc->half, &cs, &sn);                \
+        if (hh < heads0)                                                                         \
+            RUN(fc, w->mine, w->stage, 0, b, s, t, hh, end < heads0 ? end : heads0, cs, sn, R,   \
+                   D, I);                                                                        \
+        if (end > heads0)                                                                        \
+            RUN(fc, w->mine, w->stage, 1, b, s, t, (hh > heads0 ? hh : heads0) - heads0,         \
+                   end - heads0, cs, sn, R, D, I);                                               \
+        n += end - hh;                                                                           \
+        hh = 0;                                                                                  \
+        t++;                                                                                     \
+    }                                                                                            \
 }
+FR_DEFINE_ROWS(FR_AVX2_INLINE, nv_rows, nv_run)
 
 typedef void (*nv_rows_fn)(const fwd_call *, fwd_walk *, int64_t, int64_t);
 #define DEFINE_NV_ROWS(R, D, I)                                                               \
@@ -779,6 +1034,42 @@ static nv_rows_fn nv_pick_rows(int rounding, int dt, int interleaved)
     return fns[rounding][dt][!!interleaved];
 }
 #endif /* FR_HAVE_AVX2 */
+
+#ifdef FR_HAVE_AVX512
+/* The AVX-512 walk: n5_whole slots' runs with n5_sum and n5_out, the
+ * others' with the AVX2 passes. */
+FR_DEFINE_RUN(FR_N5_INLINE, n5_run, n5_sum, n5_out)
+#define N5_RUN(fc, mine, stage, k, ...)                                                      \
+    ((fc)->w16[k] ? n5_run(fc, mine, stage, k, __VA_ARGS__)                                  \
+                  : nv_run(fc, mine, stage, k, __VA_ARGS__))
+FR_DEFINE_ROWS(FR_N5_INLINE, n5_rows, N5_RUN)
+#undef N5_RUN
+
+#define DEFINE_N5_ROWS(R, D, I)                                                               \
+    FR_N5_TARGET static void n5_rows_##R##D##I(const fwd_call *fc, fwd_walk *w, int64_t n0,   \
+                                               int64_t n1)                                    \
+    {                                                                                         \
+        n5_rows(fc, w, n0, n1, R, D, I);                                                      \
+    }
+#define DEFINE_N5_ROWS2(R, D) DEFINE_N5_ROWS(R, D, 0) DEFINE_N5_ROWS(R, D, 1)
+DEFINE_N5_ROWS2(0, 0) DEFINE_N5_ROWS2(0, 1) DEFINE_N5_ROWS2(0, 2)
+DEFINE_N5_ROWS2(1, 0) DEFINE_N5_ROWS2(1, 1) DEFINE_N5_ROWS2(1, 2)
+DEFINE_N5_ROWS2(2, 0) DEFINE_N5_ROWS2(2, 1) DEFINE_N5_ROWS2(2, 2)
+#undef DEFINE_N5_ROWS2
+#undef DEFINE_N5_ROWS
+
+static nv_rows_fn n5_pick_rows(int rounding, int dt, int interleaved)
+{
+#define ROWS(R, D) { n5_rows_##R##D##0, n5_rows_##R##D##1 }
+    static const nv_rows_fn fns[3][3][2] = {
+        { ROWS(0, 0), ROWS(0, 1), ROWS(0, 2) },
+        { ROWS(1, 0), ROWS(1, 1), ROWS(1, 2) },
+        { ROWS(2, 0), ROWS(2, 1), ROWS(2, 2) },
+    };
+#undef ROWS
+    return fns[rounding][dt][!!interleaved];
+}
+#endif /* FR_HAVE_AVX512 */
 
 /* Whether no AVX2 row of slot k can rotate to a NaN, so that nv_out's
  * narrowings may leave out their NaN case.  Such a row has a finite sum and
@@ -812,8 +1103,13 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
     fwd_call fc;
     float *wf[2] = { NULL, NULL };
 #ifdef FR_HAVE_AVX2
-    const nv_rows_fn avx2_rows =
+    nv_rows_fn avx2_rows =
         fr_avx2_usable() ? nv_pick_rows(na->rounding, (int)a->dtype, a->interleaved) : NULL;
+#endif
+#ifdef FR_HAVE_AVX512
+    const int avx512 = fr_avx512_usable();
+    if (avx512)
+        avx2_rows = n5_pick_rows(na->rounding, (int)a->dtype, a->interleaved);
 #endif
 
     memset(&fc, 0, sizeof fc);
@@ -829,6 +1125,9 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
         fc.stream[k] = fr_streamable(&a->io[k], fc.es, tokens, SIZE_MAX);
 #ifdef FR_HAVE_AVX2
         fc.direct[k] = avx2_rows && fc.stream[k] && nt_whole(a->io[k].head_dim, fc.half, a->interleaved);
+#endif
+#ifdef FR_HAVE_AVX512
+        fc.w16[k] = avx512 && n5_whole(a->io[k].head_dim, fc.half, a->interleaved);
 #endif
     }
     /* per thread: two rows of floats and two tokens' cos and sin (table-less

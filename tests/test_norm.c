@@ -841,10 +841,12 @@ static double odd_value(tu_rng *r, fusedrope_dtype dt)
     return f32[tu_int(r, 0, 8)];
 }
 
-/* fusedrope_norm_forward_qk through the AVX2 rows (lib/cpu_norm.c) and
+/* fusedrope_norm_forward_qk through the library's choice (the AVX-512
+ * rows where the CPU has them), through the AVX2 rows (fr_avx512_off) and
  * through the portable loops (fr_avx2_off): the same bytes for y and rstd
- * (a NaN need only be NaN in both), over every dtype, style, weight kind
- * and rounding mode; head_dim with and without scalar tails, partial
+ * (a NaN need only be NaN in each), over every dtype, style, weight kind
+ * and rounding mode; head_dim with and without scalar tails, with and
+ * without whole 16-channel vectors (the AVX-512 rows' condition), partial
  * rotary, special values in some rows, a weight with an infinity, weights
  * so large that rotated values are NaN, and outputs large enough to be
  * streamed (non-temporal stores), out of place and in place. */
@@ -852,8 +854,10 @@ START_TEST(test_avx2_rows_match_portable)
 {
     static const struct { int64_t s, h, hd, rot; } shapes[] = {
         { 5, 3, 128, 128 }, { 7, 2, 96, 48 }, { 3, 5, 34, 10 }, { 4, 2, 256, 64 },
-        { 2, 3, 6, 6 }, { 1024, 16, 128, 128 }, /* the last: 4 MiB in 16 bits, streamed */
+        { 2, 3, 6, 6 }, { 3, 4, 80, 64 }, { 6, 2, 160, 32 }, { 4, 3, 64, 48 },
+        { 1024, 16, 128, 128 }, /* the last: 4 MiB in 16 bits, streamed */
     };
+    static const char *const path[3] = { "default", "AVX2", "portable" };
     const fusedrope_dtype dt = dtypes[_i % 3];
     const fusedrope_style style = (_i / 3) % 2 ? FUSEDROPE_INTERLEAVED : FUSEDROPE_NEOX;
     const size_t es = ref_dtype_size(dt);
@@ -868,8 +872,10 @@ START_TEST(test_avx2_rows_match_portable)
         fusedrope_cache_config cfg;
         fusedrope_cache *cache;
         void *x = tu_alloc((size_t)n * es), *w = tu_alloc((size_t)D * es);
-        void *y[2] = { tu_alloc((size_t)n * es), tu_alloc((size_t)n * es) };
-        float *rs[2] = { tu_alloc(sizeof(float) * (size_t)(S * H)),
+        void *y[3] = { tu_alloc((size_t)n * es), tu_alloc((size_t)n * es),
+                       tu_alloc((size_t)n * es) };
+        float *rs[3] = { tu_alloc(sizeof(float) * (size_t)(S * H)),
+                         tu_alloc(sizeof(float) * (size_t)(S * H)),
                          tu_alloc(sizeof(float) * (size_t)(S * H)) };
 
         fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)shapes[si].rot, S, 10000.0);
@@ -906,7 +912,7 @@ START_TEST(test_avx2_rows_match_portable)
                     nm.weight_dtype = dt;
                     nm.eps = 1e-6;
                     nm.q_weight = weight ? w : NULL;
-                    for (int off = 0; off < 2; off++) {
+                    for (int off = 0; off < 3; off++) {
                         fusedrope_tensor tin, tout;
                         nm.q_rstd = rs[off];
                         memset(y[off], 0xa5, (size_t)n * es);
@@ -914,26 +920,30 @@ START_TEST(test_avx2_rows_match_portable)
                             memcpy(y[off], x, (size_t)n * es);
                         tin = fusedrope_tensor_bshd(in_place ? y[off] : x, dt, S, 1, H, D);
                         tout = fusedrope_tensor_bshd(y[off], dt, S, 1, H, D);
-                        __atomic_store_n(&fr_avx2_off, off, __ATOMIC_RELAXED);
+                        __atomic_store_n(&fr_avx512_off, off == 1, __ATOMIC_RELAXED);
+                        __atomic_store_n(&fr_avx2_off, off == 2, __ATOMIC_RELAXED);
                         ck_assert_msg(fusedrope_norm_forward_qk(cache, style, NULL, &nm, &tin, &tout,
                                                                 NULL, NULL, NULL) == FUSEDROPE_OK,
                                       "%s", fusedrope_last_error());
+                        __atomic_store_n(&fr_avx512_off, 0, __ATOMIC_RELAXED);
                         __atomic_store_n(&fr_avx2_off, 0, __ATOMIC_RELAXED);
                     }
-                    for (int64_t i = 0; i < n; i++)
-                        if (memcmp((char *)y[0] + i * es, (char *)y[1] + i * es, es) != 0 &&
-                            !(nan_at(y[0], dt, i) && nan_at(y[1], dt, i)))
-                            ck_abort_msg("%s %s shape %zu weight %d rounding %d in place %d: y[%lld] "
-                                         "AVX2 %.9g, portable %.9g (x %.9g)",
-                                         ref_dtype_name(dt), style ? "interleaved" : "neox", si,
-                                         weight, rounding, in_place, (long long)i,
-                                         ref_load(y[0], dt, i), ref_load(y[1], dt, i),
-                                         ref_load(x, dt, i));
-                    for (int64_t i = 0; i < S * H; i++)
-                        ck_assert_msg(memcmp(&rs[0][i], &rs[1][i], 4) == 0 ||
-                                          (isnan(rs[0][i]) && isnan(rs[1][i])),
-                                      "rstd[%lld]: AVX2 %.9g, portable %.9g", (long long)i,
-                                      rs[0][i], rs[1][i]);
+                    for (int p = 0; p < 2; p++) {
+                        for (int64_t i = 0; i < n; i++)
+                            if (memcmp((char *)y[p] + i * es, (char *)y[2] + i * es, es) != 0 &&
+                                !(nan_at(y[p], dt, i) && nan_at(y[2], dt, i)))
+                                ck_abort_msg("%s %s shape %zu weight %d rounding %d in place %d: "
+                                             "y[%lld] %s %.9g, portable %.9g (x %.9g)",
+                                             ref_dtype_name(dt), style ? "interleaved" : "neox",
+                                             si, weight, rounding, in_place, (long long)i, path[p],
+                                             ref_load(y[p], dt, i), ref_load(y[2], dt, i),
+                                             ref_load(x, dt, i));
+                        for (int64_t i = 0; i < S * H; i++)
+                            ck_assert_msg(memcmp(&rs[p][i], &rs[2][i], 4) == 0 ||
+                                              (isnan(rs[p][i]) && isnan(rs[2][i])),
+                                          "rstd[%lld]: %s %.9g, portable %.9g", (long long)i,
+                                          path[p], rs[p][i], rs[2][i]);
+                    }
                 }
     }
     tu_free_all();
@@ -1415,5 +1425,12 @@ static Suite *norm_suite(void)
 
 int main(void)
 {
+#ifdef FR_HAVE_AVX2
+    printf("test_norm: %s\n",
+           fr_avx512_usable()
+               ? "AVX-512 F/BW/VL in use: the forward's rows compared on three paths"
+               : "this CPU (or its OS, or valgrind) lacks AVX-512 F/BW/VL: the forward's "
+                 "AVX-512 rows are not compared (their default path is the AVX2 one)");
+#endif
     return tu_main(norm_suite(), "test_norm");
 }
