@@ -117,9 +117,10 @@ FR_CLONES static void merge_pairs(const uint16_t *in, uint16_t *out, int64_t hal
  * the CPU has AVX-512 (F, BW, VL), cpu_avx512.c's one-pass rotations of
  * 16-bit pairs (rotate, rotate_pairs), else where it has AVX2 and F16C,
  * cpu_avx2.c's (the same results, 8 pairs a step); rotate_steps (heads of
- * an axes table, rotated straight from per-step table rows) is always
- * cpu_avx2.c's; without AVX2 the portable conversions around rotate_f32
- * (those three NULL). */
+ * an axes table, rotated straight from per-step table rows) is cpu_avx2.c's
+ * where AVX2 is the widest (NULL with AVX-512: those heads are gathered);
+ * without AVX2 the portable conversions around rotate_f32 (those three
+ * NULL). */
 typedef struct {
     void (*widen)(const uint16_t *, float *, int64_t);
     void (*narrow)(const float *, uint16_t *, int64_t);
@@ -146,6 +147,10 @@ static row_conv pick_rows(fusedrope_dtype dt)
     if (fr_avx512_usable()) { /* off with fr_avx2_off too */
         r.rotate = f16 ? fr_avx512_rotate_f16 : fr_avx512_rotate_bf16;
         r.rotate_pairs = f16 ? fr_avx512_rotate_pairs_f16 : fr_avx512_rotate_pairs_bf16;
+        /* an axes table's heads are gathered and rotated whole here: the
+         * AVX2 steps took twice the AVX-512 1D time (bench/RESULTS.md,
+         * "Position axes", after the AVX-512 rotations) */
+        r.rotate_steps = NULL;
     }
 #endif
     return r;
@@ -550,7 +555,10 @@ void fr_cpu_apply(const fr_apply_args *args)
     const row_conv *rc = args->dtype == FUSEDROPE_FLOAT32 ? NULL : &rows;
     int step_axis[STEP_MAX];
     int64_t step_col[STEP_MAX];
-    const int steps = plan_steps(cache, step_axis, step_col);
+    /* steps where a 16-bit type has step loops (or only portable rows) */
+    const int steps = rc != NULL && rc->rotate != NULL && rc->rotate_steps == NULL
+                          ? 0
+                          : plan_steps(cache, step_axis, step_col);
 
     for (int k = 0; k < args->count; k++) {
         elems += tokens * args->io[k].heads * args->io[k].head_dim;
