@@ -36,9 +36,11 @@
 
 int fr_avx2_off;
 
-/* AVX2 and F16C in the CPU, and YMM state saved by the OS (CPUID and XGETBV
- * directly: clang's __builtin_cpu_supports knows no "f16c"). */
-static int cpu_has_avx2_f16c(void)
+/* AVX and F16C in the CPU, the register state of xcr0_bits saved by the OS
+ * (XGETBV) and every bit of leaf7_ebx in CPUID leaf 7's EBX: both SIMD
+ * files' test (CPUID and XGETBV directly: clang's __builtin_cpu_supports
+ * knows no "f16c"). */
+int fr_x86_has(unsigned xcr0_bits, unsigned leaf7_ebx)
 {
     unsigned a, b, c, d, lo, hi;
     if (!__get_cpuid(1, &a, &b, &c, &d))
@@ -46,11 +48,17 @@ static int cpu_has_avx2_f16c(void)
     if (!(c & bit_F16C) || !(c & bit_AVX) || !(c & bit_OSXSAVE))
         return 0;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & 6u) != 6u) /* XMM and YMM state */
+    if ((lo & xcr0_bits) != xcr0_bits)
         return 0;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
         return 0;
-    return (b & bit_AVX2) != 0;
+    return (b & leaf7_ebx) == leaf7_ebx;
+}
+
+/* AVX2 and F16C, XMM and YMM state (XCR0 bits 1-2). */
+static int cpu_has_avx2_f16c(void)
+{
+    return fr_x86_has(6u, bit_AVX2);
 }
 
 int fr_avx2_usable(void)

@@ -42,17 +42,7 @@ int fr_avx512_off;
  * upper halves of ZMM0-15, ZMM16-31). */
 static int cpu_has_avx512(void)
 {
-    unsigned a, b, c, d, lo, hi;
-    if (!__get_cpuid(1, &a, &b, &c, &d))
-        return 0;
-    if (!(c & bit_F16C) || !(c & bit_AVX) || !(c & bit_OSXSAVE))
-        return 0;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & 0xe6u) != 0xe6u)
-        return 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
-        return 0;
-    return (b & bit_AVX2) && (b & bit_AVX512F) && (b & bit_AVX512BW) && (b & bit_AVX512VL);
+    return fr_x86_has(0xe6u, bit_AVX2 | bit_AVX512F | bit_AVX512BW | bit_AVX512VL);
 }
 
 int fr_avx512_usable(void)

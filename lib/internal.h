@@ -328,6 +328,7 @@ extern _Thread_local int fr_cpu_team;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define FR_HAVE_AVX2 1
 int fr_avx2_usable(void);
+int fr_x86_has(unsigned xcr0_bits, unsigned leaf7_ebx); /* cpu_avx2.c, for both SIMD files */
 /* m pairs (xa[i], xb[i]) -> (ya[i], yb[i]), fr_rotate on the widened values,
  * narrowed; ya/yb may be xa/xb (in place), no other overlap.  nt: stores
  * that bypass the cache (ya and yb 16-byte aligned; the caller fences). */

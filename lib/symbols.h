@@ -24,6 +24,7 @@
 #define fr_cpu_team fusedrope__cpu_team
 #define fr_cpu_team_size fusedrope__cpu_team_size
 #define fr_avx2_usable fusedrope__avx2_usable
+#define fr_x86_has fusedrope__x86_has
 #define fr_avx2_off fusedrope__avx2_off
 #define fr_avx2_rotate_f16 fusedrope__avx2_rotate_f16
 #define fr_avx2_rotate_bf16 fusedrope__avx2_rotate_bf16
