@@ -1637,3 +1637,35 @@ void misc(src_t *s)
     fusedrope_cache_destroy(NULL);
     CHECK(fusedrope_cache_check(NULL, NULL) == FUSEDROPE_ERR_INVALID, "cache_check(NULL)");
 }
+
+int fz_input(const uint8_t *data, size_t size, fz_run_fn run)
+{
+    src_t s = { data, size, 0 };
+    rng_t r;
+    cache_t ct;
+    int have;
+
+    trace_len = 0;
+    trace[0] = 0;
+    r.s = 0x243f6a8885a308d3ull ^ (uint64_t)size;
+    for (size_t i = 0; i < size && i < 16; i++)
+        r.s = r.s * 1099511628211ull + data[i];
+
+    misc(&s);
+    have = make_cache(&s, &ct, &r);
+    if (have) {
+        unsigned calls = 1 + u8(&s) % 2;
+        for (unsigned i = 0; i < calls; i++)
+            run(&s, &ct, &r, 0);
+    } else if (u8(&s) & 1) {
+        cache_t dummy;
+        memset(&dummy, 0, sizeof dummy);
+        dummy.rot_dim = 2;
+        dummy.half = 1;
+        run(&s, &dummy, &r, 1);
+    }
+    if (verbose_mode)
+        fprintf(stderr, "%s", trace);
+    free_cache_t(&ct);
+    return 0;
+}

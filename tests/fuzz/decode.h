@@ -109,6 +109,12 @@ int known_issue(int which);
  * 1 with ct->cache set (a CPU cache), or 0 when there is none. */
 int make_cache(src_t *s, cache_t *ct, rng_t *r);
 void free_cache_t(cache_t *ct);
+/* One fuzz input: the trace reset, the RNG seeded from its first bytes, the
+ * process settings (misc), a cache, then one or two calls of `run` on it
+ * (or, where no cache could be made, one call on a stand-in with null_cache
+ * 1); the trace printed in verbose mode.  Both targets' entry point. */
+typedef void (*fz_run_fn)(src_t *s, cache_t *ct, rng_t *r, int null_cache);
+int fz_input(const uint8_t *data, size_t size, fz_run_fn run);
 
 /* --------------------------------------------------------------- tensors */
 
