@@ -794,7 +794,11 @@ void ref_norm_backward(const ref_rope *r, fusedrope_style style, const int64_t *
 {
     const int64_t hd = dy->head_dim, ntok = dy->seq_len * dy->batch;
     const int half = r->rot_dim / 2;
-    double *g = malloc(sizeof(double) * 2 * (size_t)(hd > 0 ? hd : 1)), *n = g + hd;
+    /* g, n and, for the tolerances, their sizes before the un-rotation's
+     * cancellation: |cos| |a| + |sin| |b| (a float32 g or n carries an error
+     * relative to that, not to its own value, which may be far smaller) */
+    double *g = malloc(sizeof(double) * 4 * (size_t)(hd > 0 ? hd : 1)), *n = g + hd,
+           *gm = n + hd, *nm = gm + hd;
     if (!g)
         abort();
     for (int64_t s = 0; s < dy->seq_len; s++)
@@ -806,15 +810,26 @@ void ref_norm_backward(const ref_rope *r, fusedrope_style style, const int64_t *
                 for (int64_t c = 0; c < hd; c++) {
                     g[c] = ref_load(dy->data, dy->dtype, ref_offset(dy, s, b, h, c));
                     n[c] = ref_load(saved->data, saved->dtype, ref_offset(saved, s, b, h, c));
+                    gm[c] = fabs(g[c]);
+                    nm[c] = fabs(n[c]);
                 }
                 for (int i = 0; i < half; i++) {
                     int64_t ca, cb;
-                    double cs, sn;
+                    double cs, sn, ma, mb;
                     ref_pair(style, r->rot_dim, i, &ca, &cb);
                     ref_cos_sin_axes(r, p, ntok, i, &cs, &sn);
                     ref_rotate(g[ca], g[cb], cs, sn, 1, &g[ca], &g[cb]);
-                    if (saved_is_y)
+                    ma = gm[ca];
+                    mb = gm[cb];
+                    gm[ca] = fabs(cs) * ma + fabs(sn) * mb;
+                    gm[cb] = fabs(cs) * mb + fabs(sn) * ma;
+                    if (saved_is_y) {
                         ref_rotate(n[ca], n[cb], cs, sn, 1, &n[ca], &n[cb]);
+                        ma = nm[ca];
+                        mb = nm[cb];
+                        nm[ca] = fabs(cs) * ma + fabs(sn) * mb;
+                        nm[cb] = fabs(cs) * mb + fabs(sn) * ma;
+                    }
                 }
                 if (rstd) {
                     rs = rstd[(b * dy->seq_len + s) * dy->heads + h];
@@ -827,14 +842,16 @@ void ref_norm_backward(const ref_rope *r, fusedrope_style style, const int64_t *
                 for (int64_t c = 0; c < hd; c++) {
                     const double wf = norm_wf(weight_kind, w, c);
                     n[c] = saved_is_y ? n[c] / wf : n[c] * rs;
+                    nm[c] = saved_is_y ? nm[c] / fabs(wf) : fabs(n[c]);
                     if (dw)
                         dw[c] += g[c] * n[c];
                     if (dw_abs)
-                        dw_abs[c] += fabs(g[c] * n[c]);
+                        dw_abs[c] += gm[c] * nm[c];
                     g[c] *= wf; /* dn */
+                    gm[c] *= fabs(wf);
                     dot += g[c] * n[c];
-                    maxdn = fabs(g[c]) > maxdn ? fabs(g[c]) : maxdn;
-                    maxn = fabs(n[c]) > maxn ? fabs(n[c]) : maxn;
+                    maxdn = gm[c] > maxdn ? gm[c] : maxdn;
+                    maxn = nm[c] > maxn ? nm[c] : maxn;
                 }
                 mean = dot / (double)hd;
                 for (int64_t c = 0; c < hd; c++)

@@ -219,9 +219,11 @@ void ref_norm_forward(const ref_rope *r, fusedrope_style style, const int64_t *p
  * it).  n = saved * rstd when saved holds the forward's input; with
  * saved_is_y, saved holds its output and n = R^T saved / w'.  rstd: the
  * given float32 values at [(b * seq_len + s) * heads + h], or NULL to compute
- * it from saved (an input).  dw_abs (may be NULL) accumulates |g[c] * n[c]|.
- * dx in ref_apply's order; scale (may be NULL), per row: rstd * (max |dn| + max |n| * |mean(dn * n)|), the size of dx's
- * terms, for tolerances.
+ * it from saved (an input).  dw_abs (may be NULL) accumulates |g[c]| |n[c]|,
+ * each the size before the un-rotation's cancellation (|cos| |a| + |sin| |b|,
+ * which a float32 value's error is relative to).  dx in ref_apply's order;
+ * scale (may be NULL), per row: rstd * (max |dn| + max |n| * |mean(dn * n)|)
+ * with those sizes, the size of dx's terms, for tolerances.
  */
 void ref_norm_backward(const ref_rope *r, fusedrope_style style, const int64_t *positions,
                        const fusedrope_tensor *saved, int saved_is_y,
