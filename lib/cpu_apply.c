@@ -116,11 +116,10 @@ FR_CLONES static void merge_pairs(const uint16_t *in, uint16_t *out, int64_t hal
 /* The row operations of a call's 16-bit type, chosen once per call: where
  * the CPU has AVX-512 (F, BW, VL), cpu_avx512.c's one-pass rotations of
  * 16-bit pairs (rotate, rotate_pairs), else where it has AVX2 and F16C,
- * cpu_avx2.c's (the same results, 8 pairs a step); rotate_steps (heads of
- * an axes table, rotated straight from per-step table rows) is cpu_avx2.c's
- * where AVX2 is the widest (NULL with AVX-512: those heads are gathered);
- * without AVX2 the portable conversions around rotate_f32 (those three
- * NULL). */
+ * cpu_avx2.c's (the same results, 8 pairs a step); rotate_steps rotates
+ * the heads of an axes table straight from per-step table rows, in the same
+ * file's width; without AVX2 the portable conversions around rotate_f32
+ * (those three NULL). */
 typedef struct {
     void (*widen)(const uint16_t *, float *, int64_t);
     void (*narrow)(const float *, uint16_t *, int64_t);
@@ -147,10 +146,7 @@ static row_conv pick_rows(fusedrope_dtype dt)
     if (fr_avx512_usable()) { /* off with fr_avx2_off too */
         r.rotate = f16 ? fr_avx512_rotate_f16 : fr_avx512_rotate_bf16;
         r.rotate_pairs = f16 ? fr_avx512_rotate_pairs_f16 : fr_avx512_rotate_pairs_bf16;
-        /* an axes table's heads are gathered and rotated whole here: the
-         * AVX2 steps took twice the AVX-512 1D time (bench/RESULTS.md,
-         * "Position axes", after the AVX-512 rotations) */
-        r.rotate_steps = NULL;
+        r.rotate_steps = f16 ? fr_avx512_rotate_steps_f16 : fr_avx512_rotate_steps_bf16;
     }
 #endif
     return r;
@@ -297,7 +293,8 @@ static inline void rotate_whole_head(const row_conv *rc, const void *x, void *y,
 
 
 /*
- * An axes table's pairs in steps of 8 (the AVX2 rotation's step): a step
+ * An axes table's pairs in steps of 8 (the AVX2 rotation's step; the
+ * AVX-512 one takes two steps a vector): a step
  * whose pairs are on one axis with consecutive columns (inside a SECTIONS
  * run, a VISION_2D half) is rotated straight from that axis's table row,
  * its cos/sin never copied; other steps (INTERLEAVED's T H W T H W ...,
@@ -351,6 +348,78 @@ static inline void rotate_steps(const row_conv *rc, const void *x, void *y,
 }
 
 
+/*
+ * Table rows read ahead.  With explicit ids a token's rows lie anywhere in
+ * the table, and with axes each token reads a row on each axis: the first
+ * head of a token waited for them (on one thread an axes prefill took 1.6x
+ * the time of the 1D call, bench/RESULTS.md, "Position axes").  While a
+ * token is rotated the next token's rows are prefetched, the columns
+ * [lo[a], hi[a]) of each axis a's row (all of a 1D row).  Positions in
+ * sequence need none of this: the hardware prefetchers follow them.
+ */
+typedef struct {
+    int on;
+    int64_t lo[FUSEDROPE_MAX_AXES], hi[FUSEDROPE_MAX_AXES];
+} row_span;
+
+static void plan_read_ahead(const fusedrope_cache *cache, const fr_pos_args *pos, row_span *sp)
+{
+    const int64_t half = cache->rot_dim / 2;
+    sp->on = cache->cos != NULL && pos->ids != NULL && half > 0;
+    for (int a = 0; a < FUSEDROPE_MAX_AXES; a++) {
+        sp->lo[a] = cache->pair_map ? half : 0;
+        sp->hi[a] = cache->pair_map || a > 0 ? 0 : half;
+    }
+    for (int64_t i = 0; cache->pair_map && i < half; i++) {
+        const int a = fr_map_axis(cache->pair_map[i]);
+        const int64_t c = fr_map_col(cache->pair_map[i]);
+        sp->lo[a] = c < sp->lo[a] ? c : sp->lo[a];
+        sp->hi[a] = c + 1 > sp->hi[a] ? c + 1 : sp->hi[a];
+    }
+}
+
+static inline void read_ahead(const fusedrope_cache *cache, const row_span *sp,
+                              const int64_t *pax)
+{
+#if defined(__GNUC__)
+    const int64_t half = cache->rot_dim / 2;
+    for (int a = 0; a < FUSEDROPE_MAX_AXES; a++) {
+        const float *c = cache->cos + pax[a] * half, *s = cache->sin + pax[a] * half;
+        if (sp->hi[a] <= sp->lo[a])
+            continue;
+        /* every 64-byte line of the span: a step of 16 floats, and its end */
+        for (int64_t j = sp->lo[a]; j < sp->hi[a]; j += 16) {
+            __builtin_prefetch(c + j);
+            __builtin_prefetch(s + j);
+        }
+        __builtin_prefetch(c + sp->hi[a] - 1);
+        __builtin_prefetch(s + sp->hi[a] - 1);
+    }
+#else
+    (void)cache;
+    (void)sp;
+    (void)pax;
+#endif
+}
+
+/* Token t's batch entry and position in its sequence, in the walk's order
+ * (cpu_share), and its position on each axis. */
+static inline void token_pax(const fr_apply_args *args, int s_outer, int64_t t, int64_t *b,
+                             int64_t *s, int64_t pax[FUSEDROPE_MAX_AXES])
+{
+    int bad = 0; /* positions were checked before the call (apply.c) */
+    if (s_outer) {
+        *s = t / args->batch;
+        *b = t % args->batch;
+    } else {
+        *b = t / args->seq_len;
+        *s = t % args->seq_len;
+    }
+    pax[0] = fr_token_position(&args->pos, *b, *s, &bad);
+    for (int a = 1; a < args->pos.num_axes; a++)
+        pax[a] = fr_token_axis_position(&args->pos, *b, *s, a, pax[0], &bad);
+}
+
 /* One thread's share of a call's (token, head) items: all of them on the
  * calling thread, or the thread's slice inside a team. */
 static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int stream[2],
@@ -378,6 +447,10 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
         int threads = 1, id = 0;
         int64_t n0, n1;
         int64_t pax[FUSEDROPE_MAX_AXES] = { 0, 0, 0, 0 }; /* the token's position per axis */
+        /* the next token's, found when its rows are read ahead */
+        int64_t pax_next[FUSEDROPE_MAX_AXES] = { 0, 0, 0, 0 }, t_next = -1, b_next = 0,
+                s_next = 0;
+        row_span ahead;
         const float *cs = NULL, *sn = NULL;
         const float *c8[STEP_MAX], *s8[STEP_MAX]; /* with steps: each step's cos/sin */
         /* Gathered or computed: this token's cos/sin (ANGLE_PAIRS of them at a time). */
@@ -392,6 +465,7 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
         id = omp_get_thread_num();
 #endif
         fr_thread_share(items, threads, id, &n0, &n1);
+        plan_read_ahead(cache, &args->pos, &ahead);
 
         /* Items n0..n1-1, one token's run of heads [hh, hh + run) at a time:
          * the token's position and cos/sin once per run, each tensor's head
@@ -400,19 +474,20 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
             const int64_t t = n / heads, hh = n % heads;
             const int64_t run = n1 - n < heads - hh ? n1 - n : heads - hh;
             int64_t b, s;
-            int bad = 0;
 
-            if (s_outer) {
-                s = t / args->batch;
-                b = t % args->batch;
+            if (t == t_next) { /* found when its rows were read ahead */
+                b = b_next;
+                s = s_next;
+                memcpy(pax, pax_next, sizeof pax);
             } else {
-                b = t / args->seq_len;
-                s = t % args->seq_len;
+                token_pax(args, s_outer, t, &b, &s, pax);
             }
-            pax[0] = fr_token_position(&args->pos, b, s, &bad);
-            for (int a = 1; a < args->pos.num_axes; a++)
-                pax[a] = fr_token_axis_position(&args->pos, b, s, a, pax[0], &bad);
             n += run;
+            if (ahead.on && n < n1) {
+                t_next = t + 1;
+                token_pax(args, s_outer, t_next, &b_next, &s_next, pax_next);
+                read_ahead(cache, &ahead, pax_next);
+            }
             if (steps) {
                 for (int64_t k = 0; 8 * k < half; k++) {
                     if (step_axis[k] >= 0) {
@@ -555,10 +630,7 @@ void fr_cpu_apply(const fr_apply_args *args)
     const row_conv *rc = args->dtype == FUSEDROPE_FLOAT32 ? NULL : &rows;
     int step_axis[STEP_MAX];
     int64_t step_col[STEP_MAX];
-    /* steps where a 16-bit type has step loops (or only portable rows) */
-    const int steps = rc != NULL && rc->rotate != NULL && rc->rotate_steps == NULL
-                          ? 0
-                          : plan_steps(cache, step_axis, step_col);
+    const int steps = plan_steps(cache, step_axis, step_col);
 
     for (int k = 0; k < args->count; k++) {
         elems += tokens * args->io[k].heads * args->io[k].head_dim;

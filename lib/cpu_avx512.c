@@ -146,15 +146,13 @@ FR_AVX512_INLINE void store_row(uint16_t *p, __m256i v, __mmask16 k, int full, i
     }
 }
 
-/* One step of two-row heads: pairs (xa[j], xb[j]) for the lanes j of k
- * (all 16 when full). */
-FR_AVX512_INLINE void rows_step(const uint16_t *xa, const uint16_t *xb, uint16_t *ya, uint16_t *yb,
-                                const float *cs, const float *sn, __m512 vsgn, __mmask16 k,
-                                int full, int mode, int f16)
+/* One step of two-row heads with its cos/sin in c and s: pairs (xa[j],
+ * xb[j]) for the lanes j of k (all 16 when full). */
+FR_AVX512_INLINE void rows_cs(const uint16_t *xa, const uint16_t *xb, uint16_t *ya, uint16_t *yb,
+                              __m512 c, __m512 s, __m512 vsgn, __mmask16 k, int full, int mode,
+                              int f16)
 {
     const __m512 a = widen_row(xa, k, full, f16), b = widen_row(xb, k, full, f16);
-    const __m512 c = full ? _mm512_loadu_ps(cs) : _mm512_maskz_loadu_ps(k, cs);
-    const __m512 s = full ? _mm512_loadu_ps(sn) : _mm512_maskz_loadu_ps(k, sn);
     __m512 ra, rb;
     __m256i na, nb;
     rotate(a, b, c, s, vsgn, &ra, &rb);
@@ -170,6 +168,19 @@ FR_AVX512_INLINE void rows_step(const uint16_t *xa, const uint16_t *xb, uint16_t
     }
     store_row(ya, na, k, full, mode);
     store_row(yb, nb, k, full, mode);
+}
+
+/* cs[j], sn[j] for the lanes j of k (all 16 when full), the others zero */
+FR_AVX512_INLINE __m512 load_cs(const float *cs, __mmask16 k, int full)
+{
+    return full ? _mm512_loadu_ps(cs) : _mm512_maskz_loadu_ps(k, cs);
+}
+
+FR_AVX512_INLINE void rows_step(const uint16_t *xa, const uint16_t *xb, uint16_t *ya, uint16_t *yb,
+                                const float *cs, const float *sn, __m512 vsgn, __mmask16 k,
+                                int full, int mode, int f16)
+{
+    rows_cs(xa, xb, ya, yb, load_cs(cs, k, full), load_cs(sn, k, full), vsgn, k, full, mode, f16);
 }
 
 FR_AVX512_INLINE void rows(const uint16_t *xa, const uint16_t *xb, uint16_t *ya, uint16_t *yb,
@@ -204,14 +215,12 @@ FR_AVX512_INLINE void rows(const uint16_t *xa, const uint16_t *xb, uint16_t *ya,
                   (__mmask16)((1u << (m - i)) - 1), 0, ST_PLAIN, f16);
 }
 
-/* One step of interleaved pairs (x[2j], x[2j+1]) for the lanes j of k: a
- * pair is one 32-bit word, a in its low half. */
-FR_AVX512_INLINE void pairs_step(const uint16_t *x, uint16_t *y, const float *cs, const float *sn,
-                                 __m512 vsgn, __mmask16 k, int full, int mode, int f16)
+/* One step of interleaved pairs (x[2j], x[2j+1]) for the lanes j of k, its
+ * cos/sin in c and s: a pair is one 32-bit word, a in its low half. */
+FR_AVX512_INLINE void pairs_cs(const uint16_t *x, uint16_t *y, __m512 c, __m512 s, __m512 vsgn,
+                               __mmask16 k, int full, int mode, int f16)
 {
     const __m512i w = full ? _mm512_loadu_si512((const void *)x) : _mm512_maskz_loadu_epi32(k, x);
-    const __m512 c = full ? _mm512_loadu_ps(cs) : _mm512_maskz_loadu_ps(k, cs);
-    const __m512 s = full ? _mm512_loadu_ps(sn) : _mm512_maskz_loadu_ps(k, sn);
     __m512 a, b, ra, rb;
     __m512i r;
     if (f16) {
@@ -242,6 +251,12 @@ FR_AVX512_INLINE void pairs_step(const uint16_t *x, uint16_t *y, const float *cs
     }
 }
 
+FR_AVX512_INLINE void pairs_step(const uint16_t *x, uint16_t *y, const float *cs, const float *sn,
+                                 __m512 vsgn, __mmask16 k, int full, int mode, int f16)
+{
+    pairs_cs(x, y, load_cs(cs, k, full), load_cs(sn, k, full), vsgn, k, full, mode, f16);
+}
+
 FR_AVX512_INLINE void pairs(const uint16_t *x, uint16_t *y, const float *cs, const float *sn,
                             int64_t m, float sgn, int nt, int f16)
 {
@@ -266,6 +281,101 @@ FR_AVX512_INLINE void pairs(const uint16_t *x, uint16_t *y, const float *cs, con
     if (i < m)
         pairs_step(x + 2 * i, y + 2 * i, cs + i, sn + i, vsgn, (__mmask16)((1u << (m - i)) - 1),
                    0, ST_PLAIN, f16);
+}
+
+/*
+ * Heads of an axes table rotated in steps (cpu_apply.c's plan_steps): the
+ * cos/sin of pairs 8j..8j+7 are p8[j][0..7], a run of some axis's table row
+ * (or of the token's gathered angles).  A 16-lane step at pair i (a
+ * multiple of 8) puts p8[i/8] in its low lanes and p8[i/8 + 1] in its high
+ * ones: two 32-byte loads, one of them into the upper half (vinsertf64x4,
+ * which AVX-512 F has; vinsertf32x8 would need DQ).  The rotation is
+ * rows_cs/pairs_cs, so each result is the one-row rotation's to the bit.
+ * Output alignment as in rows()/pairs() but without their peeled first
+ * step, which would break the steps' 8-pair grid (these heads have at most
+ * 256 pairs; the peel pays from 128).
+ */
+FR_AVX512_INLINE __m512 step_load(const float *const *p8, int64_t i, int64_t m)
+{
+    const float *lo = p8[i >> 3];
+    if (m - i >= 16) {
+        const __m512d l = _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(lo)));
+        return _mm512_castpd_ps(
+            _mm512_insertf64x4(l, _mm256_castps_pd(_mm256_loadu_ps(p8[(i >> 3) + 1])), 1));
+    }
+    if (m - i <= 8)
+        return _mm512_maskz_loadu_ps((__mmask16)((1u << (m - i)) - 1), lo);
+    {
+        const __m256 hi = _mm256_maskz_loadu_ps((__mmask8)((1u << (m - i - 8)) - 1),
+                                                p8[(i >> 3) + 1]);
+        const __m512d l = _mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(lo)));
+        return _mm512_castpd_ps(_mm512_insertf64x4(l, _mm256_castps_pd(hi), 1));
+    }
+}
+
+FR_AVX512_INLINE void rows_steps(const uint16_t *xa, const uint16_t *xb, uint16_t *ya,
+                                 uint16_t *yb, const float *const *c8, const float *const *s8,
+                                 int64_t m, float sgn, int nt, int f16)
+{
+    const __m512 vsgn = _mm512_set1_ps(sgn);
+    const int64_t end = m & ~(int64_t)15;
+    int64_t i = 0;
+#define FR_STEPS_LOOP(MODE)                                                                    \
+    for (; i < end; i += 16)                                                                  \
+    rows_cs(xa + i, xb + i, ya + i, yb + i, step_load(c8, i, m), step_load(s8, i, m), vsgn,   \
+            0xffff, 1, MODE, f16)
+    if (!nt)
+        FR_STEPS_LOOP(ST_PLAIN);
+    else if (((uintptr_t)ya | (uintptr_t)yb) % 32 == 0)
+        FR_STEPS_LOOP(ST_NT_WIDE);
+    else
+        FR_STEPS_LOOP(ST_NT16);
+#undef FR_STEPS_LOOP
+    if (i < m)
+        rows_cs(xa + i, xb + i, ya + i, yb + i, step_load(c8, i, m), step_load(s8, i, m), vsgn,
+                (__mmask16)((1u << (m - i)) - 1), 0, ST_PLAIN, f16);
+}
+
+FR_AVX512_INLINE void pairs_steps(const uint16_t *x, uint16_t *y, const float *const *c8,
+                                  const float *const *s8, int64_t m, float sgn, int nt, int f16)
+{
+    const __m512 vsgn = _mm512_set1_ps(sgn);
+    const int64_t end = m & ~(int64_t)15;
+    int64_t i = 0;
+#define FR_STEPS_LOOP(MODE)                                                                    \
+    for (; i < end; i += 16)                                                                  \
+    pairs_cs(x + 2 * i, y + 2 * i, step_load(c8, i, m), step_load(s8, i, m), vsgn, 0xffff, 1, \
+             MODE, f16)
+    if (!nt)
+        FR_STEPS_LOOP(ST_PLAIN);
+    else if ((uintptr_t)y % 64 == 0)
+        FR_STEPS_LOOP(ST_NT_WIDE);
+    else
+        FR_STEPS_LOOP(ST_NT16);
+#undef FR_STEPS_LOOP
+    if (i < m)
+        pairs_cs(x + 2 * i, y + 2 * i, step_load(c8, i, m), step_load(s8, i, m), vsgn,
+                 (__mmask16)((1u << (m - i)) - 1), 0, ST_PLAIN, f16);
+}
+
+FR_AVX512_TARGET void fr_avx512_rotate_steps_f16(const uint16_t *x, uint16_t *y, int64_t half,
+                                                 int interleaved, const float *const *c8,
+                                                 const float *const *s8, float sgn, int nt)
+{
+    if (interleaved)
+        pairs_steps(x, y, c8, s8, half, sgn, nt, 1);
+    else
+        rows_steps(x, x + half, y, y + half, c8, s8, half, sgn, nt, 1);
+}
+
+FR_AVX512_TARGET void fr_avx512_rotate_steps_bf16(const uint16_t *x, uint16_t *y, int64_t half,
+                                                  int interleaved, const float *const *c8,
+                                                  const float *const *s8, float sgn, int nt)
+{
+    if (interleaved)
+        pairs_steps(x, y, c8, s8, half, sgn, nt, 0);
+    else
+        rows_steps(x, x + half, y, y + half, c8, s8, half, sgn, nt, 0);
 }
 
 FR_AVX512_TARGET void fr_avx512_rotate_pairs_f16(const uint16_t *x, uint16_t *y, const float *cs,

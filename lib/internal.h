@@ -353,7 +353,7 @@ void fr_avx2_rotate_steps_bf16(const uint16_t *x, uint16_t *y, int64_t half, int
                                int nt);
 extern int fr_avx2_off;
 
-/* cpu_avx512.c (x86-64): the same four rotations with AVX-512 F/BW/VL, for
+/* cpu_avx512.c (x86-64): the same six rotations with AVX-512 F/BW/VL, for
  * CPUs that have it, each result the AVX2 one's to the bit.  fr_avx512_off,
  * set by tests only, makes fr_avx512_usable() say no, as fr_avx2_off does
  * too (which so still means the portable path). */
@@ -367,6 +367,10 @@ void fr_avx512_rotate_pairs_f16(const uint16_t *x, uint16_t *y, const float *cs,
                                 const float *sn, int64_t m, float sgn, int nt);
 void fr_avx512_rotate_pairs_bf16(const uint16_t *x, uint16_t *y, const float *cs,
                                  const float *sn, int64_t m, float sgn, int nt);
+void fr_avx512_rotate_steps_f16(const uint16_t *x, uint16_t *y, int64_t half, int interleaved,
+                                const float *const *c8, const float *const *s8, float sgn, int nt);
+void fr_avx512_rotate_steps_bf16(const uint16_t *x, uint16_t *y, int64_t half, int interleaved,
+                                 const float *const *c8, const float *const *s8, float sgn, int nt);
 extern int fr_avx512_off;
 #endif
 

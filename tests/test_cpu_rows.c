@@ -4,7 +4,7 @@
  * portable path's arithmetic: rope_math.h's converters around fr_rotate.
  * Every non-NaN result must be identical to the bit; a NaN result must be
  * NaN (which input NaN an operation passes on is the compiler's operand
- * order, on either path).  The first three tests run for each of the two
+ * order, on either path).  The first four tests run for each of the two
  * files' functions:
  *
  *   - every value: each of the 65536 values of each 16-bit type as the a and
@@ -15,6 +15,9 @@
  *     cos carries every float whose dropped low bits (13 for fp16, 16 for
  *     bf16) are one of the patterns that decide rounding, for every value
  *     of the other bits, plus fresh random floats: the narrowing of each;
+ *   - steps: heads whose cos/sin come in 8-pair steps from anywhere (an
+ *     axes table's rows), every head length 0..40 and some up to 256,
+ *     both styles, plain, in-place and non-temporal stores;
  *   - tails: every length 0..33 and some over 127, plain and non-temporal
  *     stores, outputs at each 16-byte offset in a 64-byte line (the AVX-512
  *     functions' masked first step that aligns long streamed rows), rows 16
@@ -29,7 +32,7 @@
  *     the portable path, and with the AVX-512 rotations equal those with
  *     AVX2 alone (fr_avx512_off).
  * Skipped (exit 77) where the library has no AVX2 code (not x86-64); on an
- * x86-64 CPU without AVX2/F16C (AVX-512 F/BW/VL) the first three return at
+ * x86-64 CPU without AVX2/F16C (AVX-512 F/BW/VL) the first four return at
  * once for those functions, the calls test compares the paths the CPU has,
  * and the test says so.
  */
@@ -74,6 +77,8 @@ typedef void (*rows_fn)(const uint16_t *, const uint16_t *, uint16_t *, uint16_t
                         const float *, const float *, int64_t, float, int);
 typedef void (*pairs_fn)(const uint16_t *, uint16_t *, const float *, const float *, int64_t,
                          float, int);
+typedef void (*steps_fn)(const uint16_t *, uint16_t *, int64_t, int, const float *const *,
+                         const float *const *, float, int);
 
 /* One 16-bit type: its portable converters, its layout. */
 typedef struct {
@@ -98,13 +103,16 @@ typedef struct {
     int (*usable)(void);
     rows_fn rows[2];
     pairs_fn pairs[2];
+    steps_fn steps[2];
 } impl;
 
 static const impl impls[2] = {
     { "AVX2", fr_avx2_usable, { fr_avx2_rotate_f16, fr_avx2_rotate_bf16 },
-      { fr_avx2_rotate_pairs_f16, fr_avx2_rotate_pairs_bf16 } },
+      { fr_avx2_rotate_pairs_f16, fr_avx2_rotate_pairs_bf16 },
+      { fr_avx2_rotate_steps_f16, fr_avx2_rotate_steps_bf16 } },
     { "AVX-512", fr_avx512_usable, { fr_avx512_rotate_f16, fr_avx512_rotate_bf16 },
-      { fr_avx512_rotate_pairs_f16, fr_avx512_rotate_pairs_bf16 } },
+      { fr_avx512_rotate_pairs_f16, fr_avx512_rotate_pairs_bf16 },
+      { fr_avx512_rotate_steps_f16, fr_avx512_rotate_steps_bf16 } },
 };
 
 /* The loop tests' index: type _i % 2 of impl _i / 2. */
@@ -378,6 +386,79 @@ out:
 }
 END_TEST
 
+/* Heads rotated in steps (an axes table's, cpu_apply.c): half = 0..40 and
+ * some longer heads up to 256 pairs, each 8-pair step's cos/sin from its own
+ * place in a pool (any alignment, steps overlapping or out of order, as
+ * table rows of different axes are), NeoX or interleaved, plain stores
+ * (out of place or in place) and non-temporal ones where the backend uses
+ * them (16-byte aligned halves); every result against the portable one, and
+ * nothing written outside the head. */
+START_TEST(test_steps)
+{
+    const row_type *t = TYPE_OF(_i);
+    const impl *vi = IMPL_OF(_i);
+    enum { MAXH = 256, GUARD = 64, POOL = 4096 };
+    static const int64_t longer[] = { 48, 56, 64, 68, 100, 128, 200, 256 };
+    _Alignas(64) uint16_t ybuf[GUARD + 2 * MAXH + GUARD];
+    uint16_t x[2 * MAXH];
+    float cpool[POOL], spool[POOL];
+    const float *c8[MAXH / 8], *s8[MAXH / 8];
+    uint64_t st = tu_seed ^ 0x57e9;
+    int64_t cases = 0;
+    if (!vi->usable())
+        return;
+    for (int i = 0; i < POOL; i++) {
+        cpool[i] = (float)((double)(ref_splitmix(&st) >> 11) * 0x1p-53 * 3.0 - 1.5);
+        spool[i] = (float)((double)(ref_splitmix(&st) >> 11) * 0x1p-53 * 3.0 - 1.5);
+    }
+    for (int li = 0; li < 41 + (int)(sizeof longer / sizeof longer[0]); li++) {
+        const int64_t half = li <= 40 ? li : longer[li - 41];
+        for (int inter = 0; inter < 2; inter++)
+            for (int mode = 0; mode < 3; mode++) { /* out of place, in place, non-temporal */
+                const int nt = mode == 2;
+                uint16_t *y = ybuf + GUARD;
+                const uint16_t *xin = x;
+                if (nt && half % 8 != 0)
+                    continue; /* the backend streams only 16-byte aligned halves */
+                for (int64_t k = 0; 8 * k < half; k++) {
+                    const int64_t at = (int64_t)(ref_splitmix(&st) % (POOL - 8));
+                    c8[k] = cpool + at;
+                    s8[k] = spool + (k % 3 == 2 ? at : (int64_t)(ref_splitmix(&st) % (POOL - 8)));
+                }
+                fill(t, x, 2 * half, &st);
+                memset(ybuf, 0xa5, sizeof ybuf);
+                if (mode == 1) {
+                    memcpy(y, x, (size_t)half * 4);
+                    xin = y;
+                }
+                vi->steps[t - types](xin, y, half, inter, c8, s8, mode ? -1.0f : 1.0f, nt);
+                __builtin_ia32_sfence();
+                for (int64_t i = 0; i < half; i++) {
+                    const int64_t ia = inter ? 2 * i : i, ib = inter ? 2 * i + 1 : half + i;
+                    uint16_t wa, wb;
+                    portable_pair(t, x[ia], x[ib], c8[i / 8][i % 8], s8[i / 8][i % 8],
+                                  mode ? -1.0f : 1.0f, &wa, &wb);
+                    if (!same16(t, y[ia], wa) || !same16(t, y[ib], wb))
+                        ck_abort_msg("%s %s steps, %s, half %lld, %s, pair %lld: (0x%04x, "
+                                     "0x%04x): (0x%04x, 0x%04x), portable (0x%04x, 0x%04x)",
+                                     vi->name, t->name, inter ? "interleaved" : "neox",
+                                     (long long)half,
+                                     mode == 0 ? "out of place" : mode == 1 ? "in place"
+                                                                            : "non-temporal",
+                                     (long long)i, x[ia], x[ib], y[ia], y[ib], wa, wb);
+                }
+                for (int64_t j = 0; j < (int64_t)(sizeof ybuf / 2); j++)
+                    if ((j < GUARD || j >= GUARD + 2 * half) && ybuf[j] != 0xa5a5)
+                        ck_abort_msg("%s %s steps, half %lld: value %lld outside the head "
+                                     "written",
+                                     vi->name, t->name, (long long)half, (long long)j - GUARD);
+                cases++;
+            }
+    }
+    ck_assert_int_gt(cases, 200);
+}
+END_TEST
+
 /* The calls tests' three paths: 0 the library's choice (AVX-512 where the
  * CPU has it), 1 AVX2 alone (fr_avx512_off), 2 the portable one
  * (fr_avx2_off, which turns AVX-512 off too). */
@@ -519,6 +600,7 @@ int main(void)
     tcase_add_loop_test(tc, test_every_value, 0, 4);
     tcase_add_loop_test(tc, test_narrow_rounding_patterns, 0, 4);
     tcase_add_loop_test(tc, test_tails, 0, 4);
+    tcase_add_loop_test(tc, test_steps, 0, 4);
     tcase_add_loop_test(tc, test_calls_match_portable, 0, 2);
     tcase_add_loop_test(tc, test_qk_streamed_matches_portable, 0, 2);
     suite_add_tcase(s, tc);
