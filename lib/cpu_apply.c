@@ -129,12 +129,16 @@ typedef struct {
                          float, int);
     void (*rotate_steps)(const uint16_t *, uint16_t *, int64_t, int, const float *const *,
                          const float *const *, float, int);
+    /* a token's run of heads at once (cpu_avx512.c, halves it fits; else NULL) */
+    void (*rotate_heads)(const uint16_t *, int64_t, uint16_t *, int64_t, int64_t, int64_t, int,
+                         const float *const *, const float *const *, float, int);
 } row_conv;
 
-static row_conv pick_rows(fusedrope_dtype dt)
+static row_conv pick_rows(fusedrope_dtype dt, int64_t half)
 {
     const int f16 = dt == FUSEDROPE_FLOAT16;
-    row_conv r = { f16 ? widen_f16 : widen_bf16, f16 ? narrow_f16 : narrow_bf16, NULL, NULL, NULL };
+    row_conv r = { f16 ? widen_f16 : widen_bf16, f16 ? narrow_f16 : narrow_bf16, NULL, NULL, NULL,
+                   NULL };
 #ifdef FR_HAVE_AVX2
     if (fr_avx2_usable()) {
         r.rotate = f16 ? fr_avx2_rotate_f16 : fr_avx2_rotate_bf16;
@@ -147,6 +151,8 @@ static row_conv pick_rows(fusedrope_dtype dt)
         r.rotate = f16 ? fr_avx512_rotate_f16 : fr_avx512_rotate_bf16;
         r.rotate_pairs = f16 ? fr_avx512_rotate_pairs_f16 : fr_avx512_rotate_pairs_bf16;
         r.rotate_steps = f16 ? fr_avx512_rotate_steps_f16 : fr_avx512_rotate_steps_bf16;
+        if (fr_avx512_heads_fit(half))
+            r.rotate_heads = f16 ? fr_avx512_rotate_heads_f16 : fr_avx512_rotate_heads_bf16;
     }
 #endif
     return r;
@@ -452,7 +458,9 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
                 s_next = 0;
         row_span ahead;
         const float *cs = NULL, *sn = NULL;
-        const float *c8[STEP_MAX], *s8[STEP_MAX]; /* with steps: each step's cos/sin */
+        /* with steps: each step's cos/sin; with rotate_heads and a 1D row,
+         * the row's steps */
+        const float *c8[STEP_MAX], *s8[STEP_MAX];
         /* Gathered or computed: this token's cos/sin (ANGLE_PAIRS of them at a time). */
         float row_c[ANGLE_PAIRS], row_s[ANGLE_PAIRS];
         _Alignas(16) char row[STREAM_ROW_BYTES];
@@ -544,6 +552,11 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
                 }
                 continue;
             }
+            if (rc != NULL && rc->rotate_heads != NULL && !steps)
+                for (int64_t k = 0; 8 * k < half; k++) {
+                    c8[k] = cs + 8 * k;
+                    s8[k] = sn + 8 * k;
+                }
             /* each tensor's share of the run: its heads [h0, h1) */
             for (int k = 0; k < args->count; k++) {
                 const fr_io *io = &args->io[k];
@@ -561,6 +574,19 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
                 x = (const char *)io->in + (size_t)(s * io->in_ss + b * io->in_sb + h0 * io->in_sh) * es;
                 y = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb + h0 * io->out_sh) * es;
 #ifdef __SSE2__
+                if (rc != NULL && rc->rotate_heads != NULL && (direct[k] || !stream[k])) {
+                    /* the run's heads in one call, streamed (direct) or plain */
+                    rc->rotate_heads((const uint16_t *)x, io->in_sh, (uint16_t *)y, io->out_sh,
+                                     h1 - h0, half, args->interleaved, c8, s8, args->sgn,
+                                     direct[k]);
+                    for (int64_t h = h0; pass && h < h1; h++, x += xstep, y += ystep) {
+                        if (direct[k])
+                            fr_stream_row(y + rot, x + rot, pass);
+                        else if (!io->in_place)
+                            memcpy(y + rot, x + rot, pass);
+                    }
+                    continue;
+                }
                 if (direct[k]) {
                     /* direct[k]: rc->rotate is there (rotate_whole_head's
                      * AVX2 case without its test, 5 instructions a head) */
@@ -626,7 +652,7 @@ void fr_cpu_apply(const fr_apply_args *args)
     const int64_t tokens = args->seq_len * args->batch;
     int64_t elems = 0;
     int stream[2] = { 0, 0 }, direct[2] = { 0, 0 };
-    const row_conv rows = pick_rows(args->dtype);
+    const row_conv rows = pick_rows(args->dtype, cache->rot_dim / 2);
     const row_conv *rc = args->dtype == FUSEDROPE_FLOAT32 ? NULL : &rows;
     int step_axis[STEP_MAX];
     int64_t step_col[STEP_MAX];

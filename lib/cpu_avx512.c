@@ -358,6 +358,79 @@ FR_AVX512_INLINE void pairs_steps(const uint16_t *x, uint16_t *y, const float *c
                  (__mmask16)((1u << (m - i)) - 1), 0, ST_PLAIN, f16);
 }
 
+/*
+ * A token's run of heads, one rotation for all: heads of 16, 32, 48 or 64
+ * pairs (fr_avx512_heads_fit) hold their cos/sin in registers, loaded once
+ * for the run (from the step pointers, as above) instead of once a head;
+ * with 16-bit data the rotation was bound by instructions, and those loads
+ * (and their inserts, for an axes table) were a quarter of them
+ * (bench/RESULTS.md, "Position axes").  Each step is rows_cs/pairs_cs, so
+ * every result is the one-head rotation's.  nst (steps a head) and the
+ * store mode are constants in each inlined copy: the cos/sin arrays become
+ * registers.
+ */
+FR_AVX512_INLINE void heads_body(const uint16_t *x, int64_t xstep, uint16_t *y, int64_t ystep,
+                                 int64_t n, const __m512 *c, const __m512 *s, __m512 vsgn,
+                                 int nst, int inter, int mode, int f16)
+{
+    const int64_t half = 16 * (int64_t)nst;
+    for (int64_t h = 0; h < n; h++, x += xstep, y += ystep)
+        for (int j = 0; j < nst; j++) {
+            if (inter)
+                pairs_cs(x + 32 * j, y + 32 * j, c[j], s[j], vsgn, 0xffff, 1, mode, f16);
+            else
+                rows_cs(x + 16 * j, x + half + 16 * j, y + 16 * j, y + half + 16 * j, c[j], s[j],
+                        vsgn, 0xffff, 1, mode, f16);
+        }
+}
+
+FR_AVX512_INLINE void heads_n(const uint16_t *x, int64_t xstep, uint16_t *y, int64_t ystep,
+                              int64_t n, int inter, const float *const *c8,
+                              const float *const *s8, float sgn, int nt, int nst, int f16)
+{
+    const __m512 vsgn = _mm512_set1_ps(sgn);
+    __m512 c[4], s[4];
+    for (int j = 0; j < nst; j++) {
+        c[j] = step_load(c8, 16 * j, 16 * nst);
+        s[j] = step_load(s8, 16 * j, 16 * nst);
+    }
+    /* whole-vector streams where every head's output is on their size */
+    if (!nt)
+        heads_body(x, xstep, y, ystep, n, c, s, vsgn, nst, inter, ST_PLAIN, f16);
+    else if (((uintptr_t)y | (uintptr_t)(ystep * 2)) % (inter ? 64 : 32) == 0)
+        heads_body(x, xstep, y, ystep, n, c, s, vsgn, nst, inter, ST_NT_WIDE, f16);
+    else
+        heads_body(x, xstep, y, ystep, n, c, s, vsgn, nst, inter, ST_NT16, f16);
+}
+
+FR_AVX512_INLINE void heads(const uint16_t *x, int64_t xstep, uint16_t *y, int64_t ystep,
+                            int64_t n, int64_t half, int inter, const float *const *c8,
+                            const float *const *s8, float sgn, int nt, int f16)
+{
+    switch (half) {
+    case 16: heads_n(x, xstep, y, ystep, n, inter, c8, s8, sgn, nt, 1, f16); break;
+    case 32: heads_n(x, xstep, y, ystep, n, inter, c8, s8, sgn, nt, 2, f16); break;
+    case 48: heads_n(x, xstep, y, ystep, n, inter, c8, s8, sgn, nt, 3, f16); break;
+    default: heads_n(x, xstep, y, ystep, n, inter, c8, s8, sgn, nt, 4, f16); break; /* 64 */
+    }
+}
+
+FR_AVX512_TARGET void fr_avx512_rotate_heads_f16(const uint16_t *x, int64_t xstep, uint16_t *y,
+                                                 int64_t ystep, int64_t n, int64_t half,
+                                                 int interleaved, const float *const *c8,
+                                                 const float *const *s8, float sgn, int nt)
+{
+    heads(x, xstep, y, ystep, n, half, interleaved, c8, s8, sgn, nt, 1);
+}
+
+FR_AVX512_TARGET void fr_avx512_rotate_heads_bf16(const uint16_t *x, int64_t xstep, uint16_t *y,
+                                                  int64_t ystep, int64_t n, int64_t half,
+                                                  int interleaved, const float *const *c8,
+                                                  const float *const *s8, float sgn, int nt)
+{
+    heads(x, xstep, y, ystep, n, half, interleaved, c8, s8, sgn, nt, 0);
+}
+
 FR_AVX512_TARGET void fr_avx512_rotate_steps_f16(const uint16_t *x, uint16_t *y, int64_t half,
                                                  int interleaved, const float *const *c8,
                                                  const float *const *s8, float sgn, int nt)

@@ -353,8 +353,9 @@ void fr_avx2_rotate_steps_bf16(const uint16_t *x, uint16_t *y, int64_t half, int
                                int nt);
 extern int fr_avx2_off;
 
-/* cpu_avx512.c (x86-64): the same six rotations with AVX-512 F/BW/VL, for
- * CPUs that have it, each result the AVX2 one's to the bit.  fr_avx512_off,
+/* cpu_avx512.c (x86-64): the same six rotations with AVX-512 F/BW/VL, and
+ * runs of heads sharing cos/sin, for CPUs that have it, each result the
+ * AVX2 one's to the bit.  fr_avx512_off,
  * set by tests only, makes fr_avx512_usable() say no, as fr_avx2_off does
  * too (which so still means the portable path). */
 #define FR_HAVE_AVX512 1
@@ -371,6 +372,20 @@ void fr_avx512_rotate_steps_f16(const uint16_t *x, uint16_t *y, int64_t half, in
                                 const float *const *c8, const float *const *s8, float sgn, int nt);
 void fr_avx512_rotate_steps_bf16(const uint16_t *x, uint16_t *y, int64_t half, int interleaved,
                                  const float *const *c8, const float *const *s8, float sgn, int nt);
+/* n heads at x + h xstep (output y + h ystep; elements), each of `half`
+ * pairs rotated with the same cos/sin in 8-pair steps (c8/s8, as the steps
+ * above; a 1D row's steps are cs + 8 k), for halves that
+ * fr_avx512_heads_fit; nt: every head's output 16-byte aligned. */
+static inline int fr_avx512_heads_fit(int64_t half)
+{
+    return half == 16 || half == 32 || half == 48 || half == 64;
+}
+void fr_avx512_rotate_heads_f16(const uint16_t *x, int64_t xstep, uint16_t *y, int64_t ystep,
+                                int64_t n, int64_t half, int interleaved, const float *const *c8,
+                                const float *const *s8, float sgn, int nt);
+void fr_avx512_rotate_heads_bf16(const uint16_t *x, int64_t xstep, uint16_t *y, int64_t ystep,
+                                 int64_t n, int64_t half, int interleaved, const float *const *c8,
+                                 const float *const *s8, float sgn, int nt);
 extern int fr_avx512_off;
 #endif
 

@@ -18,6 +18,8 @@
  *   - steps: heads whose cos/sin come in 8-pair steps from anywhere (an
  *     axes table's rows), every head length 0..40 and some up to 256,
  *     both styles, plain, in-place and non-temporal stores;
+ *   - heads: AVX-512's runs of heads sharing cos/sin, with gaps between
+ *     the heads, plain, in-place and non-temporal stores;
  *   - tails: every length 0..33 and some over 127, plain and non-temporal
  *     stores, outputs at each 16-byte offset in a 64-byte line (the AVX-512
  *     functions' masked first step that aligns long streamed rows), rows 16
@@ -459,6 +461,81 @@ START_TEST(test_steps)
 }
 END_TEST
 
+/* AVX-512's runs of heads sharing cos/sin (fr_avx512_rotate_heads_*): 1 to 5
+ * heads of each half it takes, both styles, head strides with gaps between
+ * the heads (8 and 16 values: outputs on 16 or 32 bytes, so both kinds of
+ * non-temporal stores), out of place, in place and streamed; every result
+ * against the portable one, and the gaps and guards untouched. */
+START_TEST(test_heads)
+{
+    const row_type *t = &types[_i];
+    enum { MAXN = 5, MAXSTEP = 128 + 16, GUARD = 64 };
+    static const int64_t halves[] = { 16, 32, 48, 64 };
+    _Alignas(64) uint16_t ybuf[GUARD + MAXN * MAXSTEP + GUARD], xbuf[MAXN * MAXSTEP];
+    float cpool[512], spool[512];
+    const float *c8[8], *s8[8];
+    uint64_t st = tu_seed ^ 0x4ead;
+    int64_t cases = 0;
+    if (!fr_avx512_usable())
+        return;
+    for (int i = 0; i < 512; i++) {
+        cpool[i] = (float)((double)(ref_splitmix(&st) >> 11) * 0x1p-53 * 3.0 - 1.5);
+        spool[i] = (float)((double)(ref_splitmix(&st) >> 11) * 0x1p-53 * 3.0 - 1.5);
+    }
+    for (size_t hi = 0; hi < sizeof halves / sizeof halves[0]; hi++)
+        for (int inter = 0; inter < 2; inter++)
+            for (int mode = 0; mode < 3; mode++) /* out of place, in place, streamed */
+                for (int64_t gap = 0; gap <= 16; gap += 8)
+                    for (int64_t n = 1; n <= MAXN; n++) {
+                        const int64_t half = halves[hi], step = 2 * half + gap;
+                        uint16_t *y = ybuf + GUARD;
+                        const uint16_t *x = mode == 1 ? y : xbuf;
+                        const float sgn = (n & 1) ? 1.0f : -1.0f;
+                        for (int64_t k = 0; 8 * k < half; k++) {
+                            c8[k] = cpool + ref_splitmix(&st) % (512 - 8);
+                            s8[k] = spool + ref_splitmix(&st) % (512 - 8);
+                        }
+                        fill(t, xbuf, MAXN * MAXSTEP, &st);
+                        memset(ybuf, 0xa5, sizeof ybuf);
+                        if (mode == 1)
+                            for (int64_t h = 0; h < n; h++)
+                                memcpy(y + h * step, xbuf + h * step, (size_t)half * 4);
+                        (t->dt == FUSEDROPE_FLOAT16 ? fr_avx512_rotate_heads_f16
+                                                    : fr_avx512_rotate_heads_bf16)(
+                            x, step, y, step, n, half, inter, c8, s8, sgn, mode == 2);
+                        __builtin_ia32_sfence();
+                        for (int64_t j = 0; j < (int64_t)(sizeof ybuf / 2); j++) {
+                            const int64_t rel = j - GUARD, h = rel / step, c = rel % step;
+                            if (rel < 0 || h >= n || c >= 2 * half) {
+                                if (ybuf[j] != 0xa5a5)
+                                    ck_abort_msg("%s heads, half %lld, n %lld, gap %lld: value "
+                                                 "%lld outside the heads written",
+                                                 t->name, (long long)half, (long long)n,
+                                                 (long long)gap, (long long)rel);
+                                continue;
+                            }
+                            if (c < half) { /* pair c of head h: its a's place */
+                                const int64_t ia = inter ? 2 * c : c, ib = inter ? 2 * c + 1 : half + c;
+                                const uint16_t *xh = xbuf + h * step, *yh = y + h * step;
+                                uint16_t wa, wb;
+                                portable_pair(t, xh[ia], xh[ib], c8[c / 8][c % 8], s8[c / 8][c % 8],
+                                              sgn, &wa, &wb);
+                                if (!same16(t, yh[ia], wa) || !same16(t, yh[ib], wb))
+                                    ck_abort_msg("%s heads, %s, half %lld, n %lld, gap %lld, mode "
+                                                 "%d, head %lld pair %lld: (0x%04x, 0x%04x), "
+                                                 "portable (0x%04x, 0x%04x)",
+                                                 t->name, inter ? "interleaved" : "neox",
+                                                 (long long)half, (long long)n, (long long)gap,
+                                                 mode, (long long)h, (long long)c, yh[ia], yh[ib],
+                                                 wa, wb);
+                            }
+                        }
+                        cases++;
+                    }
+    ck_assert_int_eq(cases, 4 * 2 * 3 * 3 * MAXN);
+}
+END_TEST
+
 /* The calls tests' three paths: 0 the library's choice (AVX-512 where the
  * CPU has it), 1 AVX2 alone (fr_avx512_off), 2 the portable one
  * (fr_avx2_off, which turns AVX-512 off too). */
@@ -601,6 +678,7 @@ int main(void)
     tcase_add_loop_test(tc, test_narrow_rounding_patterns, 0, 4);
     tcase_add_loop_test(tc, test_tails, 0, 4);
     tcase_add_loop_test(tc, test_steps, 0, 4);
+    tcase_add_loop_test(tc, test_heads, 0, 2);
     tcase_add_loop_test(tc, test_calls_match_portable, 0, 2);
     tcase_add_loop_test(tc, test_qk_streamed_matches_portable, 0, 2);
     suite_add_tcase(s, tc);
