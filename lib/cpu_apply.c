@@ -426,6 +426,29 @@ static inline void token_pax(const fr_apply_args *args, int s_outer, int64_t t, 
         pax[a] = fr_token_axis_position(&args->pos, *b, *s, a, pax[0], &bad);
 }
 
+#ifdef FR_HAVE_AVX512
+/* Whether an axes table's map has fr_gather_plan's form (and the plan):
+ * within each 16-pair step, each axis's lanes on consecutive columns, none
+ * before its row's start. */
+static int gather_plan_init(const fusedrope_cache *cache, fr_gather_plan *g)
+{
+    const int64_t half = cache->rot_dim / 2;
+    if (cache->cos == NULL || cache->pair_map == NULL || half > 16 * 16 || half > ANGLE_PAIRS)
+        return 0;
+    memset(g, 0, sizeof *g);
+    g->nsteps = (int)((half + 15) / 16);
+    for (int64_t i = 0; i < half; i++) {
+        const int k = (int)(i / 16), lane = (int)(i % 16), a = fr_map_axis(cache->pair_map[i]);
+        const int64_t base = fr_map_col(cache->pair_map[i]) - lane;
+        if (base < 0 || (g->mask[k][a] && g->base[k][a] != base))
+            return 0;
+        g->mask[k][a] |= (uint16_t)(1u << lane);
+        g->base[k][a] = (int32_t)base;
+    }
+    return 1;
+}
+#endif
+
 /* One thread's share of a call's (token, head) items: all of them on the
  * calling thread, or the thread's slice inside a team. */
 static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int stream[2],
@@ -457,12 +480,17 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
         int64_t pax_next[FUSEDROPE_MAX_AXES] = { 0, 0, 0, 0 }, t_next = -1, b_next = 0,
                 s_next = 0;
         row_span ahead;
+        int vgather = 0;
+#ifdef FR_HAVE_AVX512
+        fr_gather_plan gplan;
+#endif
         const float *cs = NULL, *sn = NULL;
         /* with steps: each step's cos/sin; with rotate_heads and a 1D row,
          * the row's steps */
         const float *c8[STEP_MAX], *s8[STEP_MAX];
         /* Gathered or computed: this token's cos/sin (ANGLE_PAIRS of them at a time). */
-        float row_c[ANGLE_PAIRS], row_s[ANGLE_PAIRS];
+        _Alignas(64) float row_c[ANGLE_PAIRS];
+        _Alignas(64) float row_s[ANGLE_PAIRS];
         _Alignas(16) char row[STREAM_ROW_BYTES];
         float frow[2 * ROW_PAIRS];    /* a 16-bit head's channels as floats */
         uint16_t hrow[2 * ROW_PAIRS]; /* an interleaved one's, in NeoX order */
@@ -474,6 +502,11 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
 #endif
         fr_thread_share(items, threads, id, &n0, &n1);
         plan_read_ahead(cache, &args->pos, &ahead);
+#ifdef FR_HAVE_AVX512
+        /* a map's gather in vectors where the CPU has AVX-512: the scalar
+         * one cost INTERLEAVED ~15% over 1D (bench/RESULTS.md) */
+        vgather = gather && fr_avx512_usable() && gather_plan_init(cache, &gplan);
+#endif
 
         /* Items n0..n1-1, one token's run of heads [hh, hh + run) at a time:
          * the token's position and cos/sin once per run, each tensor's head
@@ -513,7 +546,12 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
                 cs = cache->cos + pax[0] * half;
                 sn = cache->sin + pax[0] * half;
             } else if (half <= ANGLE_PAIRS) {
-                token_angles(cache, pax, 0, half, row_c, row_s);
+#ifdef FR_HAVE_AVX512
+                if (vgather)
+                    fr_avx512_gather(&gplan, cache->cos, cache->sin, pax, half, row_c, row_s);
+                else
+#endif
+                    token_angles(cache, pax, 0, half, row_c, row_s);
                 cs = row_c;
                 sn = row_s;
             } else {

@@ -431,6 +431,24 @@ FR_AVX512_TARGET void fr_avx512_rotate_heads_bf16(const uint16_t *x, int64_t xst
     heads(x, xstep, y, ystep, n, half, interleaved, c8, s8, sgn, nt, 0);
 }
 
+FR_AVX512_TARGET void fr_avx512_gather(const fr_gather_plan *g, const float *tc, const float *ts,
+                                       const int64_t *pax, int64_t half, float *c, float *s)
+{
+    for (int k = 0; k < g->nsteps; k++) {
+        __m512 vc = _mm512_setzero_ps(), vs = _mm512_setzero_ps();
+        for (int a = 0; a < FUSEDROPE_MAX_AXES; a++) {
+            const __mmask16 m = (__mmask16)g->mask[k][a];
+            if (m) {
+                const int64_t at = pax[a] * half + g->base[k][a];
+                vc = _mm512_mask_loadu_ps(vc, m, tc + at);
+                vs = _mm512_mask_loadu_ps(vs, m, ts + at);
+            }
+        }
+        _mm512_store_ps(c + 16 * k, vc);
+        _mm512_store_ps(s + 16 * k, vs);
+    }
+}
+
 FR_AVX512_TARGET void fr_avx512_rotate_steps_f16(const uint16_t *x, uint16_t *y, int64_t half,
                                                  int interleaved, const float *const *c8,
                                                  const float *const *s8, float sgn, int nt)

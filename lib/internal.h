@@ -380,6 +380,20 @@ static inline int fr_avx512_heads_fit(int64_t half)
 {
     return half == 16 || half == 32 || half == 48 || half == 64;
 }
+/* An axes table's pairs in 16-pair steps whose lanes on each axis a take
+ * consecutive columns of its row: in step k, the lanes of mask[k][a] take
+ * column base[k][a] + lane (INTERLEAVED's T H W T H W ..., ALTERNATING,
+ * SECTIONS).  fr_gather_plan_init (cpu_apply.c) says whether a map has that
+ * form; fr_avx512_gather then builds a token's cos/sin row from masked
+ * loads of its axes' rows, 64-byte stores c[16 k ..] and s[16 k ..]
+ * (nsteps * 16 floats each, 64-byte aligned). */
+typedef struct {
+    int nsteps;
+    uint16_t mask[16][FUSEDROPE_MAX_AXES];
+    int32_t base[16][FUSEDROPE_MAX_AXES];
+} fr_gather_plan;
+void fr_avx512_gather(const fr_gather_plan *g, const float *tc, const float *ts,
+                      const int64_t *pax, int64_t half, float *c, float *s);
 void fr_avx512_rotate_heads_f16(const uint16_t *x, int64_t xstep, uint16_t *y, int64_t ystep,
                                 int64_t n, int64_t half, int interleaved, const float *const *c8,
                                 const float *const *s8, float sgn, int nt);
