@@ -789,8 +789,12 @@ static void run_backward(src_t *s, const cache_t *ct, fz_call *fc, nrun *R, cons
                         }
                         continue;
                     }
-                    /* float32 intermediates past FLT_MAX (n * mean, dn * n): not checked */
-                    if (!(scale[row] <= lim) || !(scale[row] / rsv <= FLT_MAX / 64)) {
+                    /* float32 intermediates past FLT_MAX (n * mean, dn * n, and the
+                     * row's sum of dn * n, up to head_dim max|dn| max|n| with |n| <=
+                     * sqrt(head_dim) from a saved x; from y, below): not checked */
+                    if (!(scale[row] <= lim) || !(scale[row] / rsv <= FLT_MAX / 64) ||
+                        !(so || (double)hd * sqrt((double)hd) * (scale[row] / rsv) <=
+                                    FLT_MAX / 4)) {
                         dw_ok = 0;
                         continue;
                     }
