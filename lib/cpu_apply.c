@@ -453,7 +453,7 @@ static int gather_plan_init(const fusedrope_cache *cache, fr_gather_plan *g)
  * calling thread, or the thread's slice inside a team. */
 static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int stream[2],
                       const int direct[2], int steps, const int *step_axis,
-                      const int64_t *step_col)
+                      const int64_t *step_col, const void *gp)
 {
     const fusedrope_cache *cache = args->cache;
     const int64_t half = cache->rot_dim / 2;
@@ -480,10 +480,6 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
         int64_t pax_next[FUSEDROPE_MAX_AXES] = { 0, 0, 0, 0 }, t_next = -1, b_next = 0,
                 s_next = 0;
         row_span ahead;
-        int vgather = 0;
-#ifdef FR_HAVE_AVX512
-        fr_gather_plan gplan;
-#endif
         const float *cs = NULL, *sn = NULL;
         /* with steps: each step's cos/sin; with rotate_heads and a 1D row,
          * the row's steps */
@@ -502,11 +498,6 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
 #endif
         fr_thread_share(items, threads, id, &n0, &n1);
         plan_read_ahead(cache, &args->pos, &ahead);
-#ifdef FR_HAVE_AVX512
-        /* a map's gather in vectors where the CPU has AVX-512: the scalar
-         * one cost INTERLEAVED ~15% over 1D (bench/RESULTS.md) */
-        vgather = gather && fr_avx512_usable() && gather_plan_init(cache, &gplan);
-#endif
 
         /* Items n0..n1-1, one token's run of heads [hh, hh + run) at a time:
          * the token's position and cos/sin once per run, each tensor's head
@@ -547,8 +538,8 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
                 sn = cache->sin + pax[0] * half;
             } else if (half <= ANGLE_PAIRS) {
 #ifdef FR_HAVE_AVX512
-                if (vgather)
-                    fr_avx512_gather(&gplan, cache->cos, cache->sin, pax, half, row_c, row_s);
+                if (gp != NULL) /* gp: the map's vector gather (fr_avx512_gather) */
+                    fr_avx512_gather(gp, cache->cos, cache->sin, pax, half, row_c, row_s);
                 else
 #endif
                     token_angles(cache, pax, 0, half, row_c, row_s);
@@ -694,7 +685,18 @@ void fr_cpu_apply(const fr_apply_args *args)
     const row_conv *rc = args->dtype == FUSEDROPE_FLOAT32 ? NULL : &rows;
     int step_axis[STEP_MAX];
     int64_t step_col[STEP_MAX];
-    const int steps = plan_steps(cache, step_axis, step_col);
+#ifdef FR_HAVE_AVX512
+    /* With AVX-512 a map that has the vector gather's form takes it rather
+     * than the steps: the gathered row, read back whole, cost a bf16
+     * SECTIONS prefill on one thread -4% against 1D, the steps +38%
+     * (bench/RESULTS.md, "Position axes") */
+    fr_gather_plan gplan;
+    const fr_gather_plan *gp = fr_avx512_usable() && gather_plan_init(cache, &gplan) ? &gplan
+                                                                                   : NULL;
+#else
+    const void *gp = NULL;
+#endif
+    const int steps = gp != NULL ? 0 : plan_steps(cache, step_axis, step_col);
 
     for (int k = 0; k < args->count; k++) {
         elems += tokens * args->io[k].heads * args->io[k].head_dim;
@@ -720,7 +722,7 @@ void fr_cpu_apply(const fr_apply_args *args)
         if (nthreads > 1 || omp_in_parallel()) {
 #pragma omp parallel num_threads(nthreads)
             {
-                cpu_share(args, rc, stream, direct, steps, step_axis, step_col);
+                cpu_share(args, rc, stream, direct, steps, step_axis, step_col, gp);
                 if (omp_get_thread_num() == 0)
                     fr_cpu_team = omp_get_num_threads();
             }
@@ -731,5 +733,5 @@ void fr_cpu_apply(const fr_apply_args *args)
 #endif
     }
     fr_cpu_team = 0;
-    cpu_share(args, rc, stream, direct, steps, step_axis, step_col);
+    cpu_share(args, rc, stream, direct, steps, step_axis, step_col, gp);
 }
