@@ -323,6 +323,30 @@ static double pair_attn(const refctx *X, int64_t k, int i)
     return a;
 }
 
+/* The largest |R^T t| a row of t (dy, or a saved y) can give before any
+ * cancellation: |cos| |a| + |sin| |b| per pair, |t| past rot_dim.  The
+ * backward computes R^T t in float32 first, so where this passes FLT_MAX
+ * it overflows although the float64 reference, and even the row's result,
+ * may be finite (a tiny weight w' then scales it back). */
+static double row_rotated_size(const refctx *X, const fusedrope_tensor *t, int style, int64_t s,
+                               int64_t b, int64_t h, int64_t tok)
+{
+    const int rot = X->rr.rot_dim;
+    double m = 0;
+    for (int64_t c = rot; c < t->head_dim; c++)
+        m = fmax(m, fabs(ref_load(t->data, t->dtype, ref_offset(t, s, b, h, c))));
+    for (int i = 0; i < rot / 2; i++) {
+        int64_t ca, cb;
+        double cs, sn, a, bb;
+        ref_pair((fusedrope_style)style, rot, i, &ca, &cb);
+        ref_cos_sin_axes(&X->rr, X->pos + tok, X->ntok, i, &cs, &sn);
+        a = fabs(ref_load(t->data, t->dtype, ref_offset(t, s, b, h, ca)));
+        bb = fabs(ref_load(t->data, t->dtype, ref_offset(t, s, b, h, cb)));
+        m = fmax(m, fmax(fabs(cs) * a + fabs(sn) * bb, fabs(cs) * bb + fabs(sn) * a));
+    }
+    return m;
+}
+
 static int is_zero_or_nan(double v)
 {
     return v == 0 || isnan(v);
@@ -789,12 +813,17 @@ static void run_backward(src_t *s, const cache_t *ct, fz_call *fc, nrun *R, cons
                         }
                         continue;
                     }
-                    /* float32 intermediates past FLT_MAX (n * mean, dn * n, and the
-                     * row's sum of dn * n, up to head_dim max|dn| max|n| with |n| <=
-                     * sqrt(head_dim) from a saved x; from y, below): not checked */
+                    /* float32 intermediates past FLT_MAX (R^T dy and R^T y, n * mean,
+                     * dn * n, and the row's sum of dn * n, up to head_dim max|dn|
+                     * max|n| with |n| <= sqrt(head_dim) from a saved x; from y,
+                     * below): not checked */
                     if (!(scale[row] <= lim) || !(scale[row] / rsv <= FLT_MAX / 64) ||
                         !(so || (double)hd * sqrt((double)hd) * (scale[row] / rsv) <=
-                                    FLT_MAX / 4)) {
+                                    FLT_MAX / 4) ||
+                        !(row_rotated_size(X, &dy, fc->style, s2, b, h, b * S + s2) <=
+                          FLT_MAX / 4) ||
+                        !(!so || row_rotated_size(X, &sv, fc->style, s2, b, h, b * S + s2) <=
+                                     FLT_MAX / 4)) {
                         dw_ok = 0;
                         continue;
                     }
