@@ -1102,6 +1102,8 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
     int nth;
     fwd_call fc;
     float *wf[2] = { NULL, NULL };
+    void *block;
+    size_t bytes;
 #ifdef FR_HAVE_AVX2
     nv_rows_fn avx2_rows =
         fr_avx2_usable() ? nv_pick_rows(na->rounding, (int)a->dtype, a->interleaved) : NULL;
@@ -1133,14 +1135,17 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
     /* per thread: two rows of floats and two tokens' cos and sin (table-less
      * caches), for the two rows in flight, and a streamed output row
      * (hdmax elements of at most 4 bytes) */
-    fc.per = 3 * (size_t)fc.hdmax + 2 * (size_t)cache->rot_dim;
+    fc.per = (size_t)fr_line_floats(3 * fc.hdmax + 2 * cache->rot_dim); /* (see the backward) */
     nth = fr_cpu_team_size(cache, elems);
-    fc.scratch = malloc(((size_t)nth * fc.per + 2 * (size_t)fc.hdmax) * sizeof(float));
-    if (!fc.scratch)
+    bytes = ((size_t)nth * fc.per + 2 * (size_t)fr_line_floats(fc.hdmax)) * sizeof(float) +
+            FR_LINE_BYTES;
+    block = malloc(bytes);
+    if (!block)
         return fr_fail(FUSEDROPE_ERR_NOMEM, "the norm's row scratch (%zu bytes) could not be "
-                       "allocated", ((size_t)nth * fc.per + 2 * (size_t)fc.hdmax) * sizeof(float));
+                       "allocated", bytes);
+    fc.scratch = (float *)((char *)block + (FR_LINE_BYTES - (uintptr_t)block % FR_LINE_BYTES));
     for (int k = 0; k < a->count; k++) {
-        wf[k] = fc.scratch + (size_t)nth * fc.per + (size_t)k * fc.hdmax;
+        wf[k] = fc.scratch + (size_t)nth * fc.per + (size_t)k * (size_t)fr_line_floats(fc.hdmax);
         weight_factors(na, k, a->io[k].head_dim, wf[k]);
         fc.wf[k] = wf[k];
         fc.wf_ok[k] = 1;
@@ -1180,7 +1185,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
         FR_STREAM_FENCE();
         fr_fpenv_leave(&fpenv);
     }
-    free(fc.scratch);
+    free(block);
     return FUSEDROPE_OK;
 }
 
@@ -1346,8 +1351,9 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     const int64_t C = FUSEDROPE_NORM_DW_CHUNK;
     const int64_t chunks = (tokens + C - 1) / C;
     int nth;
-    int64_t hdmax = 0, elems = 0, pbase[2] = { 0, 0 }, ptotal = 0, items;
+    int64_t hdmax = 0, elems = 0, pbase[2] = { 0, 0 }, pstride[2] = { 0, 0 }, ptotal = 0, items;
     float *wf[2] = { NULL, NULL }, *scratch, *partial;
+    void *block;
     size_t per, total;
 #ifdef FR_HAVE_AVX2
     const nb_row_fn avx2_row =
@@ -1364,23 +1370,29 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
         hdmax = a->io[k].head_dim > hdmax ? a->io[k].head_dim : hdmax;
         elems += tokens * a->io[k].heads * a->io[k].head_dim;
         pbase[k] = ptotal;
+        pstride[k] = fr_line_floats(a->io[k].head_dim);
         if (na->dw[k])
-            ptotal += chunks * a->io[k].head_dim;
+            ptotal += chunks * pstride[k];
 #ifdef FR_HAVE_AVX2
         nb_ok[k] = nt_whole(a->io[k].head_dim, half, a->interleaved);
 #endif
     }
-    /* per thread: g, n (then dx), the saved row, a table-less token's cos/sin */
+    /* per thread: g, n (then dx), the saved row, a table-less token's cos/sin.
+     * Each thread's rows and each chunk's partial start on a cache line of
+     * their own: chunks next to each other are summed by different threads,
+     * and a line they shared made two threads slower than one (a bf16 q+k
+     * backward 4.7 ms on two threads against 3.9 on one, bench/RESULTS.md). */
     nth = fr_cpu_team_size(cache, elems);
-    per = 3 * (size_t)hdmax + (size_t)cache->rot_dim;
-    total = (size_t)nth * per + 2 * (size_t)hdmax + (size_t)ptotal;
-    scratch = malloc(total * sizeof(float));
-    if (!scratch)
+    per = (size_t)fr_line_floats(3 * hdmax + cache->rot_dim);
+    total = (size_t)nth * per + 2 * (size_t)fr_line_floats(hdmax) + (size_t)ptotal;
+    block = malloc(total * sizeof(float) + FR_LINE_BYTES);
+    if (!block)
         return fr_fail(FUSEDROPE_ERR_NOMEM, "the norm backward's scratch (%zu bytes) could not "
-                       "be allocated", total * sizeof(float));
-    partial = scratch + (size_t)nth * per + 2 * (size_t)hdmax;
+                       "be allocated", total * sizeof(float) + FR_LINE_BYTES);
+    scratch = (float *)((char *)block + (FR_LINE_BYTES - (uintptr_t)block % FR_LINE_BYTES));
+    partial = scratch + (size_t)nth * per + 2 * (size_t)fr_line_floats(hdmax);
     for (int k = 0; k < a->count; k++) {
-        wf[k] = scratch + (size_t)nth * per + (size_t)k * hdmax;
+        wf[k] = scratch + (size_t)nth * per + (size_t)k * (size_t)fr_line_floats(hdmax);
         weight_factors(na, k, a->io[k].head_dim, wf[k]);
     }
     items = chunks * a->count;
@@ -1395,7 +1407,7 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
         const int64_t hd = io->head_dim, rot = cache->rot_dim;
         float *g = scratch + (size_t)thread_id() * per, *nv = g + hdmax, *xs = nv + hdmax;
         float *row_c = xs + hdmax, *row_s = row_c + half;
-        float *acc = na->dw[k] ? partial + pbase[k] + ch * hd : NULL;
+        float *acc = na->dw[k] ? partial + pbase[k] + ch * pstride[k] : NULL;
         const int64_t t1 = (ch + 1) * C < tokens ? (ch + 1) * C : tokens;
 
         if (acc)
@@ -1460,10 +1472,10 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
         for (int64_t c = 0; c < a->io[k].head_dim; c++) {
             float sum = 0.0f;
             for (int64_t ch = 0; ch < chunks; ch++)
-                sum = sum + partial[pbase[k] + ch * a->io[k].head_dim + c];
+                sum = sum + partial[pbase[k] + ch * pstride[k] + c];
             na->dw[k][c] = sum;
         }
     }
-    free(scratch);
+    free(block);
     return FUSEDROPE_OK;
 }

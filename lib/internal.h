@@ -403,6 +403,15 @@ void fr_avx512_rotate_heads_bf16(const uint16_t *x, int64_t xstep, uint16_t *y, 
 extern int fr_avx512_off;
 #endif
 
+/* A cache line, and n floats rounded up to whole lines: scratch that
+ * threads write side by side is laid out in lines of its own. */
+#define FR_LINE_BYTES 64
+static inline int64_t fr_line_floats(int64_t n)
+{
+    const int64_t per = FR_LINE_BYTES / (int64_t)sizeof(float);
+    return (n + per - 1) / per * per;
+}
+
 /* CUDA backend (the kernels directory, or lib/cuda_stub.c without CUDA).  Every one
  * returns a status and records its detail with fr_fail. */
 int fr_cuda_device_present(void);
