@@ -449,24 +449,28 @@ FR_AVX512_TARGET void fr_avx512_gather(const fr_gather_plan *g, const float *tc,
     }
 }
 
+FR_AVX512_INLINE void steps(const uint16_t *x, uint16_t *y, int64_t half, int interleaved,
+                            const float *const *c8, const float *const *s8, float sgn, int nt,
+                            int f16)
+{
+    if (interleaved)
+        pairs_steps(x, y, c8, s8, half, sgn, nt, f16);
+    else
+        rows_steps(x, x + half, y, y + half, c8, s8, half, sgn, nt, f16);
+}
+
 FR_AVX512_TARGET void fr_avx512_rotate_steps_f16(const uint16_t *x, uint16_t *y, int64_t half,
                                                  int interleaved, const float *const *c8,
                                                  const float *const *s8, float sgn, int nt)
 {
-    if (interleaved)
-        pairs_steps(x, y, c8, s8, half, sgn, nt, 1);
-    else
-        rows_steps(x, x + half, y, y + half, c8, s8, half, sgn, nt, 1);
+    steps(x, y, half, interleaved, c8, s8, sgn, nt, 1);
 }
 
 FR_AVX512_TARGET void fr_avx512_rotate_steps_bf16(const uint16_t *x, uint16_t *y, int64_t half,
                                                   int interleaved, const float *const *c8,
                                                   const float *const *s8, float sgn, int nt)
 {
-    if (interleaved)
-        pairs_steps(x, y, c8, s8, half, sgn, nt, 0);
-    else
-        rows_steps(x, x + half, y, y + half, c8, s8, half, sgn, nt, 0);
+    steps(x, y, half, interleaved, c8, s8, sgn, nt, 0);
 }
 
 FR_AVX512_TARGET void fr_avx512_rotate_pairs_f16(const uint16_t *x, uint16_t *y, const float *cs,
