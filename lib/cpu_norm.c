@@ -1143,7 +1143,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
     if (!block)
         return fr_fail(FUSEDROPE_ERR_NOMEM, "the norm's row scratch (%zu bytes) could not be "
                        "allocated", bytes);
-    fc.scratch = (float *)((char *)block + (FR_LINE_BYTES - (uintptr_t)block % FR_LINE_BYTES));
+    fc.scratch = fr_line_start(block);
     for (int k = 0; k < a->count; k++) {
         wf[k] = fc.scratch + (size_t)nth * fc.per + (size_t)k * (size_t)fr_line_floats(fc.hdmax);
         weight_factors(na, k, a->io[k].head_dim, wf[k]);
@@ -1389,7 +1389,7 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     if (!block)
         return fr_fail(FUSEDROPE_ERR_NOMEM, "the norm backward's scratch (%zu bytes) could not "
                        "be allocated", total * sizeof(float) + FR_LINE_BYTES);
-    scratch = (float *)((char *)block + (FR_LINE_BYTES - (uintptr_t)block % FR_LINE_BYTES));
+    scratch = fr_line_start(block);
     partial = scratch + (size_t)nth * per + 2 * (size_t)fr_line_floats(hdmax);
     for (int k = 0; k < a->count; k++) {
         wf[k] = scratch + (size_t)nth * per + (size_t)k * (size_t)fr_line_floats(hdmax);

@@ -404,12 +404,18 @@ extern int fr_avx512_off;
 #endif
 
 /* A cache line, and n floats rounded up to whole lines: scratch that
- * threads write side by side is laid out in lines of its own. */
+ * threads write side by side is laid out in lines of its own, from the
+ * first line boundary inside a block malloc'ed FR_LINE_BYTES longer
+ * (fr_line_start). */
 #define FR_LINE_BYTES 64
 static inline int64_t fr_line_floats(int64_t n)
 {
     const int64_t per = FR_LINE_BYTES / (int64_t)sizeof(float);
     return (n + per - 1) / per * per;
+}
+static inline float *fr_line_start(void *block)
+{
+    return (float *)((char *)block + (FR_LINE_BYTES - (uintptr_t)block % FR_LINE_BYTES));
 }
 
 /* CUDA backend (the kernels directory, or lib/cuda_stub.c without CUDA).  Every one
