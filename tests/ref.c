@@ -616,6 +616,12 @@ void ref_rotate(double a, double b, double c, double s, int backward, double *ya
     }
 }
 
+void ref_rotate_size(double a, double b, double c, double s, double *ya, double *yb)
+{
+    *ya = fabs(c) * a + fabs(s) * b;
+    *yb = fabs(c) * b + fabs(s) * a;
+}
+
 void ref_apply(const ref_rope *r, fusedrope_style style, const int64_t *positions,
                const fusedrope_tensor *x, int backward, double *out)
 {
@@ -815,20 +821,14 @@ void ref_norm_backward(const ref_rope *r, fusedrope_style style, const int64_t *
                 }
                 for (int i = 0; i < half; i++) {
                     int64_t ca, cb;
-                    double cs, sn, ma, mb;
+                    double cs, sn;
                     ref_pair(style, r->rot_dim, i, &ca, &cb);
                     ref_cos_sin_axes(r, p, ntok, i, &cs, &sn);
                     ref_rotate(g[ca], g[cb], cs, sn, 1, &g[ca], &g[cb]);
-                    ma = gm[ca];
-                    mb = gm[cb];
-                    gm[ca] = fabs(cs) * ma + fabs(sn) * mb;
-                    gm[cb] = fabs(cs) * mb + fabs(sn) * ma;
+                    ref_rotate_size(gm[ca], gm[cb], cs, sn, &gm[ca], &gm[cb]);
                     if (saved_is_y) {
                         ref_rotate(n[ca], n[cb], cs, sn, 1, &n[ca], &n[cb]);
-                        ma = nm[ca];
-                        mb = nm[cb];
-                        nm[ca] = fabs(cs) * ma + fabs(sn) * mb;
-                        nm[cb] = fabs(cs) * mb + fabs(sn) * ma;
+                        ref_rotate_size(nm[ca], nm[cb], cs, sn, &nm[ca], &nm[cb]);
                     }
                 }
                 if (rstd) {

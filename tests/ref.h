@@ -173,6 +173,11 @@ void ref_pair(fusedrope_style style, int rot_dim, int i, int64_t *ca, int64_t *c
 /* The float64 rotation of one pair (a, b) by (c, s), forward or backward (the transpose). */
 void ref_rotate(double a, double b, double c, double s, int backward, double *ya, double *yb);
 
+/* The sizes of that rotation's results before any cancellation, either
+ * direction: |c| |a| + |s| |b| and |c| |b| + |s| |a| (a and b themselves
+ * sizes, >= 0).  A float32 rotation's error is relative to these. */
+void ref_rotate_size(double a, double b, double c, double s, double *ya, double *yb);
+
 /* Element offset of (s, b, h, c) in a tensor view. */
 int64_t ref_offset(const fusedrope_tensor *t, int64_t s, int64_t b, int64_t h, int64_t c);
 

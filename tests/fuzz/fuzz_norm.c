@@ -337,12 +337,13 @@ static double row_rotated_size(const refctx *X, const fusedrope_tensor *t, int s
         m = fmax(m, fabs(ref_load(t->data, t->dtype, ref_offset(t, s, b, h, c))));
     for (int i = 0; i < rot / 2; i++) {
         int64_t ca, cb;
-        double cs, sn, a, bb;
+        double cs, sn, ma, mb;
         ref_pair((fusedrope_style)style, rot, i, &ca, &cb);
         ref_cos_sin_axes(&X->rr, X->pos + tok, X->ntok, i, &cs, &sn);
-        a = fabs(ref_load(t->data, t->dtype, ref_offset(t, s, b, h, ca)));
-        bb = fabs(ref_load(t->data, t->dtype, ref_offset(t, s, b, h, cb)));
-        m = fmax(m, fmax(fabs(cs) * a + fabs(sn) * bb, fabs(cs) * bb + fabs(sn) * a));
+        ref_rotate_size(fabs(ref_load(t->data, t->dtype, ref_offset(t, s, b, h, ca))),
+                        fabs(ref_load(t->data, t->dtype, ref_offset(t, s, b, h, cb))), cs, sn,
+                        &ma, &mb);
+        m = fmax(m, fmax(ma, mb));
     }
     return m;
 }
