@@ -831,10 +831,10 @@ static void verify_norm_part(const bcase *c, enum op op, int p, vstats *v)
                             mag = fabs(vv[ch]);
                             flip = ref_ulp(vv[ch], opt.dtype);
                         }
-                        tol = ref_ulp(want, opt.dtype) + mag * 0x1p-19 * c->ref.attn +
-                              (rounding ? flip * c->ref.attn : 0);
+                        tol = ref_norm_y_tolerance(want, mag, flip, c->ref.attn, rounding,
+                                                   opt.dtype);
                     } else {
-                        tol = ref_ulp(want, opt.dtype) + aux[row] * 0x1p-16;
+                        tol = ref_norm_dx_tolerance(want, aux[row], opt.dtype);
                     }
                     ulp = ref_ulp(want, opt.dtype);
                     v->checked++;
