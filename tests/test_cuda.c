@@ -333,8 +333,7 @@ static void setup_positions(tsetup *u, const tcase *c, int64_t max_positions, tu
 {
     const int thd = c->layout == CL_THD;
     const int cp = c->pm == PM_CP0 || c->pm == PM_CP1 || c->pm == PM_CP_OFFSETS;
-    memset(&u->pos_h, 0, sizeof u->pos_h);
-    u->pos_h.cp_size = 1;
+    fusedrope_positions_init(&u->pos_h);
     u->pos_null = !thd && c->pm == PM_NONE;
     u->num_seqs = thd ? 4 : c->b;
     if (thd) {
@@ -824,9 +823,8 @@ static void out_of_table_case(int64_t S, int64_t B, int64_t H, fusedrope_cache *
         ids[i] = i % 3 == 0 ? 64 : i % 3 == 1 ? 1000000 : -5;
         ids_ok[i] = 0;
     }
-    memset(&ph, 0, sizeof ph);
+    fusedrope_positions_init(&ph);
     ph.ids = ids_ok;
-    ph.cp_size = 1;
     tx = fusedrope_tensor_sbhd(x, FUSEDROPE_BFLOAT16, S, B, H, D);
     ty = fusedrope_tensor_sbhd(yc, FUSEDROPE_BFLOAT16, S, B, H, D);
     FR_OK(fusedrope_forward(cpu, FUSEDROPE_NEOX, &ph, &tx, &ty, NULL));
