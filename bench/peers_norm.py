@@ -21,7 +21,8 @@ the dtype), its backward (dq, dk, dweights) against float64 autograd (relative
 L2 <= 64 unit roundoffs: the peers round every intermediate to the dtype);
 fusedrope-py's forward must also equal the unfused norm of the mode (the
 peer's norm) followed by the library's rotation: >= 99% of the elements
-identical and none more than 1 ulp (of its pair's length) apart (float32:
+identical and none more than 1 ulp (Gemma rounding; 3 for Llama's two
+roundings) (of its pair's length) apart (float32:
 within 4 ulps) (torch's own order of the sum of
 squares can move rstd by its last bit; python/tests/test_norm.py has the
 byte-for-byte comparison with the documented order).
@@ -222,7 +223,10 @@ def main():
         fusedrope.forward_qk(cache, uq, uk, layout="bshd")
         sync()
         # torch sums the squares in its own order, so rstd may differ in its last
-        # bit and an element round the other way: at most 1 ulp, and rarely
+        # bit and an element round the other way, rarely: at most 1 ulp where the
+        # mode rounds once before the rotation (Gemma), 3 where it rounds n and
+        # then n * w (Llama: a flip of n moves n * w by up to |w| ulps, then its
+        # own rounding), the allowance of ref_norm_y_tolerance (tests/ref.h)
         same_frac = min((oq == uq).double().mean().item(), (ok_ == uk).double().mean().item())
         # in ulps of the pair's length (the rotation moves a 1-ulp change of
         # its input into either channel of the pair)
@@ -233,7 +237,8 @@ def main():
         ulp_max = max(ulps(oq, uq), ulps(ok_, uk))
         # float32 keeps every bit of that difference (no rounding to a 16-bit
         # type hides it): a few ulps of the pair's length
-        same = ulp_max <= 4.0 if a.dtype == "fp32" else same_frac >= 0.99 and ulp_max <= 1.0
+        flips = 3.0 if rounding == "llama" else 1.0
+        same = ulp_max <= 4.0 if a.dtype == "fp32" else same_frac >= 0.99 and ulp_max <= flips
         ef = max(rel(oq, yq64), rel(ok_, yk64))
         eb = max(rel(g, g64) for g, g64 in zip((gq, gk, dqw, dkw), grads64))
         ok = same and ef <= 8 * 2.0 ** -p and eb <= 64 * 2.0 ** -p
