@@ -2,9 +2,14 @@
 # One device call that builds, tests, sanitizes and measures (GPU.md):
 #   ../shared/gpu/prepare-device-carry          # here: tarball + debs in .devcarry/
 #   device run, carry [".devcarry"]: bash bench/gpu-session.sh [sections]
-# Sections (default all but core): check sanitize downstream bench peers; core is
-# the short lineup (bf16 both shapes, decode with and without offsets, decode
-# kernel time under Nsight Compute at the GPU's own clocks).
+# Sections (default all but core, cuda and norm): check sanitize downstream bench
+# peers; core is the short lineup (bf16 both shapes, decode with and without
+# offsets, decode kernel time under Nsight Compute at the GPU's own clocks);
+# cuda builds and runs the CUDA test programs alone (no CPU suites: for a short
+# lease); norm times the fused RMSNorm + RoPE and its peers.  SAN_TOOLS and
+# SAN_TIMEOUT choose compute-sanitizer's tools and each one's time limit;
+# PEER_TIMEOUT each peers script's.  Every summary line carries the seconds
+# since the start, to plan the next lease.
 # Logs go to /tmp/logs; $OUT gets summary.txt, bench.txt and logs.tgz (the
 # device tool brings back at most 8 files).
 set -uo pipefail
@@ -28,7 +33,8 @@ export CHECK_CFLAGS="-I$sys/usr/include" CHECK_LIBS="-L$lib -lcheck -lsubunit -l
 summary="$out/summary.txt"; : > "$summary"
 # The summary also goes straight to $OUT, so a run cut off at its limit still reports.
 mkdir -p "${OUT:-/tmp/out}"
-note() { echo "$*" | tee -a "$summary" "${OUT:-/tmp/out}/summary-live.txt"; }
+t0=$(date +%s)
+note() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$summary" "${OUT:-/tmp/out}/summary-live.txt"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$out/device.txt"
 nvcc --version | tail -1 >> "$out/device.txt"
 note "device: $(head -1 "$out/device.txt")"
@@ -46,10 +52,21 @@ if has check; then
   grep -E '^[0-9]+%: Checks' tests/*.log | sed 's/^/  /' | tee -a "$summary"
 fi
 
+cuda_tests="tests/test_cuda ${CUDA_TESTS:-}"
+if has cuda; then
+  make -j16 $cuda_tests > "$out/cuda-build.log" 2>&1 || { tail -40 "$out/cuda-build.log"; exit 1; }
+  for t in $cuda_tests; do
+    timeout 300 ./$t > "$out/$(basename $t).log" 2>&1
+    note "$t: rc $? $(grep -E '^[0-9]+%: Checks' "$out/$(basename $t).log")"
+    grep -E ':[EF]:' "$out/$(basename $t).log" | head -5 | tee -a "$summary"
+  done
+fi
+
 if has sanitize; then
-  for tool in memcheck racecheck initcheck synccheck; do
+  [ -x tests/test_cuda ] || make -j16 tests/test_cuda > "$out/cuda-build.log" 2>&1
+  for tool in ${SAN_TOOLS:-memcheck racecheck initcheck synccheck}; do
     extra=; [ $tool = memcheck ] && extra="--leak-check full"
-    timeout 240 compute-sanitizer --tool $tool $extra --error-exitcode 9 ./tests/test_cuda \
+    timeout ${SAN_TIMEOUT:-240} compute-sanitizer --tool $tool $extra --error-exitcode 9 ./tests/test_cuda \
       > "$out/sanitize-$tool.log" 2>&1
     note "compute-sanitizer $tool: rc $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -1))"
   done
@@ -108,16 +125,30 @@ fi
 
 if has peers; then
   for shape in 4096,1,128,128 512,32,24,128; do
-    PYTHONUNBUFFERED=1 timeout 300 python3 "$src/bench/peers.py" --bench /tmp/inst/bin/fusedrope-bench \
+    PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 "$src/bench/peers.py" --bench /tmp/inst/bin/fusedrope-bench \
       --shape $shape > "$out/peers-$shape.txt" 2>&1
     note "peers $shape: rc $?"
     tail -8 "$out/peers-$shape.txt" | tee -a "$summary"
   done
-  # the fused RMSNorm + RoPE beside PyTorch's unfused model code (eager, compile)
-  for family in qwen3 gemma3; do
-    PYTHONUNBUFFERED=1 timeout 300 python3 "$src/bench/peers_norm.py" --bench /tmp/inst/bin/fusedrope-bench \
-      --family $family --shape 4096,1,32,8,128 > "$out/peers-norm-$family.txt" 2>&1
+fi
+
+if has norm; then
+  b=/tmp/inst/bin/fusedrope-bench
+  $b --qk 32,8 --shape 4096,1,1,128 --iters 100 > "$out/bench-norm.txt" 2> "$out/bench-progress.txt"
+  for kind in qwen3 gemma once; do
+    $b --qk 32,8 --shape 4096,1,1,128 --norm $kind --iters 100 >> "$out/bench-norm.txt" 2>> "$out/bench-progress.txt"
+  done
+  note "bench (norm): rc $?"
+  grep -E '^(norm_|forward|backward)' "$out/bench-norm.txt" | awk '{print "  " $0}' | tee -a "$summary"
+  # the binding for peers_norm's fusedrope-py row: built in place against the install
+  ( unset PKG_CONFIG_SYSROOT_DIR; cd "$src/python" && FUSEDROPE_PREFIX=/tmp/inst PKG_CONFIG_PATH=/tmp/inst/lib/pkgconfig \
+      timeout 120 python3 setup.py build_ext --inplace ) > "$out/python-build.log" 2>&1
+  note "python binding build: rc $?"
+  for family in ${NORM_FAMILIES:-qwen3 gemma3}; do
+    PYTHONPATH="$src/python" PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 "$src/bench/peers_norm.py" \
+      --bench /tmp/inst/bin/fusedrope-bench --family $family --shape 4096,1,32,8,128 \
+      > "$out/peers-norm-$family.txt" 2>&1
     note "peers_norm $family: rc $?"
-    tail -6 "$out/peers-norm-$family.txt" | tee -a "$summary"
+    tail -8 "$out/peers-norm-$family.txt" | tee -a "$summary"
   done
 fi
