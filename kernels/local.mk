@@ -12,7 +12,8 @@ CUDA_SRCS = \
 	kernels/cuda_apply.cu \
 	kernels/cuda_norm.cu
 CUDA_HDRS = \
-	kernels/cuda_util.cuh
+	kernels/cuda_util.cuh \
+	kernels/cuda_elem.cuh
 
 # kernels/cuda_emu.h: the host emulation of the kernels (tests/test_apply_emu)
 EXTRA_DIST += $(CUDA_SRCS) $(CUDA_HDRS) lib/cuda_stub.c kernels/cuda_emu.h \
