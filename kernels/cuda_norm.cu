@@ -36,6 +36,8 @@
 #ifdef FR_CUDA_EMULATE
 #include "cuda_emu.h"
 #else
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "internal.h"
@@ -44,6 +46,8 @@
 #include "norm_math.h"
 
 namespace {
+
+#include "cuda_elem.cuh"
 
 struct NIo {
     const void *in;   /* forward: x; backward: dy */
@@ -223,6 +227,139 @@ __global__ void norm_forward(const __grid_constant__ NParams P)
         });
 }
 
+/* ------------------------------------------------- rows held in registers */
+
+/*
+ * The common shapes take kernels of their own: 16-bit dtypes, 1D positions,
+ * full rotary (rot_dim = head_dim), head_dim HD of 64 or 128, every row
+ * starting on 16 bytes (wider rows and float32 spill registers in the
+ * backward, and each instantiation costs the build about 20 s of nvcc).  Still one thread per row, so no launch
+ * shape changes a result, but the row arrives in 16-byte loads and stays in
+ * registers, the pairs fully unrolled, and the token's position is found
+ * once per row.  The arithmetic is the generic walk's (walk_rows with
+ * norm_forward's or norm_dx's functions) operation for operation; the
+ * conversions are the plain kernels' (cuda_elem.cuh), which give the bits
+ * of rope_math.h's for every value a kernel narrows (each is the result of
+ * float arithmetic: a NaN is the canonical one).  The generic kernels'
+ * scalar loads, each pass reading the row again, ran at 0.037 of a copy
+ * (forward) on an H200 (bench/RESULTS.md).
+ */
+template <int DT, int N> struct Row {
+    static constexpr int W = N * (DT == DT_F32 ? 4 : 2) / 4; /* 32-bit words */
+    uint32_t w[W];
+
+    __device__ __forceinline__ void load(const void *p)
+    {
+#pragma unroll
+        for (int j = 0; j < W / 4; j++) {
+            const uint4 v = ld16((const char *)p + 16 * j);
+            w[4 * j] = v.x;
+            w[4 * j + 1] = v.y;
+            w[4 * j + 2] = v.z;
+            w[4 * j + 3] = v.w;
+        }
+    }
+    __device__ __forceinline__ void store(void *p) const
+    {
+#pragma unroll
+        for (int j = 0; j < W / 4; j++)
+            st16((char *)p + 16 * j, make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]));
+    }
+    __device__ __forceinline__ float get(int c) const
+    {
+        if constexpr (DT == DT_F32)
+            return fr_u2f(w[c]);
+        else
+            return Elem<DT>::to_f((uint16_t)(w[c >> 1] >> ((c & 1) * 16)));
+    }
+    __device__ __forceinline__ void set(int c, float f)
+    {
+        if constexpr (DT == DT_F32) {
+            w[c] = fr_f2u(f);
+        } else {
+            const uint32_t h = Elem<DT>::from_f(f);
+            w[c >> 1] = (c & 1) ? (w[c >> 1] & 0x0000ffffu) | (h << 16)
+                                : (w[c >> 1] & 0xffff0000u) | h;
+        }
+    }
+};
+
+/* The row's position, once: NaN angles (and the range flag) for a token
+ * without one in the table, as angle() gives each pair. */
+__device__ __forceinline__ int64_t row_position(const NParams &P, int64_t b, int64_t s, int *bad)
+{
+    const int64_t p = fr_token_position(&P.pos, b, s, bad);
+    *bad |= P.max_positions > 0 && p >= P.max_positions;
+    if (*bad && P.flag != nullptr)
+        *P.flag = 1;
+    return p;
+}
+
+template <int HD>
+__device__ __forceinline__ void pair_angle(const NParams &P, int64_t pos, int bad, int i, float *c,
+                                           float *sn)
+{
+    if (bad)
+        *c = *sn = fr_u2f(0x7fc00000u);
+    else
+        fr_pair_cos_sin(P.cos, P.sin, P.inv_freq, P.attn, HD / 2, pos, i, c, sn);
+}
+
+template <int HD, bool IL> __device__ __forceinline__ int pair_a(int i) { return IL ? 2 * i : i; }
+template <int HD, bool IL> __device__ __forceinline__ int pair_b(int i)
+{
+    return IL ? 2 * i + 1 : i + HD / 2;
+}
+/* The pair of channel c. */
+template <int HD, bool IL> __device__ __forceinline__ int pair_of(int c)
+{
+    return IL ? c / 2 : (c < HD / 2 ? c : c - HD / 2);
+}
+
+template <int DT, int HD, bool IL>
+__global__ void __launch_bounds__(128) norm_forward_rows(const __grid_constant__ NParams P)
+{
+    constexpr int64_t es = DT == DT_F32 ? 4 : 2;
+    const int64_t rows = P.tokens * P.heads;
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
+         r += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t, h, b, s;
+        const NIo &io = row_io(P, r, &t, &h, &b, &s);
+        const char *x = (const char *)io.in + (s * io.in_ss + b * io.in_sb + h * io.in_sh) * es;
+        char *y = (char *)io.out + (s * io.out_ss + b * io.out_sb + h * io.out_sh) * es;
+        Row<DT, HD> v;
+        v.load(x);
+        float p[32];
+#pragma unroll
+        for (int l = 0; l < 32; l++)
+            p[l] = 0.0f;
+#pragma unroll
+        for (int c0 = 0; c0 < HD; c0 += 32)
+#pragma unroll
+            for (int l = 0; l < 32; l++) {
+                const float e = v.get(c0 + l);
+                p[l] = p[l] + e * e;
+            }
+        const float rstd = fr_norm_rstd(fr_norm_tree32(p), HD, P.eps);
+        if (io.rstd != nullptr)
+            io.rstd[t * io.heads + h] = rstd;
+        int bad = 0;
+        const int64_t pos = row_position(P, b, s, &bad);
+#pragma unroll
+        for (int i = 0; i < HD / 2; i++) {
+            const int ca = pair_a<HD, IL>(i), cb = pair_b<HD, IL>(i);
+            float c, sn, ya, yb;
+            pair_angle<HD>(P, pos, bad, i, &c, &sn);
+            const float va = fr_norm_value(v.get(ca), rstd, weight_factor(P, io, ca), P.rounding, DT);
+            const float vb = fr_norm_value(v.get(cb), rstd, weight_factor(P, io, cb), P.rounding, DT);
+            fr_rotate(va, vb, c, sn, 1.0f, &ya, &yb);
+            v.set(ca, ya);
+            v.set(cb, yb);
+        }
+        v.store(y);
+    }
+}
+
 /* ----------------------------------------------------------------- backward */
 
 /* g and n of channel ch of a row: g = (R^T dy)[ch]; n = x[ch] * rstd, or
@@ -347,6 +484,73 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
         });
 }
 
+/* (3) for the common shapes (see norm_forward_rows): dy and the saved
+ * tensor's rows in registers; g_n's and norm_dx's operations, in their order. */
+template <int DT, int HD, bool IL>
+__device__ __forceinline__ void g_n_row(const NParams &P, const Row<DT, HD> &dy,
+                                        const Row<DT, HD> &xs, int ch, float c, float sn,
+                                        float rstd, float wf, float *g, float *n)
+{
+    const int i = pair_of<HD, IL>(ch), ca = pair_a<HD, IL>(i), cb = pair_b<HD, IL>(i);
+    float ga, gb, ta, tb;
+    fr_rotate(dy.get(ca), dy.get(cb), c, sn, -1.0f, &ga, &gb);
+    *g = ch == ca ? ga : gb;
+    if (P.saved_y) {
+        fr_rotate(xs.get(ca), xs.get(cb), c, sn, -1.0f, &ta, &tb);
+        *n = (ch == ca ? ta : tb) / wf;
+    } else {
+        *n = xs.get(ch) * rstd;
+    }
+}
+
+template <int DT, int HD, bool IL>
+__global__ void __launch_bounds__(128) norm_dx_rows(const __grid_constant__ NParams P)
+{
+    constexpr int64_t es = DT == DT_F32 ? 4 : 2;
+    const int64_t rows = P.tokens * P.heads;
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
+         r += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t, h, b, s;
+        const NIo &io = row_io(P, r, &t, &h, &b, &s);
+        Row<DT, HD> dy, xs;
+        dy.load((const char *)io.in + (s * io.in_ss + b * io.in_sb + h * io.in_sh) * es);
+        xs.load((const char *)io.x + (s * io.x_ss + b * io.x_sb + h * io.x_sh) * es);
+        const float rstd = io.rstd[t * io.heads + h];
+        int bad = 0;
+        const int64_t pos = row_position(P, b, s, &bad);
+        float p[32];
+#pragma unroll
+        for (int l = 0; l < 32; l++)
+            p[l] = 0.0f;
+#pragma unroll
+        for (int c0 = 0; c0 < HD; c0 += 32)
+#pragma unroll
+            for (int l = 0; l < 32; l++) {
+                const int ch = c0 + l;
+                const float wf = weight_factor(P, io, ch);
+                float c, sn, g, n;
+                pair_angle<HD>(P, pos, bad, pair_of<HD, IL>(ch), &c, &sn);
+                g_n_row<DT, HD, IL>(P, dy, xs, ch, c, sn, rstd, wf, &g, &n);
+                const float dn = g * wf;
+                p[l] = p[l] + dn * n;
+            }
+        const float m = fr_norm_mean(fr_norm_tree32(p), HD);
+#pragma unroll
+        for (int i = 0; i < HD / 2; i++) {
+            const int ca = pair_a<HD, IL>(i), cb = pair_b<HD, IL>(i);
+            const float wa = weight_factor(P, io, ca), wb = weight_factor(P, io, cb);
+            float c, sn, ga, na, gb, nb;
+            pair_angle<HD>(P, pos, bad, i, &c, &sn);
+            g_n_row<DT, HD, IL>(P, dy, xs, ca, c, sn, rstd, wa, &ga, &na);
+            g_n_row<DT, HD, IL>(P, dy, xs, cb, c, sn, rstd, wb, &gb, &nb);
+            const float dna = ga * wa, dnb = gb * wb;
+            dy.set(ca, rstd * (dna - na * m));
+            dy.set(cb, rstd * (dnb - nb * m));
+        }
+        dy.store((char *)io.out + (s * io.out_ss + b * io.out_sb + h * io.out_sh) * es);
+    }
+}
+
 /* ---------------------------------------------------------------- host side */
 
 int sms(void)
@@ -464,6 +668,60 @@ void params(const fr_norm_args *na, NParams *P)
     P->eps = na->eps;
 }
 
+/* A 16-byte boundary at every row of a tensor: base and strides (elements of es bytes). */
+bool rows_on_16(const void *base, int64_t ss, int64_t sb, int64_t sh, int64_t es)
+{
+    return ((uintptr_t)base & 15u) == 0 && (ss * es) % 16 == 0 && (sb * es) % 16 == 0 &&
+           (sh * es) % 16 == 0;
+}
+
+/* The head_dim of the register-row kernels that take this call, or 0 for
+ * the generic walk (see norm_forward_rows). */
+int64_t rows_hd(const NParams &P, int count, bool backward)
+{
+    const int64_t es = P.dt == 0 ? 4 : 2, hd = P.io[0].hd;
+    if (P.pair_map != nullptr || P.rot_dim != hd || P.dt == DT_F32 || !(hd == 64 || hd == 128))
+        return 0;
+    for (int k = 0; k < count; k++) {
+        const NIo &o = P.io[k];
+        if (o.hd != hd || !rows_on_16(o.in, o.in_ss, o.in_sb, o.in_sh, es) ||
+            !rows_on_16(o.out, o.out_ss, o.out_sb, o.out_sh, es) ||
+            (backward && !rows_on_16(o.x, o.x_ss, o.x_sb, o.x_sh, es)))
+            return 0;
+    }
+    return hd;
+}
+
+template <int DT, int HD>
+cudaError_t launch_rows(const NParams &P, bool backward, cudaStream_t stream)
+{
+    const int64_t n = P.tokens * P.heads;
+    if (backward)
+        return P.interleaved ? launch(norm_dx_rows<DT, HD, true>, n, P, stream)
+                             : launch(norm_dx_rows<DT, HD, false>, n, P, stream);
+    return P.interleaved ? launch(norm_forward_rows<DT, HD, true>, n, P, stream)
+                         : launch(norm_forward_rows<DT, HD, false>, n, P, stream);
+}
+
+template <int DT>
+cudaError_t launch_rows_dt(const NParams &P, int64_t hd, bool backward, cudaStream_t stream)
+{
+    return hd == 64 ? launch_rows<DT, 64>(P, backward, stream)
+                    : launch_rows<DT, 128>(P, backward, stream);
+}
+
+/* The row kernel of a call: a register-row kernel where one takes it, else
+ * the generic walk (norm_forward or norm_dx). */
+cudaError_t launch_row_kernel(const NParams &P, int count, bool backward, cudaStream_t stream)
+{
+    const int64_t hd = rows_hd(P, count, backward);
+    if (hd == 0)
+        return backward ? launch(norm_dx, P.tokens * P.heads, P, stream)
+                        : launch(norm_forward, P.tokens * P.heads, P, stream);
+    return P.dt == DT_F16 ? launch_rows_dt<DT_F16>(P, hd, backward, stream)
+                          : launch_rows_dt<DT_BF16>(P, hd, backward, stream);
+}
+
 } /* namespace */
 
 extern "C" fusedrope_status fr_cuda_norm_forward(const fr_norm_args *na)
@@ -474,7 +732,7 @@ extern "C" fusedrope_status fr_cuda_norm_forward(const fr_norm_args *na)
     if (P.cos == nullptr && P.inv_freq == nullptr)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "fr_cuda_norm_forward: the cache has neither a device table nor frequencies");
-    err = launch(norm_forward, P.tokens * P.heads, P, (cudaStream_t)na->a.stream);
+    err = launch_row_kernel(P, na->a.count, false, (cudaStream_t)na->a.stream);
     if (err != cudaSuccess)
         return fr_cuda_fail(err, "the norm forward kernel launch");
     return FUSEDROPE_OK;
@@ -515,7 +773,7 @@ extern "C" fusedrope_status fr_cuda_norm_backward(const fr_norm_args *na)
             return st;
         }
     }
-    err = launch(norm_dx, P.tokens * P.heads, P, stream);
+    err = launch_row_kernel(P, na->a.count, true, stream);
     if (scratch != nullptr) {
         const cudaError_t e2 = scratch_free(scratch, stream);
         if (err == cudaSuccess)
