@@ -1375,6 +1375,335 @@ START_TEST(test_cache_device_ordinal)
 }
 END_TEST
 
+/* ------------------------------------------------------------ graph replay */
+
+#define GRAPH_REPLAYS 1000
+#define GRAPH_CHECK_EVERY 100
+
+/* One device tensor of the graph test: random input bytes, or an output. */
+typedef struct {
+    void *dev;
+    size_t bytes;
+    unsigned char *host; /* input: its bytes; output: the direct call's result */
+} gbuf;
+
+static void gbuf_input(gbuf *g, size_t bytes, tu_rng *r)
+{
+    g->bytes = bytes;
+    g->host = malloc(bytes);
+    ck_assert(g->host != NULL);
+    fill_random(g->host, FUSEDROPE_BFLOAT16, bytes / 2, r);
+    CUDA_OK(cudaMalloc(&g->dev, bytes));
+    CUDA_OK(cudaMemcpy(g->dev, g->host, bytes, cudaMemcpyHostToDevice));
+}
+
+static void gbuf_output(gbuf *g, size_t bytes)
+{
+    g->bytes = bytes;
+    g->host = malloc(bytes);
+    ck_assert(g->host != NULL);
+    CUDA_OK(cudaMalloc(&g->dev, bytes));
+    CUDA_OK(cudaMemset(g->dev, 0xa5, bytes));
+}
+
+static void gbuf_free(gbuf *g)
+{
+    cudaFree(g->dev);
+    free(g->host);
+}
+
+/* The graph's three calls on the stream: forward x -> y, backward dy -> dx,
+ * forward_qk (q, k) -> (qo, ko), all out of place, at the device ids, with
+ * the device word range_status.  Returns the first failure's status, and
+ * its message in err (the calls may be under capture, where the test must
+ * not stop before the capture ends). */
+static fusedrope_status graph_calls(const fusedrope_cache *c, const fusedrope_positions *pos,
+                                    gbuf *b, int64_t S, int64_t B, int64_t HQ, int64_t HK,
+                                    int64_t D, cudaStream_t st, char *err, size_t nerr)
+{
+    const fusedrope_dtype dt = FUSEDROPE_BFLOAT16;
+    fusedrope_tensor x = fusedrope_tensor_sbhd(b[0].dev, dt, S, B, HQ, D);
+    fusedrope_tensor y = fusedrope_tensor_sbhd(b[1].dev, dt, S, B, HQ, D);
+    fusedrope_tensor dy = fusedrope_tensor_sbhd(b[2].dev, dt, S, B, HQ, D);
+    fusedrope_tensor dx = fusedrope_tensor_sbhd(b[3].dev, dt, S, B, HQ, D);
+    fusedrope_tensor q = fusedrope_tensor_sbhd(b[4].dev, dt, S, B, HQ, D);
+    fusedrope_tensor k = fusedrope_tensor_sbhd(b[5].dev, dt, S, B, HK, D);
+    fusedrope_tensor qo = fusedrope_tensor_sbhd(b[6].dev, dt, S, B, HQ, D);
+    fusedrope_tensor ko = fusedrope_tensor_sbhd(b[7].dev, dt, S, B, HK, D);
+    fusedrope_status s = fusedrope_forward(c, FUSEDROPE_NEOX, pos, &x, &y, st);
+    const char *which = "fusedrope_forward";
+    if (s == FUSEDROPE_OK) {
+        s = fusedrope_backward(c, FUSEDROPE_NEOX, pos, &dy, &dx, st);
+        which = "fusedrope_backward";
+    }
+    if (s == FUSEDROPE_OK) {
+        s = fusedrope_forward_qk(c, FUSEDROPE_NEOX, pos, &q, &qo, &k, &ko, st);
+        which = "fusedrope_forward_qk";
+    }
+    if (s != FUSEDROPE_OK)
+        snprintf(err, nerr, "%s: %s (%s)", which, fusedrope_status_string(s),
+                 fusedrope_last_error());
+    return s;
+}
+
+/*
+ * forward, backward and forward_qk (bf16, out of place, 384 tokens, device
+ * ids, a table cache) captured on a non-blocking stream into one CUDA graph
+ * and replayed 1000 times: the launcher must record nothing that a replay
+ * cannot repeat (no host-side state between its calls, no synchronisation
+ * in capture), so every replay writes the direct calls' bytes.  The outputs
+ * are poisoned after each check, so each batch of 100 replays must write
+ * them again.  The positions' range word is a device word (range_status),
+ * which needs no host sync and must stay 0: every id is inside the table.
+ * The direct calls themselves must match the CPU backend.
+ */
+START_TEST(test_graph_replay)
+{
+    const int64_t S = 192, B = 2, HQ = 8, HK = 2, D = 128, T = S * B;
+    const size_t nq = (size_t)(T * HQ * D) * 2, nk = (size_t)(T * HK * D) * 2;
+    fusedrope_cache *gpu = make_cache(FUSEDROPE_ROPE_LLAMA3, 128, 4096, FUSEDROPE_DEVICE_CUDA);
+    fusedrope_cache *cpu = make_cache(FUSEDROPE_ROPE_LLAMA3, 128, 4096, FUSEDROPE_DEVICE_CPU);
+    int64_t *ids = malloc((size_t)T * sizeof *ids);
+    /* b[]: x, y, dy, dx, q, k, q out, k out; outs: the outputs among them */
+    static const int outs[4] = { 1, 3, 6, 7 };
+    static const char *const out_names[4] = { "forward's y", "backward's dx",
+                                              "forward_qk's q out", "forward_qk's k out" };
+    gbuf b[8];
+    void *d_ids;
+    int32_t *dword, word = -1;
+    fusedrope_positions pos;
+    cudaStream_t st;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t cerr;
+    fusedrope_status s;
+    char err[1024] = "";
+    tu_rng r;
+
+    ck_assert(ids != NULL);
+    tu_rng_init(&r, 9191);
+    memset(b, 0, sizeof b);
+    gbuf_input(&b[0], nq, &r); /* x */
+    gbuf_output(&b[1], nq);    /* y */
+    gbuf_input(&b[2], nq, &r); /* dy */
+    gbuf_output(&b[3], nq);    /* dx */
+    gbuf_input(&b[4], nq, &r); /* q */
+    gbuf_input(&b[5], nk, &r); /* k */
+    gbuf_output(&b[6], nq);    /* q out */
+    gbuf_output(&b[7], nk);    /* k out */
+    for (int64_t i = 0; i < T; i++)
+        ids[i] = tu_int(&r, 0, 4095);
+    ids[0] = 4095; /* the table's last row */
+    d_ids = to_device(ids, (size_t)T * sizeof *ids);
+    CUDA_OK(cudaMalloc((void **)&dword, sizeof *dword));
+    CUDA_OK(cudaMemset(dword, 0, sizeof *dword));
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CUDA_OK(cudaDeviceSynchronize()); /* the copies and memsets above, before the stream runs */
+    fusedrope_positions_init(&pos);
+    pos.ids = d_ids;
+    pos.range_status = dword;
+
+    /* the direct calls: their bytes are the reference (and load the
+     * kernels, so that the capture records only launches) */
+    s = graph_calls(gpu, &pos, b, S, B, HQ, HK, D, st, err, sizeof err);
+    ck_assert_msg(s == FUSEDROPE_OK, "direct calls: %s", err);
+    CUDA_OK(cudaStreamSynchronize(st));
+    for (int j = 0; j < 4; j++)
+        CUDA_OK(cudaMemcpy(b[outs[j]].host, b[outs[j]].dev, b[outs[j]].bytes,
+                           cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(&word, dword, sizeof word, cudaMemcpyDeviceToHost));
+    ck_assert_int_eq(word, 0);
+    FR_OK(fusedrope_cache_check(gpu, st));
+
+    /* ... which are the CPU backend's */
+    {
+        fusedrope_positions ph;
+        fusedrope_tensor x, y, dy, dx, q, k, qo, ko;
+        unsigned char *o[4];
+        const fusedrope_dtype dt = FUSEDROPE_BFLOAT16;
+        for (int i = 0; i < 4; i++) {
+            o[i] = malloc(i == 3 ? nk : nq);
+            ck_assert(o[i] != NULL);
+        }
+        fusedrope_positions_init(&ph);
+        ph.ids = ids;
+        x = fusedrope_tensor_sbhd(b[0].host, dt, S, B, HQ, D);
+        y = fusedrope_tensor_sbhd(o[0], dt, S, B, HQ, D);
+        dy = fusedrope_tensor_sbhd(b[2].host, dt, S, B, HQ, D);
+        dx = fusedrope_tensor_sbhd(o[1], dt, S, B, HQ, D);
+        q = fusedrope_tensor_sbhd(b[4].host, dt, S, B, HQ, D);
+        k = fusedrope_tensor_sbhd(b[5].host, dt, S, B, HK, D);
+        qo = fusedrope_tensor_sbhd(o[2], dt, S, B, HQ, D);
+        ko = fusedrope_tensor_sbhd(o[3], dt, S, B, HK, D);
+        FR_OK(fusedrope_forward(cpu, FUSEDROPE_NEOX, &ph, &x, &y, NULL));
+        FR_OK(fusedrope_backward(cpu, FUSEDROPE_NEOX, &ph, &dy, &dx, NULL));
+        FR_OK(fusedrope_forward_qk(cpu, FUSEDROPE_NEOX, &ph, &q, &qo, &k, &ko, NULL));
+        ck_assert_msg(memcmp(o[0], b[1].host, nq) == 0, "forward: GPU and CPU differ");
+        ck_assert_msg(memcmp(o[1], b[3].host, nq) == 0, "backward: GPU and CPU differ");
+        ck_assert_msg(memcmp(o[2], b[6].host, nq) == 0, "forward_qk q: GPU and CPU differ");
+        ck_assert_msg(memcmp(o[3], b[7].host, nk) == 0, "forward_qk k: GPU and CPU differ");
+        for (int i = 0; i < 4; i++)
+            free(o[i]);
+    }
+
+    /* capture: the poisoned outputs must be written by the graph alone */
+    for (int j = 0; j < 4; j++)
+        CUDA_OK(cudaMemsetAsync(b[outs[j]].dev, 0xa5, b[outs[j]].bytes, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    s = graph_calls(gpu, &pos, b, S, B, HQ, HK, D, st, err, sizeof err);
+    cerr = cudaStreamEndCapture(st, &graph); /* ended whatever happened inside */
+    ck_assert_msg(s == FUSEDROPE_OK, "under capture: %s", err);
+    ck_assert_msg(cerr == cudaSuccess, "cudaStreamEndCapture: %s", cudaGetErrorString(cerr));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+    for (int rep = 1; rep <= GRAPH_REPLAYS; rep++) {
+        CUDA_OK(cudaGraphLaunch(exec, st));
+        if (rep % GRAPH_CHECK_EVERY != 0)
+            continue;
+        CUDA_OK(cudaStreamSynchronize(st));
+        for (int j = 0; j < 4; j++) {
+            const gbuf *o = &b[outs[j]];
+            unsigned char *got = malloc(o->bytes);
+            ck_assert(got != NULL);
+            CUDA_OK(cudaMemcpy(got, o->dev, o->bytes, cudaMemcpyDeviceToHost));
+            if (memcmp(got, o->host, o->bytes) != 0) {
+                size_t k = 0;
+                while (got[k] == o->host[k])
+                    k++;
+                free(got);
+                ck_abort_msg("replay %d: %s differs from the direct call's at byte %zu", rep,
+                             out_names[j], k);
+            }
+            free(got);
+            /* poisoned again: the next replays must write every byte */
+            CUDA_OK(cudaMemsetAsync(o->dev, 0xa5, o->bytes, st));
+        }
+    }
+    CUDA_OK(cudaStreamSynchronize(st));
+    CUDA_OK(cudaMemcpy(&word, dword, sizeof word, cudaMemcpyDeviceToHost));
+    ck_assert_msg(word == 0, "range_status raised (%d) by in-table ids", word);
+    FR_OK(fusedrope_cache_check(gpu, st)); /* the cache's own flag: never given, never raised */
+
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaStreamDestroy(st));
+    for (int i = 0; i < 8; i++)
+        gbuf_free(&b[i]);
+    cudaFree(dword);
+    cudaFree(d_ids);
+    free(ids);
+    fusedrope_cache_destroy(gpu);
+    fusedrope_cache_destroy(cpu);
+}
+END_TEST
+
+/* ------------------------------------------------ offsets past 2^31, 2^32 */
+
+/*
+ * A device tensor whose element offsets pass 2^31 and 2^32: token t of a
+ * [3, 1, 2, 128] bf16 view starts t * (2^31 + 4096) elements in, so an
+ * offset computed in 32 bits lands elsewhere (or faults) for tokens 1 and
+ * 2.  One cudaMalloc of a little over 2^32 elements (8.6 GB) holds the
+ * input view and an output view 1024 elements after it (the same token
+ * lattice, heads apart: disjoint), and only their rows are written.  The
+ * CUDA cache is the twin of a CPU one (same config), and each result must
+ * be the CPU backend's on a compact host tensor at the same positions, to
+ * the bit: NeoX out of place, then interleaved in place.  The 16 elements
+ * after each output row must keep their poison.  Skipped, with a note,
+ * where the device cannot give the 8.6 GB.  tests/test_bigindex.c does the
+ * same for the OpenMP backend in sparse host mappings.
+ */
+START_TEST(test_offsets_past_2_32)
+{
+    enum { GS = 3, GH = 2, GD = 128, OUT_AT = 1024, GUARD_AFTER = 16 };
+    const int64_t stride = ((int64_t)1 << 31) + 4096; /* a multiple of 16 bytes */
+    const int64_t row = GH * GD;                         /* elements of one token */
+    const int64_t nel = (GS - 1) * stride + OUT_AT + row + GUARD_AFTER;
+    const size_t rb = (size_t)row * 2;
+    const int64_t offset = 1000; /* positions 1000..1002 of a 4096-row table */
+    fusedrope_cache *cpu = make_cache(FUSEDROPE_ROPE_DEFAULT, GD, 4096, FUSEDROPE_DEVICE_CPU);
+    fusedrope_cache *gpu = make_cache(FUSEDROPE_ROPE_DEFAULT, GD, 4096, FUSEDROPE_DEVICE_CUDA);
+    unsigned char x[GS * GH * GD * 2], y[GS * GH * GD * 2], got[(GH * GD + GUARD_AFTER) * 2];
+    unsigned char *base = NULL;
+    void *d_off = NULL;
+    fusedrope_positions ph, pd;
+    fusedrope_tensor hx, hy, dx, dy;
+    cudaError_t err;
+    tu_rng r;
+
+    ck_assert((GS - 1) * stride > ((int64_t)1 << 32));
+    err = cudaMalloc((void **)&base, (size_t)nel * 2);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        printf("test_offsets_past_2_32: cudaMalloc of %.2f GB failed (%s); not run\n",
+               (double)nel * 2 / 1e9, cudaGetErrorString(err));
+        fusedrope_cache_destroy(cpu);
+        fusedrope_cache_destroy(gpu);
+        return;
+    }
+
+    tu_rng_init(&r, 23232);
+    fill_random(x, FUSEDROPE_BFLOAT16, (size_t)(GS * row), &r);
+    for (int64_t t = 0; t < GS; t++) {
+        unsigned char *at = base + (size_t)(t * stride) * 2;
+        CUDA_OK(cudaMemcpy(at, x + (size_t)t * rb, rb, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemset(at + (size_t)OUT_AT * 2, 0xa5, rb + GUARD_AFTER * 2));
+    }
+    d_off = to_device(&offset, sizeof offset);
+
+    fusedrope_positions_init(&ph);
+    ph.offsets = &offset;
+    pd = ph;
+    pd.offsets = d_off;
+    memset(&dx, 0, sizeof dx);
+    dx.data = base;
+    dx.dtype = FUSEDROPE_BFLOAT16;
+    dx.seq_len = GS;
+    dx.batch = 1;
+    dx.heads = GH;
+    dx.head_dim = GD;
+    dx.stride_seq = stride;
+    dx.stride_batch = 0; /* batch 1 */
+    dx.stride_head = GD;
+    dy = dx;
+    dy.data = base + (size_t)OUT_AT * 2;
+    hx = fusedrope_tensor_sbhd(x, FUSEDROPE_BFLOAT16, GS, 1, GH, GD);
+    hy = fusedrope_tensor_sbhd(y, FUSEDROPE_BFLOAT16, GS, 1, GH, GD);
+
+    /* NeoX, out of place */
+    FR_OK(fusedrope_forward(cpu, FUSEDROPE_NEOX, &ph, &hx, &hy, NULL));
+    FR_OK(fusedrope_forward(gpu, FUSEDROPE_NEOX, &pd, &dx, &dy, NULL));
+    FR_OK(fusedrope_cache_check(gpu, NULL));
+    for (int64_t t = 0; t < GS; t++) {
+        CUDA_OK(cudaMemcpy(got, base + (size_t)(t * stride + OUT_AT) * 2, sizeof got,
+                           cudaMemcpyDeviceToHost));
+        ck_assert_msg(memcmp(got, y + (size_t)t * rb, rb) == 0,
+                      "out of place: token %lld (element offset %lld) differs from the CPU's",
+                      (long long)t, (long long)(t * stride + OUT_AT));
+        for (size_t j = rb; j < sizeof got; j++)
+            ck_assert_msg(got[j] == 0xa5, "out of place: token %lld: byte %zu after its row "
+                          "written", (long long)t, j - rb);
+    }
+
+    /* interleaved, in place on the input rows */
+    FR_OK(fusedrope_forward(cpu, FUSEDROPE_INTERLEAVED, &ph, &hx, &hx, NULL));
+    FR_OK(fusedrope_forward(gpu, FUSEDROPE_INTERLEAVED, &pd, &dx, &dx, NULL));
+    FR_OK(fusedrope_cache_check(gpu, NULL));
+    for (int64_t t = 0; t < GS; t++) {
+        CUDA_OK(cudaMemcpy(got, base + (size_t)(t * stride) * 2, rb, cudaMemcpyDeviceToHost));
+        ck_assert_msg(memcmp(got, x + (size_t)t * rb, rb) == 0,
+                      "in place: token %lld (element offset %lld) differs from the CPU's",
+                      (long long)t, (long long)(t * stride));
+    }
+
+    cudaFree(d_off);
+    cudaFree(base);
+    fusedrope_cache_destroy(cpu);
+    fusedrope_cache_destroy(gpu);
+}
+END_TEST
+
 /* ------------------------------------------------------------------- main */
 
 int main(void)
@@ -1407,6 +1736,8 @@ int main(void)
     tcase_add_test(tc, test_shapes);
     tcase_add_test(tc, test_extreme_values);
     tcase_add_test(tc, test_threads);
+    tcase_add_test(tc, test_graph_replay);
+    tcase_add_test(tc, test_offsets_past_2_32);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK); /* CUDA does not survive fork() */
