@@ -45,6 +45,14 @@
 #endif
 #include "norm_math.h"
 
+/* Out of line (not a macro named __noinline__ in the emulation: glibc's
+ * headers spell that attribute's name). */
+#ifdef FR_CUDA_EMULATE
+#define FR_NOINLINE __attribute__((noinline))
+#else
+#define FR_NOINLINE __noinline__
+#endif
+
 namespace {
 
 #include "cuda_elem.cuh"
@@ -95,6 +103,15 @@ __device__ __forceinline__ float weight_factor(const NParams &P, const NIo &io, 
     return fr_norm_wf(P.weight, P.weight ? load_f(io.w, P.wdt, c) : 1.0f);
 }
 
+/* A table-less cache's cos/sin, out of line: the double-precision sine and
+ * cosine inlined at every pair of an unrolled row made the kernels' code
+ * 0.4-1 MB each, far past the instruction caches (bench/RESULTS.md). */
+__device__ FR_NOINLINE void angle_from_freq(const NParams &P, int64_t p, int64_t col, float *c,
+                                             float *sn)
+{
+    fr_pair_cos_sin(nullptr, nullptr, P.inv_freq, P.attn, P.half, p, col, c, sn);
+}
+
 /* cos/sin of pair i at token (b, s): with position axes, the position on
  * the pair's axis and its frequency column (the map entry).  NaN (and the
  * range flag) for a token without a position in the table on some axis, as
@@ -119,7 +136,10 @@ __device__ __forceinline__ void angle(const NParams &P, int64_t b, int64_t s, in
         *c = *sn = fr_u2f(0x7fc00000u);
         return;
     }
-    fr_pair_cos_sin(P.cos, P.sin, P.inv_freq, P.attn, P.half, p, fr_map_col(e), c, sn);
+    if (P.cos != nullptr)
+        fr_pair_cos_sin(P.cos, P.sin, nullptr, P.attn, P.half, p, fr_map_col(e), c, sn);
+    else
+        angle_from_freq(P, p, fr_map_col(e), c, sn);
 }
 
 /* Row r = (token t, head hh of q's then k's heads). */
@@ -230,8 +250,8 @@ __global__ void norm_forward(const __grid_constant__ NParams P)
 /* ------------------------------------------------- rows held in registers */
 
 /*
- * The common shapes take kernels of their own: 16-bit dtypes, 1D positions,
- * full rotary (rot_dim = head_dim), head_dim HD of 64 or 128, every row
+ * The common shapes take kernels of their own: 16-bit dtypes, a table cache,
+ * 1D positions, full rotary (rot_dim = head_dim), head_dim HD of 64 or 128, every row
  * starting on 16 bytes (wider rows and float32 spill registers in the
  * backward, and each instantiation costs the build about 20 s of nvcc).  Still one thread per row, so no launch
  * shape changes a result, but the row arrives in 16-byte loads and stays in
@@ -295,14 +315,44 @@ __device__ __forceinline__ int64_t row_position(const NParams &P, int64_t b, int
     return p;
 }
 
+/* The row's cos/sin table rows (the register-row kernels take table caches
+ * only: a table-less pair's double-precision angle, even out of line, cost
+ * each unrolled pair a call through local memory), or NULL for a token
+ * without a position in the table: its pairs' angles are NaN, as angle()
+ * gives them. */
+struct RowAngles {
+    const float *cos, *sin;
+};
+
 template <int HD>
-__device__ __forceinline__ void pair_angle(const NParams &P, int64_t pos, int bad, int i, float *c,
-                                           float *sn)
+__device__ __forceinline__ RowAngles row_angles(const NParams &P, int64_t pos, int bad)
 {
-    if (bad)
+    RowAngles a;
+    a.cos = bad ? nullptr : P.cos + pos * (HD / 2);
+    a.sin = bad ? nullptr : P.sin + pos * (HD / 2);
+    return a;
+}
+
+/* fr_pair_cos_sin's table entry, column i of the row. */
+__device__ __forceinline__ void pair_angle(const RowAngles &a, int i, float *c, float *sn)
+{
+    if (a.cos == nullptr) {
         *c = *sn = fr_u2f(0x7fc00000u);
-    else
-        fr_pair_cos_sin(P.cos, P.sin, P.inv_freq, P.attn, HD / 2, pos, i, c, sn);
+        return;
+    }
+    fr_pair_cos_sin(a.cos, a.sin, nullptr, 1.0, 0, 0, i, c, sn);
+}
+
+/* weight_factor's value for the register-row kernels: a 16-bit weight is in
+ * the tensors' dtype, so the one conversion of cuda_elem.cuh replaces
+ * load_f's three (the same value: widening is exact). */
+template <int DT>
+__device__ __forceinline__ float row_weight(const NParams &P, const NIo &io, int c)
+{
+    const float w = P.weight == 0 ? 1.0f
+                    : P.wdt == 0  ? ((const float *)io.w)[c]
+                                  : Elem<DT>::to_f(((const uint16_t *)io.w)[c]);
+    return fr_norm_wf(P.weight, w);
 }
 
 template <int HD, bool IL> __device__ __forceinline__ int pair_a(int i) { return IL ? 2 * i : i; }
@@ -314,6 +364,25 @@ template <int HD, bool IL> __device__ __forceinline__ int pair_b(int i)
 template <int HD, bool IL> __device__ __forceinline__ int pair_of(int c)
 {
     return IL ? c / 2 : (c < HD / 2 ? c : c - HD / 2);
+}
+
+/* The forward's pairs of a row held in v: normalised as rounding mode RND
+ * says, rotated, back into v. */
+template <int DT, int HD, bool IL, int RND>
+__device__ __forceinline__ void rotate_row(const NParams &P, const NIo &io, const RowAngles &a,
+                                           float rstd, Row<DT, HD> &v)
+{
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) {
+        const int ca = pair_a<HD, IL>(i), cb = pair_b<HD, IL>(i);
+        float c, sn, ya, yb;
+        pair_angle(a, i, &c, &sn);
+        const float va = fr_norm_value(v.get(ca), rstd, row_weight<DT>(P, io, ca), RND, DT);
+        const float vb = fr_norm_value(v.get(cb), rstd, row_weight<DT>(P, io, cb), RND, DT);
+        fr_rotate(va, vb, c, sn, 1.0f, &ya, &yb);
+        v.set(ca, ya);
+        v.set(cb, yb);
+    }
 }
 
 template <int DT, int HD, bool IL>
@@ -345,17 +414,16 @@ __global__ void __launch_bounds__(128) norm_forward_rows(const __grid_constant__
             io.rstd[t * io.heads + h] = rstd;
         int bad = 0;
         const int64_t pos = row_position(P, b, s, &bad);
-#pragma unroll
-        for (int i = 0; i < HD / 2; i++) {
-            const int ca = pair_a<HD, IL>(i), cb = pair_b<HD, IL>(i);
-            float c, sn, ya, yb;
-            pair_angle<HD>(P, pos, bad, i, &c, &sn);
-            const float va = fr_norm_value(v.get(ca), rstd, weight_factor(P, io, ca), P.rounding, DT);
-            const float vb = fr_norm_value(v.get(cb), rstd, weight_factor(P, io, cb), P.rounding, DT);
-            fr_rotate(va, vb, c, sn, 1.0f, &ya, &yb);
-            v.set(ca, ya);
-            v.set(cb, yb);
-        }
+        const RowAngles a = row_angles<HD>(P, pos, bad);
+        /* one unrolled copy of the pairs per rounding mode: a warp runs only
+         * its own, so the code it streams through is a third of a loop that
+         * switched at each element (bench/RESULTS.md) */
+        if (P.rounding == FR_ROUND_LLAMA)
+            rotate_row<DT, HD, IL, FR_ROUND_LLAMA>(P, io, a, rstd, v);
+        else if (P.rounding == FR_ROUND_GEMMA)
+            rotate_row<DT, HD, IL, FR_ROUND_GEMMA>(P, io, a, rstd, v);
+        else
+            rotate_row<DT, HD, IL, FR_ROUND_ONCE>(P, io, a, rstd, v);
         v.store(y);
     }
 }
@@ -364,17 +432,17 @@ __global__ void __launch_bounds__(128) norm_forward_rows(const __grid_constant__
 
 /* g and n of channel ch of a row: g = (R^T dy)[ch]; n = x[ch] * rstd, or
  * (R^T y)[ch] / w'[ch].  The pair's rotation is computed whole and one
- * member taken: the same operations as the CPU's row rotation. */
-__device__ __forceinline__ void g_n(const NParams &P, const void *dy,
-                                    const void *xs, int64_t b, int64_t s, int64_t ch, float rstd,
-                                    float wf, float *g, float *n)
+ * member taken: the same operations as the CPU's row rotation.  c and sn:
+ * the angle of ch's pair (unused past rot_dim). */
+__device__ __forceinline__ void g_n_cs(const NParams &P, const void *dy, const void *xs,
+                                       int64_t ch, float c, float sn, float rstd, float wf,
+                                       float *g, float *n)
 {
     if (ch < P.rot_dim) {
         int64_t i, ca, cb;
-        float c, sn, ga, gb, ta, tb;
+        float ga, gb, ta, tb;
         i = P.interleaved ? ch / 2 : (ch < P.half ? ch : ch - P.half);
         fr_pair_channels(P.interleaved, i, P.half, &ca, &cb);
-        angle(P, b, s, i, &c, &sn);
         fr_rotate(load_f(dy, P.dt, ca), load_f(dy, P.dt, cb), c, sn, -1.0f, &ga, &gb);
         *g = ch == ca ? ga : gb;
         if (P.saved_y) {
@@ -387,6 +455,24 @@ __device__ __forceinline__ void g_n(const NParams &P, const void *dy,
         *g = load_f(dy, P.dt, ch);
         *n = P.saved_y ? load_f(xs, P.dt, ch) / wf : load_f(xs, P.dt, ch) * rstd;
     }
+}
+
+/* The angle of channel ch's pair at token (b, s), when ch is rotated. */
+__device__ __forceinline__ void channel_angle(const NParams &P, int64_t b, int64_t s, int64_t ch,
+                                              float *c, float *sn)
+{
+    *c = *sn = 0.0f;
+    if (ch < P.rot_dim)
+        angle(P, b, s, P.interleaved ? ch / 2 : (ch < P.half ? ch : ch - P.half), c, sn);
+}
+
+__device__ __forceinline__ void g_n(const NParams &P, const void *dy, const void *xs, int64_t b,
+                                    int64_t s, int64_t ch, float rstd, float wf, float *g,
+                                    float *n)
+{
+    float c, sn;
+    channel_angle(P, b, s, ch, &c, &sn);
+    g_n_cs(P, dy, xs, ch, c, sn, rstd, wf, g, n);
 }
 
 __device__ __forceinline__ const void *row_ptr(const void *base, int64_t s, int64_t b, int64_t h,
@@ -411,11 +497,16 @@ __global__ void norm_dw_partial(const __grid_constant__ NParams P)
         float acc = 0.0f;
         for (int64_t t = ch * FUSEDROPE_NORM_DW_CHUNK; t < t1; t++) {
             const int64_t b = t / P.seq_len, s = t % P.seq_len;
+            float cs, sn;
+            /* the token's angle once for its heads; unrolled so that several
+             * heads' loads are in flight at once (the sum's order is kept) */
+            channel_angle(P, b, s, c, &cs, &sn);
+#pragma unroll 4
             for (int64_t h = 0; h < io.heads; h++) {
                 float g, n;
-                g_n(P, row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, P.dt),
-                    row_ptr(io.x, s, b, h, io.x_ss, io.x_sb, io.x_sh, P.dt), b, s, c,
-                    io.rstd[t * io.heads + h], wf, &g, &n);
+                g_n_cs(P, row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, P.dt),
+                       row_ptr(io.x, s, b, h, io.x_ss, io.x_sb, io.x_sh, P.dt), c, cs, sn,
+                       io.rstd[t * io.heads + h], wf, &g, &n);
                 acc = acc + g * n;
             }
         }
@@ -486,20 +577,57 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
 
 /* (3) for the common shapes (see norm_forward_rows): dy and the saved
  * tensor's rows in registers; g_n's and norm_dx's operations, in their order. */
-template <int DT, int HD, bool IL>
-__device__ __forceinline__ void g_n_row(const NParams &P, const Row<DT, HD> &dy,
-                                        const Row<DT, HD> &xs, int ch, float c, float sn,
-                                        float rstd, float wf, float *g, float *n)
+template <int DT, int HD, bool IL, bool SY>
+__device__ __forceinline__ void g_n_row(const Row<DT, HD> &dy, const Row<DT, HD> &xs, int ch,
+                                        float c, float sn, float rstd, float wf, float *g,
+                                        float *n)
 {
     const int i = pair_of<HD, IL>(ch), ca = pair_a<HD, IL>(i), cb = pair_b<HD, IL>(i);
     float ga, gb, ta, tb;
     fr_rotate(dy.get(ca), dy.get(cb), c, sn, -1.0f, &ga, &gb);
     *g = ch == ca ? ga : gb;
-    if (P.saved_y) {
+    if (SY) {
         fr_rotate(xs.get(ca), xs.get(cb), c, sn, -1.0f, &ta, &tb);
         *n = (ch == ca ? ta : tb) / wf;
     } else {
         *n = xs.get(ch) * rstd;
+    }
+}
+
+/* The dx of a row (dy and the saved tensor in registers), SY: the saved
+ * tensor is y; one copy of each (see rotate_row). */
+template <int DT, int HD, bool IL, bool SY>
+__device__ __forceinline__ void dx_row(const NParams &P, const NIo &io, const RowAngles &a,
+                                       float rstd, Row<DT, HD> &dy, const Row<DT, HD> &xs)
+{
+    float p[32];
+#pragma unroll
+    for (int l = 0; l < 32; l++)
+        p[l] = 0.0f;
+#pragma unroll
+    for (int c0 = 0; c0 < HD; c0 += 32)
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            const int ch = c0 + l;
+            const float wf = row_weight<DT>(P, io, ch);
+            float c, sn, g, n;
+            pair_angle(a, pair_of<HD, IL>(ch), &c, &sn);
+            g_n_row<DT, HD, IL, SY>(dy, xs, ch, c, sn, rstd, wf, &g, &n);
+            const float dn = g * wf;
+            p[l] = p[l] + dn * n;
+        }
+    const float m = fr_norm_mean(fr_norm_tree32(p), HD);
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) {
+        const int ca = pair_a<HD, IL>(i), cb = pair_b<HD, IL>(i);
+        const float wa = row_weight<DT>(P, io, ca), wb = row_weight<DT>(P, io, cb);
+        float c, sn, ga, na, gb, nb;
+        pair_angle(a, i, &c, &sn);
+        g_n_row<DT, HD, IL, SY>(dy, xs, ca, c, sn, rstd, wa, &ga, &na);
+        g_n_row<DT, HD, IL, SY>(dy, xs, cb, c, sn, rstd, wb, &gb, &nb);
+        const float dna = ga * wa, dnb = gb * wb;
+        dy.set(ca, rstd * (dna - na * m));
+        dy.set(cb, rstd * (dnb - nb * m));
     }
 }
 
@@ -518,35 +646,11 @@ __global__ void __launch_bounds__(128) norm_dx_rows(const __grid_constant__ NPar
         const float rstd = io.rstd[t * io.heads + h];
         int bad = 0;
         const int64_t pos = row_position(P, b, s, &bad);
-        float p[32];
-#pragma unroll
-        for (int l = 0; l < 32; l++)
-            p[l] = 0.0f;
-#pragma unroll
-        for (int c0 = 0; c0 < HD; c0 += 32)
-#pragma unroll
-            for (int l = 0; l < 32; l++) {
-                const int ch = c0 + l;
-                const float wf = weight_factor(P, io, ch);
-                float c, sn, g, n;
-                pair_angle<HD>(P, pos, bad, pair_of<HD, IL>(ch), &c, &sn);
-                g_n_row<DT, HD, IL>(P, dy, xs, ch, c, sn, rstd, wf, &g, &n);
-                const float dn = g * wf;
-                p[l] = p[l] + dn * n;
-            }
-        const float m = fr_norm_mean(fr_norm_tree32(p), HD);
-#pragma unroll
-        for (int i = 0; i < HD / 2; i++) {
-            const int ca = pair_a<HD, IL>(i), cb = pair_b<HD, IL>(i);
-            const float wa = weight_factor(P, io, ca), wb = weight_factor(P, io, cb);
-            float c, sn, ga, na, gb, nb;
-            pair_angle<HD>(P, pos, bad, i, &c, &sn);
-            g_n_row<DT, HD, IL>(P, dy, xs, ca, c, sn, rstd, wa, &ga, &na);
-            g_n_row<DT, HD, IL>(P, dy, xs, cb, c, sn, rstd, wb, &gb, &nb);
-            const float dna = ga * wa, dnb = gb * wb;
-            dy.set(ca, rstd * (dna - na * m));
-            dy.set(cb, rstd * (dnb - nb * m));
-        }
+        const RowAngles a = row_angles<HD>(P, pos, bad);
+        if (P.saved_y)
+            dx_row<DT, HD, IL, true>(P, io, a, rstd, dy, xs);
+        else
+            dx_row<DT, HD, IL, false>(P, io, a, rstd, dy, xs);
         dy.store((char *)io.out + (s * io.out_ss + b * io.out_sb + h * io.out_sh) * es);
     }
 }
@@ -680,7 +784,8 @@ bool rows_on_16(const void *base, int64_t ss, int64_t sb, int64_t sh, int64_t es
 int64_t rows_hd(const NParams &P, int count, bool backward)
 {
     const int64_t es = P.dt == 0 ? 4 : 2, hd = P.io[0].hd;
-    if (P.pair_map != nullptr || P.rot_dim != hd || P.dt == DT_F32 || !(hd == 64 || hd == 128))
+    if (P.pair_map != nullptr || P.cos == nullptr || P.rot_dim != hd || P.dt == DT_F32 ||
+        !(hd == 64 || hd == 128))
         return 0;
     for (int k = 0; k < count; k++) {
         const NIo &o = P.io[k];
