@@ -2,13 +2,14 @@
 # One device call that builds, tests, sanitizes and measures (GPU.md):
 #   ../shared/gpu/prepare-device-carry          # here: tarball + debs in .devcarry/
 #   device run, carry [".devcarry"]: bash bench/gpu-session.sh [sections]
-# Sections (default all but core, cuda and norm): check sanitize downstream bench
-# peers; core is the short lineup (bf16 both shapes, decode with and without
+# Sections, run in the order given (default: check sanitize downstream bench
+# peers); core is the short lineup (bf16 both shapes, decode with and without
 # offsets, decode kernel time under Nsight Compute at the GPU's own clocks);
 # cuda builds and runs the CUDA test programs alone (no CPU suites: for a short
-# lease); norm times the fused RMSNorm + RoPE and its peers.  SAN_TOOLS and
-# SAN_TIMEOUT choose compute-sanitizer's tools and each one's time limit;
-# PEER_TIMEOUT each peers script's.  Every summary line carries the seconds
+# lease; CUDA_TESTS names them, TEST_TIMEOUT limits each); norm times the
+# fused RMSNorm + RoPE and its peers.  SAN_PROGRAMS, SAN_TOOLS and SAN_TIMEOUT
+# choose compute-sanitizer's programs, tools and each run's time limit; PEER_TIMEOUT each
+# peers script's.  Every summary line carries the seconds
 # since the start, to plan the next lease.
 # Logs go to /tmp/logs; $OUT gets summary.txt, bench.txt and logs.tgz (the
 # device tool brings back at most 8 files).
@@ -22,7 +23,6 @@ finish() {
 trap finish EXIT
 here=$(pwd)
 sections=${*:-check sanitize downstream bench peers}
-has() { case " $sections " in *" $1 "*) return 0;; esac; return 1; }
 sys=/tmp/sysroot; mkdir -p "$sys"
 for deb in "$here"/.devcarry/debs/*.deb; do dpkg -x "$deb" "$sys"; done
 lib="$sys/usr/lib/x86_64-linux-gnu"
@@ -45,34 +45,38 @@ src=$(pwd)
 ./configure --with-cuda-arch=90 --prefix=/tmp/inst > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
 make -j16 > "$out/make.log" 2>&1 && make install >> "$out/make.log" 2>&1 || { tail -40 "$out/make.log"; exit 1; }
 
-if has check; then
+section_check() {
   make -j16 check > "$out/check.log" 2>&1; rc=$?
   cat tests/*.log > "$out/tests.log" 2>/dev/null
   note "make check: rc $rc; $(grep -E '^(PASS|FAIL|SKIP|ERROR):' "$out/check.log" | tr '\n' ' ')"
   grep -E '^[0-9]+%: Checks' tests/*.log | sed 's/^/  /' | tee -a "$summary"
-fi
+}
 
-cuda_tests="tests/test_cuda ${CUDA_TESTS:-}"
-if has cuda; then
+cuda_tests=${CUDA_TESTS:-tests/test_cuda tests/test_norm_gpu tests/test_apply_gpu tests/test_axes_gpu}
+section_cuda() {
   make -j16 $cuda_tests > "$out/cuda-build.log" 2>&1 || { tail -40 "$out/cuda-build.log"; exit 1; }
   for t in $cuda_tests; do
-    timeout 300 ./$t > "$out/$(basename $t).log" 2>&1
+    timeout ${TEST_TIMEOUT:-300} ./$t > "$out/$(basename $t).log" 2>&1
     note "$t: rc $? $(grep -E '^[0-9]+%: Checks' "$out/$(basename $t).log")"
-    grep -E ':[EF]:' "$out/$(basename $t).log" | head -5 | tee -a "$summary"
+    grep -E ':[EF]:|differ|abort|Abort|fr_cuda|under capture' "$out/$(basename $t).log" | head -5 |
+      while IFS= read -r l; do note "  $l"; done
   done
-fi
+}
 
-if has sanitize; then
-  [ -x tests/test_cuda ] || make -j16 tests/test_cuda > "$out/cuda-build.log" 2>&1
-  for tool in ${SAN_TOOLS:-memcheck racecheck initcheck synccheck}; do
-    extra=; [ $tool = memcheck ] && extra="--leak-check full"
-    timeout ${SAN_TIMEOUT:-240} compute-sanitizer --tool $tool $extra --error-exitcode 9 ./tests/test_cuda \
-      > "$out/sanitize-$tool.log" 2>&1
-    note "compute-sanitizer $tool: rc $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | tail -1))"
+section_sanitize() {
+  for prog in ${SAN_PROGRAMS:-tests/test_cuda}; do
+    [ -x $prog ] || make -j16 $prog > "$out/cuda-build.log" 2>&1
+    for tool in ${SAN_TOOLS:-memcheck racecheck initcheck synccheck}; do
+      extra=; [ $tool = memcheck ] && extra="--leak-check full"
+      log="$out/sanitize-$tool-$(basename $prog).log"
+      timeout ${SAN_TIMEOUT:-240} compute-sanitizer --tool $tool $extra --error-exitcode 9 ./$prog \
+        > "$log" 2>&1
+      note "compute-sanitizer $tool $prog: rc $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1); $(grep -cE '^========= +(Invalid|Uninitialized|Race|Barrier|Program hit)' "$log") error reports)"
+    done
   done
-fi
+}
 
-if has downstream; then
+section_downstream() {
   export PKG_CONFIG_PATH="/tmp/inst/lib/pkgconfig:$PKG_CONFIG_PATH"
   unset PKG_CONFIG_SYSROOT_DIR
   cc -o /tmp/downstream_gpu "$src/tests/downstream_gpu.c" -I/usr/local/cuda/include \
@@ -83,9 +87,9 @@ if has downstream; then
      $(pkg-config --cflags --libs fusedrope) &&
     /tmp/cache_time > "$out/cache-time.log" 2>&1
   note "$(cat "$out/cache-time.log")"
-fi
+}
 
-if has core; then
+section_core() {
   b=/tmp/inst/bin/fusedrope-bench
   { $b --iters 200
     $b --shape 1,64,32,128 --qk 32,8 --iters 1000
@@ -107,9 +111,9 @@ if has core; then
       awk -F'","' '{gsub(/[",]/, "", $NF); print $NF, $(NF-1)}' | sort -n |
       awk '{v[NR]=$1; u=$2} END {print "min", v[1], "median", v[int((NR+1)/2)], "max", v[NR], u, "over", NR, "kernels"}')"
   done
-fi
+}
 
-if has bench; then
+section_bench() {
   b=/tmp/inst/bin/fusedrope-bench
   { $b
     $b --dtype fp16; $b --dtype fp32
@@ -121,22 +125,26 @@ if has bench; then
   } > "$out/bench.txt" 2> "$out/bench-progress.txt"
   note "bench: rc $?"
   grep -E '^(forward|backward)' "$out/bench.txt" | awk '{print "  " $0}' | tee -a "$summary"
-fi
+}
 
-if has peers; then
+section_peers() {
   for shape in 4096,1,128,128 512,32,24,128; do
     PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 "$src/bench/peers.py" --bench /tmp/inst/bin/fusedrope-bench \
       --shape $shape > "$out/peers-$shape.txt" 2>&1
     note "peers $shape: rc $?"
     tail -8 "$out/peers-$shape.txt" | tee -a "$summary"
   done
-fi
+}
 
-if has norm; then
+section_norm() {
   b=/tmp/inst/bin/fusedrope-bench
   $b --qk 32,8 --shape 4096,1,1,128 --iters 100 > "$out/bench-norm.txt" 2> "$out/bench-progress.txt"
   for kind in qwen3 gemma once; do
     $b --qk 32,8 --shape 4096,1,1,128 --norm $kind --iters 100 >> "$out/bench-norm.txt" 2>> "$out/bench-progress.txt"
+  done
+  # the other dtypes and style, and the generic kernels' shapes (partial rotary, float32)
+  for opts in "--dtype fp16" "--style interleaved" "--dtype fp32" "--rot-dim 64" "--layout bshd"; do
+    $b --qk 32,8 --shape 4096,1,1,128 --norm qwen3 --iters 100 $opts >> "$out/bench-norm.txt" 2>> "$out/bench-progress.txt"
   done
   note "bench (norm): rc $?"
   grep -E '^(norm_|forward|backward)' "$out/bench-norm.txt" | awk '{print "  " $0}' | tee -a "$summary"
@@ -151,4 +159,9 @@ if has norm; then
     note "peers_norm $family: rc $?"
     tail -8 "$out/peers-norm-$family.txt" | tee -a "$summary"
   done
-fi
+}
+
+# The sections in the order given (a short lease runs its most wanted first).
+for sec in $sections; do
+  if declare -F "section_$sec" > /dev/null; then "section_$sec"; else note "unknown section $sec"; fi
+done
