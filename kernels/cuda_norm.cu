@@ -19,9 +19,12 @@
  *             the chunks in order into dw; (3) one thread per row: sum of
  *             dn * n in the contract's order, then dx pair by pair.  (1)
  *             runs before (3) overwrites dy or the saved tensor in place.
- * A row is not kept in registers: each pass reads it again (L1/L2), which
- * keeps the code one simple path for any head_dim.  A first version, for
- * correctness: no vector loads, rows not spread over a warp.
+ * The generic kernels (any shape) read a row again in each pass (L1/L2)
+ * with scalar loads; the common shapes take register-row kernels (16-bit,
+ * head_dim 64 or 128, full rotary, a table cache, 1D positions, rows on 16
+ * bytes: rows_hd), which load a row once in 16-byte pieces and keep it in
+ * registers.  Rows are not yet spread over a warp (bench/RESULTS.md: the
+ * H200 measurements, 0.25-0.31 of a copy forward).
  *
  * With FR_CUDA_EMULATE (kernels/cuda_norm_emu.cc) the host C++ compiler
  * builds it and kernels/cuda_emu.h runs the kernels on the CPU: its threads
