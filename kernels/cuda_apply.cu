@@ -868,7 +868,7 @@ extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
     /* The caller's per-call word, else the cache's flag: the kernels raise
      * whichever they are given. */
     static_assert(sizeof(int) == sizeof(int32_t), "range_status is an int32_t word");
-    P.flag = a->range_status != nullptr ? (int *)a->range_status : cache->range_flag_dev;
+    P.flag = fr_range_word(a);
     P.tokens = tokens;
     P.seq_len = a->seq_len;
     P.batch = a->batch;

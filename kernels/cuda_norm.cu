@@ -757,7 +757,7 @@ void params(const fr_norm_args *na, NParams *P)
     P->inv_freq = cache->inv_freq_dev;
     P->pair_map = cache->pair_map_dev;
     P->attn = cache->attention_factor;
-    P->flag = cache->range_flag_dev;
+    P->flag = fr_range_word(a); /* the call's range_status, else the cache's flag */
     P->tokens = a->seq_len * a->batch;
     P->seq_len = a->seq_len;
     P->max_positions = cache->max_positions;

@@ -82,6 +82,14 @@ typedef struct fr_apply_args {
                                  cache's flag, or NULL (pos->range_status) */
 } fr_apply_args;
 
+/* The word a call's CUDA kernels raise for a position outside the table: the
+ * call's range_status, else the cache's flag (its device address); one rule
+ * for the plain and the norm kernels. */
+static inline int *fr_range_word(const fr_apply_args *a)
+{
+    return a->range_status != NULL ? (int *)a->range_status : a->cache->range_flag_dev;
+}
+
 /* Returns from the calling function with a check's status unless it is OK. */
 #define TRY(expr)                                   \
     do {                                            \
