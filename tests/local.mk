@@ -180,6 +180,18 @@ tests_test_kernel_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_kernel_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_test_kernel_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_kernel_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
+# The same for the fused RMSNorm + RoPE's kernels (kernels/cuda_norm.cu):
+# out-of-table device positions give NaN rows and raise the range flag or
+# the call's range_status word (tests/test_norm_kernel_emu.c).
+check_PROGRAMS += tests/test_norm_kernel_emu
+TESTS += tests/test_norm_kernel_emu
+tests_test_norm_kernel_emu_SOURCES = tests/test_norm_kernel_emu.c kernels/cuda_norm_emu.cc
+tests_test_norm_kernel_emu_CPPFLAGS = $(EMU_CPPFLAGS)
+tests_test_norm_kernel_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
+tests_test_norm_kernel_emu_CXXFLAGS = $(EMU_CXXFLAGS)
+tests_test_norm_kernel_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+tests_test_norm_kernel_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 endif
 else
 check_SCRIPTS = tests/no-libcheck.sh

@@ -1,0 +1,466 @@
+/*
+ * test_norm_kernel_emu.c - what only the fused RMSNorm + RoPE's CUDA kernels
+ * do, run on the CPU through the host build of kernels/cuda_norm.cu
+ * (kernels/cuda_norm_emu.cc, kernels/cuda_emu.h): positions that live on the
+ * device are checked by the kernels, not on the host, so a token without a
+ * position in the table (an id >= max_positions, a negative id, a THD token
+ * outside every sequence) gets NaN and raises the range flag
+ * (fusedrope_norm_forward_qk(3)).  The library's host checks refuse such
+ * positions on a CPU cache before any backend runs, so, as test_kernel_emu
+ * does for the plain kernels, each case calls the emulated entry points
+ * (fr_emu_cuda_norm_forward / _backward) directly with an fr_norm_args built
+ * as lib/norm.c builds it, a CPU cache standing in for the device's
+ * (tests/cuda_norm_emu_wrap.c).
+ *
+ * Each case (q with 3 heads and k with 2; dtype, head_dim, rot_dim, head
+ * stride and positions as the table below says) runs on the register-row
+ * kernels (norm_forward_rows, norm_dx_rows: 16-bit, head_dim 64/128, full
+ * rotary, rows on 16 bytes) or the generic ones (norm_forward, norm_dx),
+ * and the backward's dw kernels (norm_dw_partial, norm_dw_sum), in both
+ * styles, in and out of place, from x or from the saved y, in each rounding
+ * mode (WEIGHT, or PLUS_ONE with the Gemma rounding), with and without dw.
+ * Each call runs twice: with the case's positions, and with every bad
+ * token's position replaced by 0 (the reference; it must raise nothing).
+ * Checked, element by element:
+ *   forward   a bad token's rows: NaN in every rotated channel (c < rot_dim);
+ *             its channels past rot_dim only normalised: the reference's
+ *             bytes, not NaN.  Every other token's rows: the reference's
+ *             bytes.  rstd: the reference's bytes (it does not depend on the
+ *             position).  The padding between heads: never written.
+ *   backward  a bad token's dx rows: NaN in every channel: the rotated ones
+ *             through their NaN angle, the others through the row's mean
+ *             sum(dn * n) / head_dim, to which the rotated channels add NaN
+ *             (the man page: "its dq_in row").  Every other token's rows: the
+ *             reference's bytes.  dw (a bad token contributes g * n to every
+ *             channel's chunk sum): NaN in every channel c < rot_dim (g is
+ *             R^T dy with a NaN angle); channels past rot_dim use no angle,
+ *             so they are the reference's bytes, finite.
+ *   the flag  the cache's range flag (range_flag_dev) is 1 after a call with
+ *             a bad token, 0 after the reference.  With the call's own word
+ *             (fr_apply_args.range_status, pos->range_status) that word is
+ *             raised instead, and the cache's flag is left 0
+ *             (test_out_of_table_range_status).
+ * The backward without dw checks that the dx kernels raise the flag
+ * themselves (with dw, norm_dw_partial's angle() raises it as well).
+ */
+#ifdef HAVE_CONFIG_H
+#include <config.h>
+#endif
+
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fusedrope.h"
+#include "internal.h"
+#include "ref.h"
+#include "util.h"
+
+fusedrope_status fr_emu_cuda_norm_forward(const fr_norm_args *a);
+fusedrope_status fr_emu_cuda_norm_backward(const fr_norm_args *a);
+int fr_emu_sms = 132;
+
+enum { M = 32, MAXT = 64 }; /* table rows; most tokens of a case */
+static const int64_t heads[2] = { 3, 2 }; /* q, k */
+
+/* ids of S 12 x B 3 tokens ([b][s]): all in the table but token 5 (at
+ * max_positions), 14 (-1), 22 (far past), 27 (2^40), 33 (INT64_MIN). */
+static int64_t ids_bad[36];
+static void make_ids(void)
+{
+    for (int t = 0; t < 36; t++)
+        ids_bad[t] = (t * 7) % M;
+    ids_bad[5] = M;
+    ids_bad[14] = -1;
+    ids_bad[22] = M + 1000;
+    ids_bad[27] = (int64_t)1 << 40;
+    ids_bad[33] = INT64_MIN;
+}
+/* THD, 14 tokens: sequences [0, 5) and [5, 11); tokens 11-13 in none. */
+static const int32_t cu_short[3] = { 0, 5, 11 };
+
+static const struct {
+    const char *name;
+    fusedrope_dtype dt;
+    int64_t D, R, pad; /* head_dim, rot_dim, head stride - D (1: rows off 16 bytes) */
+    int64_t S, B;
+    const int32_t *cu; /* THD (B 1, two sequences), else ids_bad */
+    int bad[6];        /* tokens (b * S + s, the order of ids) without a position, -1 ends */
+    int rows;          /* the register-row kernels take it (rows_hd) */
+} cases[] = {
+    { "bf16 hd128 full rotary", FUSEDROPE_BFLOAT16, 128, 128, 0, 12, 3, NULL,
+      { 5, 14, 22, 27, 33, -1 }, 1 },
+    { "bf16 hd128 rot64", FUSEDROPE_BFLOAT16, 128, 64, 0, 12, 3, NULL,
+      { 5, 14, 22, 27, 33, -1 }, 0 },
+    { "fp32 hd128 full rotary", FUSEDROPE_FLOAT32, 128, 128, 0, 12, 3, NULL,
+      { 5, 14, 22, 27, 33, -1 }, 0 },
+    { "fp32 hd128 rot64", FUSEDROPE_FLOAT32, 128, 64, 0, 12, 3, NULL,
+      { 5, 14, 22, 27, 33, -1 }, 0 },
+    { "fp16 hd64 full rotary", FUSEDROPE_FLOAT16, 64, 64, 0, 12, 3, NULL,
+      { 5, 14, 22, 27, 33, -1 }, 1 },
+    { "bf16 hd128 full rotary, rows off 16 bytes", FUSEDROPE_BFLOAT16, 128, 128, 1, 12, 3, NULL,
+      { 5, 14, 22, 27, 33, -1 }, 0 },
+    { "bf16 hd128 full rotary, THD outside the sequences", FUSEDROPE_BFLOAT16, 128, 128, 0, 14,
+      1, cu_short, { 11, 12, 13, -1 }, 1 },
+    { "fp32 hd128 rot64, THD outside the sequences", FUSEDROPE_FLOAT32, 128, 64, 0, 14, 1,
+      cu_short, { 11, 12, 13, -1 }, 0 },
+};
+#define NCASES (int)(sizeof cases / sizeof cases[0])
+
+/* _i % VARIANTS: style x in place x saved y x dw x rounding */
+typedef struct {
+    int interleaved, in_place, saved_y, dw, rounding, weight;
+} variant;
+#define VARIANTS (2 * 2 * 2 * 2 * 3)
+static variant decode(int i)
+{
+    variant v;
+    v.interleaved = i % 2;
+    i /= 2;
+    v.in_place = i % 2;
+    i /= 2;
+    v.saved_y = i % 2;
+    i /= 2;
+    v.dw = i % 2;
+    i /= 2;
+    v.rounding = i % 3;
+    v.weight = v.rounding == FUSEDROPE_NORM_ROUND_GEMMA ? FUSEDROPE_NORM_WEIGHT_PLUS_ONE
+                                                        : FUSEDROPE_NORM_WEIGHT;
+    return v;
+}
+
+/* One tensor's buffers ([S, B, H, D + pad] in sbhd order); [0]: the
+ * reference call's output, [1]: the case's. */
+typedef struct {
+    int64_t H, sh, sb, ss;
+    size_t n, bytes;
+    unsigned char *x, *dy, *w, *y[2], *dx[2];
+    float *rstd[2], *dw[2];
+} tens;
+
+static void *alloc64(size_t n)
+{
+    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+    ck_assert(p != NULL);
+    return p;
+}
+
+/* The case's position arguments (what fr_apply_prepare derives). */
+static fr_pos_args case_pos(int c)
+{
+    fr_pos_args p;
+    memset(&p, 0, sizeof p);
+    if (cases[c].cu) {
+        p.cu_seqlens = cases[c].cu;
+        p.num_seqs = 2;
+    } else {
+        p.ids = ids_bad;
+    }
+    p.seq_len = cases[c].S;
+    p.cp_size = 1;
+    p.num_axes = 1;
+    p.ids_rows = 1;
+    p.ids_row_stride = cases[c].S * cases[c].B;
+    return p;
+}
+
+typedef struct {
+    int c;
+    variant v;
+    fusedrope_dtype dt, wdt;
+    int64_t S, B, D, R;
+    tens t[2];
+    const fusedrope_cache *cache;
+    fr_pos_args pos[2]; /* [0]: every position made valid, [1]: the case's */
+} ctx;
+
+static fr_norm_args make_args(const ctx *x, fusedrope_cache *emu, int backward, int which)
+{
+    fr_norm_args na;
+    memset(&na, 0, sizeof na);
+    na.a.cache = emu;
+    na.a.sgn = backward ? -1.0f : 1.0f;
+    na.a.interleaved = x->v.interleaved;
+    na.a.dtype = x->dt;
+    na.a.seq_len = x->S;
+    na.a.batch = x->B;
+    na.a.pos = x->pos[which];
+    na.a.count = 2;
+    na.weight = x->v.weight;
+    na.rounding = x->v.rounding;
+    na.saved_y = backward && x->v.saved_y;
+    na.eps = 1e-6f;
+    na.wdtype = x->wdt;
+    for (int k = 0; k < 2; k++) {
+        const tens *t = &x->t[k];
+        fr_io *io = &na.a.io[k];
+        unsigned char *out = backward ? t->dx[which] : t->y[which];
+        const unsigned char *in = backward ? t->dy : t->x;
+        if (x->v.in_place)
+            memcpy(out, in, t->bytes);
+        else
+            memset(out, 0xa5, t->bytes);
+        io->in = x->v.in_place ? out : in;
+        io->out = out;
+        io->heads = t->H;
+        io->head_dim = x->D;
+        io->in_ss = io->out_ss = t->ss;
+        io->in_sb = io->out_sb = t->sb;
+        io->in_sh = io->out_sh = t->sh;
+        io->in_place = x->v.in_place;
+        na.w[k] = t->w;
+        if (!backward) {
+            memset(t->rstd[which], 0xa5, (size_t)(x->S * x->B * t->H) * sizeof(float));
+            na.rstd[k] = t->rstd[which];
+        } else {
+            na.rstd[k] = t->rstd[0]; /* the forward's (the same for both calls) */
+            na.x[k] = x->v.saved_y ? t->y[0] : t->x;
+            na.x_ss[k] = t->ss;
+            na.x_sb[k] = t->sb;
+            na.x_sh[k] = t->sh;
+            if (x->v.dw) {
+                memset(t->dw[which], 0xa5, (size_t)x->D * sizeof(float));
+                na.dw[k] = t->dw[which];
+            }
+        }
+    }
+    return na;
+}
+
+/* One emulated call; the flag and the word it must leave: raised by the
+ * case's positions, not by the reference's. */
+static void call(const ctx *x, int backward, int which, int status, const char *what)
+{
+    fusedrope_cache emu = *x->cache;
+    int flag = 0;
+    int32_t word = 0;
+    fr_norm_args na;
+    emu.inv_freq_dev = emu.inv_freq;
+    emu.pair_map_dev = emu.pair_map;
+    emu.range_flag = emu.range_flag_dev = &flag;
+    na = make_args(x, &emu, backward, which);
+    na.a.range_status = status ? &word : NULL;
+    ck_assert_int_eq(backward ? fr_emu_cuda_norm_backward(&na) : fr_emu_cuda_norm_forward(&na),
+                     FUSEDROPE_OK);
+    if (status)
+        ck_assert_msg(word == which && flag == 0,
+                      "%s, %s %s: range_status is %d (want %d), the cache's flag %d (want 0)",
+                      cases[x->c].name, backward ? "backward" : "forward", what, (int)word, which,
+                      flag);
+    else
+        ck_assert_msg(flag == which, "%s, %s %s: the range flag is %d, not %d", cases[x->c].name,
+                      backward ? "backward" : "forward", what, flag, which);
+}
+
+/* An element's check: libcheck sends every passing ck_assert_* down its
+ * pipe (a write each), which for millions of elements takes most of the
+ * run; this reaches libcheck only when it fails. */
+#define CHECK(cond, ...)                  \
+    do {                                  \
+        if (!(cond))                      \
+            ck_abort_msg(__VA_ARGS__);    \
+    } while (0)
+
+static int nan_at(const unsigned char *p, fusedrope_dtype dt)
+{
+    return isnan(ref_load(p, dt, 0));
+}
+
+/* y (forward) or dx (backward) against the reference, element by element. */
+static void check_rows(const ctx *x, int backward, const int *bad)
+{
+    const size_t es = ref_dtype_size(x->dt);
+    const char *name = cases[x->c].name;
+    for (int k = 0; k < 2; k++) {
+        const tens *t = &x->t[k];
+        const unsigned char *got = backward ? t->dx[1] : t->y[1],
+                            *ref = backward ? t->dx[0] : t->y[0],
+                            *in = backward ? t->dy : t->x;
+        for (int64_t s = 0; s < x->S; s++)
+            for (int64_t b = 0; b < x->B; b++)
+                for (int64_t h = 0; h < t->H; h++)
+                    for (int64_t c = 0; c < t->sh; c++) {
+                        const size_t o = (size_t)(s * t->ss + b * t->sb + h * t->sh + c) * es;
+                        const int bt = bad[b * x->S + s];
+                        if (c >= x->D) { /* between heads: never written */
+                            for (size_t j = 0; j < es; j++)
+                                CHECK(got[o + j] == (x->v.in_place ? in[o + j] : 0xa5) &&
+                                                  ref[o + j] == got[o + j],
+                                              "%s: padding written at s %lld b %lld h %lld",
+                                              name, (long long)s, (long long)b, (long long)h);
+                            continue;
+                        }
+                        CHECK(!nan_at(ref + o, x->dt),
+                                      "%s %s: the reference is NaN at tensor %d s %lld b %lld "
+                                      "h %lld c %lld", name, backward ? "dx" : "y", k,
+                                      (long long)s, (long long)b, (long long)h, (long long)c);
+                        if (bt && (backward || c < x->R)) {
+                            CHECK(nan_at(got + o, x->dt),
+                                          "%s %s: token (s %lld, b %lld) has no position but "
+                                          "tensor %d head %lld channel %lld is not NaN", name,
+                                          backward ? "dx" : "y", (long long)s, (long long)b, k,
+                                          (long long)h, (long long)c);
+                        } else {
+                            CHECK(memcmp(got + o, ref + o, es) == 0,
+                                          "%s %s: token (s %lld, b %lld%s) tensor %d head %lld "
+                                          "channel %lld differs from the call with valid ids",
+                                          name, backward ? "dx" : "y", (long long)s,
+                                          (long long)b, bt ? ", no position" : "", k,
+                                          (long long)h, (long long)c);
+                        }
+                    }
+        if (!backward)
+            CHECK(memcmp(t->rstd[1], t->rstd[0],
+                                 (size_t)(x->S * x->B * t->H) * sizeof(float)) == 0,
+                          "%s: rstd of tensor %d differs from the call with valid ids", name, k);
+        else if (x->v.dw)
+            for (int64_t c = 0; c < x->D; c++) {
+                CHECK(isfinite(t->dw[0][c]), "%s: the reference dw[%lld] is %g", name,
+                              (long long)c, (double)t->dw[0][c]);
+                if (c < x->R)
+                    CHECK(isnan(t->dw[1][c]),
+                                  "%s: tensor %d dw[%lld] (rotated) is %g, not NaN", name, k,
+                                  (long long)c, (double)t->dw[1][c]);
+                else
+                    CHECK(memcmp(&t->dw[1][c], &t->dw[0][c], sizeof(float)) == 0,
+                                  "%s: tensor %d dw[%lld] (past rot_dim) is %g, not the "
+                                  "reference's %g", name, k, (long long)c,
+                                  (double)t->dw[1][c], (double)t->dw[0][c]);
+            }
+    }
+}
+
+static void run_case(int c, int vi, int status)
+{
+    const size_t es = ref_dtype_size(cases[c].dt);
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    int64_t good_ids[MAXT];
+    int bad[MAXT] = { 0 };
+    ctx x;
+    tu_rng r;
+
+    memset(&x, 0, sizeof x);
+    x.c = c;
+    x.v = decode(vi);
+    x.dt = cases[c].dt;
+    /* a 16-bit weight in the tensors' dtype in half of the variants */
+    x.wdt = x.dt != FUSEDROPE_FLOAT32 && x.v.saved_y ? x.dt : FUSEDROPE_FLOAT32;
+    x.S = cases[c].S;
+    x.B = cases[c].B;
+    x.D = cases[c].D;
+    x.R = cases[c].R;
+    ck_assert(x.S * x.B <= MAXT);
+    for (int j = 0; j < 6 && cases[c].bad[j] >= 0; j++)
+        bad[cases[c].bad[j]] = 1;
+    /* rows_hd's rule (kernels/cuda_norm.cu), the case's claim about its kernels */
+    ck_assert_int_eq(cases[c].rows, x.dt != FUSEDROPE_FLOAT32 && (x.D == 64 || x.D == 128) &&
+                                        x.R == x.D && cases[c].pad == 0);
+
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)x.R, M, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
+    x.cache = cache;
+
+    /* positions: the case's, and the reference's (each token's explicit
+     * position; a bad token's 0), with a check of which tokens are bad */
+    x.pos[1] = case_pos(c);
+    for (int64_t b = 0; b < x.B; b++)
+        for (int64_t s = 0; s < x.S; s++) {
+            int bt = 0;
+            const int64_t p = fr_token_position(&x.pos[1], b, s, &bt);
+            bt |= p >= M;
+            ck_assert_msg(bt == bad[b * x.S + s], "%s: token %lld is %s, the case says otherwise",
+                          cases[c].name, (long long)(b * x.S + s), bt ? "bad" : "good");
+            good_ids[b * x.S + s] = bt ? 0 : p;
+        }
+    memset(&x.pos[0], 0, sizeof x.pos[0]);
+    x.pos[0].ids = good_ids;
+    x.pos[0].seq_len = x.S;
+    x.pos[0].cp_size = 1;
+    x.pos[0].num_axes = 1;
+    x.pos[0].ids_rows = 1;
+    x.pos[0].ids_row_stride = x.S * x.B;
+
+    tu_rng_init(&r, 1000 * (uint64_t)c + (uint64_t)vi + (status ? 500 : 0));
+    for (int k = 0; k < 2; k++) {
+        tens *t = &x.t[k];
+        t->H = heads[k];
+        t->sh = x.D + cases[c].pad;
+        t->sb = t->H * t->sh;
+        t->ss = x.B * t->sb;
+        t->n = (size_t)(x.S * t->ss);
+        t->bytes = t->n * es;
+        t->x = alloc64(t->bytes);
+        t->dy = alloc64(t->bytes);
+        t->w = alloc64((size_t)x.D * ref_dtype_size(x.wdt));
+        tu_fill(t->x, (int64_t)t->n, x.dt, &r, -2.0, 2.0);
+        tu_fill(t->dy, (int64_t)t->n, x.dt, &r, -2.0, 2.0);
+        if (x.v.weight == FUSEDROPE_NORM_WEIGHT_PLUS_ONE)
+            tu_fill(t->w, x.D, x.wdt, &r, -0.5, 0.5);
+        else
+            tu_fill(t->w, x.D, x.wdt, &r, 0.5, 1.5);
+        for (int w = 0; w < 2; w++) {
+            t->y[w] = alloc64(t->bytes);
+            t->dx[w] = alloc64(t->bytes);
+            t->rstd[w] = alloc64((size_t)(x.S * x.B * t->H) * sizeof(float));
+            t->dw[w] = alloc64((size_t)x.D * sizeof(float));
+        }
+    }
+
+    /* forward: the reference (its y and rstd feed the backward), then the
+     * case's positions */
+    call(&x, 0, 0, status, "with valid ids");
+    call(&x, 0, 1, status, "with the case's positions");
+    check_rows(&x, 0, bad);
+    call(&x, 1, 0, status, "with valid ids");
+    call(&x, 1, 1, status, "with the case's positions");
+    check_rows(&x, 1, bad);
+
+    for (int k = 0; k < 2; k++) {
+        tens *t = &x.t[k];
+        free(t->x);
+        free(t->dy);
+        free(t->w);
+        for (int w = 0; w < 2; w++) {
+            free(t->y[w]);
+            free(t->dx[w]);
+            free(t->rstd[w]);
+            free(t->dw[w]);
+        }
+    }
+    fusedrope_cache_destroy(cache);
+}
+
+/* The cache's flag, every case in every variant. */
+START_TEST(test_out_of_table_positions)
+{
+    run_case(_i / VARIANTS, _i % VARIANTS, 0);
+}
+END_TEST
+
+/* The call's own word instead of the cache's flag: every case, both styles,
+ * with and without dw (variant bits 0 and 3).  The kernels' NParams.flag must
+ * be a->range_status where the call names one, as kernels/cuda_apply.cu's
+ * launcher sets it. */
+START_TEST(test_out_of_table_range_status)
+{
+    const int j = _i % 4;
+    run_case(_i / 4, (j & 1) + 8 * (j >> 1), 1);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("norm_kernel_emu");
+    TCase *tc = tcase_create("norm_kernel_emu");
+
+    make_ids();
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_out_of_table_positions, 0, NCASES * VARIANTS);
+    tcase_add_loop_test(tc, test_out_of_table_range_status, 0, NCASES * 4);
+    suite_add_tcase(s, tc);
+    return tu_main(s, "test_norm_kernel_emu");
+}
