@@ -323,6 +323,40 @@ void gpu_cache_twin(const gpu_mirror *m, const fusedrope_cache *cpu, int *flag_d
     twin->cuda_device = dev;
 }
 
+void gpu_mirror_add_apply(gpu_mirror *m, const fr_apply_args *a)
+{
+    const size_t es = fr_dtype_size(a->dtype);
+    for (int k = 0; k < a->count; k++) {
+        const fr_io *io = &a->io[k];
+        gpu_mirror_add(m, io->in,
+                       gpu_view_bytes(a->seq_len, a->batch, io->heads, io->head_dim, io->in_ss,
+                                      io->in_sb, io->in_sh, es),
+                       0);
+        gpu_mirror_add(m, io->out,
+                       gpu_view_bytes(a->seq_len, a->batch, io->heads, io->head_dim, io->out_ss,
+                                      io->out_sb, io->out_sh, es),
+                       1);
+    }
+    gpu_mirror_add_positions(m, &a->pos, a->batch);
+    gpu_mirror_add_cache(m, a->cache);
+}
+
+fr_apply_args gpu_apply_on_device(const gpu_mirror *m, const fr_apply_args *a, int *words,
+                                  fusedrope_cache *twin)
+{
+    fr_apply_args e = *a;
+    gpu_cache_twin(m, a->cache, &words[0], twin);
+    e.cache = twin;
+    e.pos = gpu_positions_on_device(m, &a->pos);
+    for (int k = 0; k < a->count; k++) {
+        e.io[k].in = gpu_mirror_dev(m, a->io[k].in);
+        e.io[k].out = gpu_mirror_dev(m, a->io[k].out);
+    }
+    e.range_status = a->range_status != NULL ? (int32_t *)&words[1] : NULL;
+    e.stream = NULL;
+    return e;
+}
+
 /* ------------------------------------------------------------ range words */
 
 int *gpu_words_new(void)

@@ -103,6 +103,18 @@ void gpu_mirror_add_cache(gpu_mirror *m, const fusedrope_cache *cpu);
 void gpu_cache_twin(const gpu_mirror *m, const fusedrope_cache *cpu, int *flag_dev,
                     fusedrope_cache *twin);
 
+/* Adds to m what every backend call touches: each tensor view's span (the
+ * inputs read, the outputs written), the position arrays and the cache's
+ * arrays. */
+void gpu_mirror_add_apply(gpu_mirror *m, const fr_apply_args *a);
+/* a's arguments for the device, after gpu_mirror_upload: the cache's twin in
+ * *twin (its flag at words[0]), positions and tensors rebased into m, a
+ * device word of its own (words[1]) for a CPU call's range_status, which is
+ * a host word the call never writes, and the legacy default stream (a CPU
+ * call's stream means nothing on the device). */
+fr_apply_args gpu_apply_on_device(const gpu_mirror *m, const fr_apply_args *a, int *words,
+                                  fusedrope_cache *twin);
+
 /* Two zeroed device words: [0] the twin's range flag, [1] the call's
  * pos->range_status where it has one.  gpu_words_check aborts, naming
  * `what`, unless both are still 0 (the host checks passed every position,

@@ -130,40 +130,16 @@ static void compare(const fr_apply_args *a, const gpu_mirror *m)
 
 void __wrap_fusedrope__cpu_apply(const fr_apply_args *a)
 {
-    const size_t es = fr_dtype_size(a->dtype);
-    fr_apply_args e = *a;
     fusedrope_cache twin;
+    fr_apply_args e;
     gpu_mirror m;
     fusedrope_status st;
     int *words = gpu_words_new();
 
     gpu_mirror_init(&m);
-    for (int k = 0; k < a->count; k++) {
-        const fr_io *io = &a->io[k];
-        gpu_mirror_add(&m, io->in,
-                       gpu_view_bytes(a->seq_len, a->batch, io->heads, io->head_dim, io->in_ss,
-                                      io->in_sb, io->in_sh, es),
-                       0);
-        gpu_mirror_add(&m, io->out,
-                       gpu_view_bytes(a->seq_len, a->batch, io->heads, io->head_dim, io->out_ss,
-                                      io->out_sb, io->out_sh, es),
-                       1);
-    }
-    gpu_mirror_add_positions(&m, &a->pos, a->batch);
-    gpu_mirror_add_cache(&m, a->cache);
+    gpu_mirror_add_apply(&m, a);
     gpu_mirror_upload(&m);
-
-    gpu_cache_twin(&m, a->cache, &words[0], &twin);
-    e.cache = &twin;
-    e.pos = gpu_positions_on_device(&m, &a->pos);
-    for (int k = 0; k < a->count; k++) {
-        e.io[k].in = gpu_mirror_dev(&m, a->io[k].in);
-        e.io[k].out = gpu_mirror_dev(&m, a->io[k].out);
-    }
-    /* a CPU call's range_status is a host word it never writes: the
-     * device's call gets a device word of its own, which must stay 0 too */
-    e.range_status = a->range_status != NULL ? (int32_t *)&words[1] : NULL;
-    e.stream = NULL;
+    e = gpu_apply_on_device(&m, a, words, &twin);
 
     st = fr_cuda_apply(&e);
     if (st != FUSEDROPE_OK) {

@@ -103,51 +103,33 @@ static fusedrope_status run(const fr_norm_args *na, int backward)
     int *words = gpu_words_new();
 
     gpu_mirror_init(&m);
+    gpu_mirror_add_apply(&m, a); /* the cache even without rows (lib/norm.c sets it) */
     for (int k = 0; k < a->count; k++) {
-        const fr_io *io = &a->io[k];
-        gpu_mirror_add(&m, io->in,
-                       gpu_view_bytes(a->seq_len, a->batch, io->heads, io->head_dim, io->in_ss,
-                                      io->in_sb, io->in_sh, es),
-                       0);
-        gpu_mirror_add(&m, io->out,
-                       gpu_view_bytes(a->seq_len, a->batch, io->heads, io->head_dim, io->out_ss,
-                                      io->out_sb, io->out_sh, es),
-                       1);
+        const int64_t heads = a->io[k].heads, hd = a->io[k].head_dim;
         if (backward)
             gpu_mirror_add(&m, na->x[k],
-                           gpu_view_bytes(a->seq_len, a->batch, io->heads, io->head_dim,
-                                          na->x_ss[k], na->x_sb[k], na->x_sh[k], es),
+                           gpu_view_bytes(a->seq_len, a->batch, heads, hd, na->x_ss[k],
+                                          na->x_sb[k], na->x_sh[k], es),
                            0);
-        gpu_mirror_add(&m, na->w[k], (size_t)io->head_dim * wes, 0);
+        gpu_mirror_add(&m, na->w[k], (size_t)hd * wes, 0);
         /* rstd: written forward, the forward's read backward */
-        gpu_mirror_add(&m, na->rstd[k], (size_t)(tokens * io->heads) * sizeof(float), !backward);
+        gpu_mirror_add(&m, na->rstd[k], (size_t)(tokens * heads) * sizeof(float), !backward);
         if (backward)
-            gpu_mirror_add(&m, na->dw[k], (size_t)io->head_dim * sizeof(float), 1);
+            gpu_mirror_add(&m, na->dw[k], (size_t)hd * sizeof(float), 1);
     }
     for (int k = 0; k < 2 && backward; k++)
         if (na->dw_zero_n[k] > 0)
             gpu_mirror_add(&m, na->dw_zero[k], (size_t)na->dw_zero_n[k] * sizeof(float), 1);
-    gpu_mirror_add_positions(&m, &a->pos, a->batch);
-    gpu_mirror_add_cache(&m, a->cache); /* set even without rows (lib/norm.c) */
     gpu_mirror_upload(&m);
 
-    gpu_cache_twin(&m, a->cache, &words[0], &twin);
-    e.a.cache = &twin;
-    e.a.pos = gpu_positions_on_device(&m, &a->pos);
+    e.a = gpu_apply_on_device(&m, a, words, &twin);
     for (int k = 0; k < 2; k++) {
-        if (k < a->count) {
-            e.a.io[k].in = gpu_mirror_dev(&m, a->io[k].in);
-            e.a.io[k].out = gpu_mirror_dev(&m, a->io[k].out);
-        }
         e.x[k] = gpu_mirror_dev(&m, na->x[k]);
         e.w[k] = gpu_mirror_dev(&m, na->w[k]);
         e.rstd[k] = gpu_mirror_dev(&m, na->rstd[k]);
         e.dw[k] = gpu_mirror_dev(&m, na->dw[k]);
         e.dw_zero[k] = na->dw_zero_n[k] > 0 ? gpu_mirror_dev(&m, na->dw_zero[k]) : NULL;
     }
-    /* as in cuda_gpu_wrap.c: a device word for a CPU call's range_status */
-    e.a.range_status = a->range_status != NULL ? (int32_t *)&words[1] : NULL;
-    e.a.stream = NULL;
 
     st = backward ? fr_cuda_norm_backward(&e) : fr_cuda_norm_forward(&e);
     if (st != FUSEDROPE_OK) {
