@@ -157,6 +157,26 @@ __device__ __forceinline__ const NIo &row_io(const NParams &P, int64_t r, int64_
     return P.io[hh < P.heads0 ? 0 : 1];
 }
 
+/* Row (s, b, h) of a tensor at base with element strides ss, sb, sh. */
+__device__ __forceinline__ const void *row_ptr(const void *base, int64_t s, int64_t b, int64_t h,
+                                               int64_t ss, int64_t sb, int64_t sh, int dt)
+{
+    return (const char *)base + (size_t)(s * ss + b * sb + h * sh) * (dt ? 2 : 4);
+}
+
+/* Each row of the call, grid-stride over the threads (so no launch shape
+ * changes a result): f(io, t, h, b, s), head h of io at token t = (b, s). */
+template <typename F> __device__ __forceinline__ void each_row(const NParams &P, F f)
+{
+    const int64_t rows = P.tokens * P.heads;
+    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
+         r += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t, h, b, s;
+        const NIo &io = row_io(P, r, &t, &h, &b, &s);
+        f(io, t, h, b, s);
+    }
+}
+
 /* -------------------------------------------------------------- the row walk */
 
 /*
@@ -176,11 +196,7 @@ template <typename Start, typename Term, typename After, typename Pair, typename
 __device__ __forceinline__ void walk_rows(const NParams &P, Start start, Term term, After after,
                                           Pair pair, Rest rest)
 {
-    const int64_t rows = P.tokens * P.heads;
-    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
-         r += (int64_t)gridDim.x * blockDim.x) {
-        int64_t t, h, b, s;
-        const NIo &io = row_io(P, r, &t, &h, &b, &s);
+    each_row(P, [&](const NIo &io, int64_t t, int64_t h, int64_t b, int64_t s) {
         start(io, t, h, b, s);
         float p[32];
 #pragma unroll
@@ -200,7 +216,7 @@ __device__ __forceinline__ void walk_rows(const NParams &P, Start start, Term te
         }
         for (int64_t ch = P.rot_dim; ch < io.hd; ch++)
             rest(ch);
-    }
+    });
 }
 
 /* ------------------------------------------------------------------ forward */
@@ -220,8 +236,8 @@ __global__ void norm_forward(const __grid_constant__ NParams P)
             h = h_;
             b = b_;
             s = s_;
-            x = (const char *)o.in + (size_t)(s * o.in_ss + b * o.in_sb + h * o.in_sh) * (P.dt ? 2 : 4);
-            y = (char *)o.out + (size_t)(s * o.out_ss + b * o.out_sb + h * o.out_sh) * (P.dt ? 2 : 4);
+            x = row_ptr(o.in, s, b, h, o.in_ss, o.in_sb, o.in_sh, P.dt);
+            y = (void *)row_ptr(o.out, s, b, h, o.out_ss, o.out_sb, o.out_sh, P.dt);
         },
         [&](int64_t c) {
             const float v = load_f(x, P.dt, c);
@@ -391,16 +407,9 @@ __device__ __forceinline__ void rotate_row(const NParams &P, const NIo &io, cons
 template <int DT, int HD, bool IL>
 __global__ void __launch_bounds__(128) norm_forward_rows(const __grid_constant__ NParams P)
 {
-    constexpr int64_t es = DT == DT_F32 ? 4 : 2;
-    const int64_t rows = P.tokens * P.heads;
-    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
-         r += (int64_t)gridDim.x * blockDim.x) {
-        int64_t t, h, b, s;
-        const NIo &io = row_io(P, r, &t, &h, &b, &s);
-        const char *x = (const char *)io.in + (s * io.in_ss + b * io.in_sb + h * io.in_sh) * es;
-        char *y = (char *)io.out + (s * io.out_ss + b * io.out_sb + h * io.out_sh) * es;
+    each_row(P, [&](const NIo &io, int64_t t, int64_t h, int64_t b, int64_t s) {
         Row<DT, HD> v;
-        v.load(x);
+        v.load(row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT));
         float p[32];
 #pragma unroll
         for (int l = 0; l < 32; l++)
@@ -427,8 +436,8 @@ __global__ void __launch_bounds__(128) norm_forward_rows(const __grid_constant__
             rotate_row<DT, HD, IL, FR_ROUND_GEMMA>(P, io, a, rstd, v);
         else
             rotate_row<DT, HD, IL, FR_ROUND_ONCE>(P, io, a, rstd, v);
-        v.store(y);
-    }
+        v.store((void *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, DT));
+    });
 }
 
 /* ----------------------------------------------------------------- backward */
@@ -476,12 +485,6 @@ __device__ __forceinline__ void g_n(const NParams &P, const void *dy, const void
     float c, sn;
     channel_angle(P, b, s, ch, &c, &sn);
     g_n_cs(P, dy, xs, ch, c, sn, rstd, wf, g, n);
-}
-
-__device__ __forceinline__ const void *row_ptr(const void *base, int64_t s, int64_t b, int64_t h,
-                                               int64_t ss, int64_t sb, int64_t sh, int dt)
-{
-    return (const char *)base + (size_t)(s * ss + b * sb + h * sh) * (dt ? 2 : 4);
 }
 
 /* (1) one thread per (tensor, chunk, channel): the chunk's partial dw. */
@@ -637,15 +640,10 @@ __device__ __forceinline__ void dx_row(const NParams &P, const NIo &io, const Ro
 template <int DT, int HD, bool IL>
 __global__ void __launch_bounds__(128) norm_dx_rows(const __grid_constant__ NParams P)
 {
-    constexpr int64_t es = DT == DT_F32 ? 4 : 2;
-    const int64_t rows = P.tokens * P.heads;
-    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
-         r += (int64_t)gridDim.x * blockDim.x) {
-        int64_t t, h, b, s;
-        const NIo &io = row_io(P, r, &t, &h, &b, &s);
+    each_row(P, [&](const NIo &io, int64_t t, int64_t h, int64_t b, int64_t s) {
         Row<DT, HD> dy, xs;
-        dy.load((const char *)io.in + (s * io.in_ss + b * io.in_sb + h * io.in_sh) * es);
-        xs.load((const char *)io.x + (s * io.x_ss + b * io.x_sb + h * io.x_sh) * es);
+        dy.load(row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT));
+        xs.load(row_ptr(io.x, s, b, h, io.x_ss, io.x_sb, io.x_sh, DT));
         const float rstd = io.rstd[t * io.heads + h];
         int bad = 0;
         const int64_t pos = row_position(P, b, s, &bad);
@@ -654,8 +652,8 @@ __global__ void __launch_bounds__(128) norm_dx_rows(const __grid_constant__ NPar
             dx_row<DT, HD, IL, true>(P, io, a, rstd, dy, xs);
         else
             dx_row<DT, HD, IL, false>(P, io, a, rstd, dy, xs);
-        dy.store((char *)io.out + (s * io.out_ss + b * io.out_sb + h * io.out_sh) * es);
-    }
+        dy.store((void *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, DT));
+    });
 }
 
 /* ---------------------------------------------------------------- host side */
