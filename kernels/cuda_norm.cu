@@ -374,15 +374,18 @@ __device__ __forceinline__ float row_weight(const NParams &P, const NIo &io, int
     return fr_norm_wf(P.weight, w);
 }
 
-template <int HD, bool IL> __device__ __forceinline__ int pair_a(int i) { return IL ? 2 * i : i; }
-template <int HD, bool IL> __device__ __forceinline__ int pair_b(int i)
+/* Pair i's channels and channel c's pair in a row of HD channels, all
+ * rotated (rope_math.h's rules; constants once the loops are unrolled). */
+template <int HD, bool IL> __device__ __forceinline__ void pair_ab(int i, int *ca, int *cb)
 {
-    return IL ? 2 * i + 1 : i + HD / 2;
+    int64_t a, b;
+    fr_pair_channels(IL, i, HD / 2, &a, &b);
+    *ca = (int)a;
+    *cb = (int)b;
 }
-/* The pair of channel c. */
 template <int HD, bool IL> __device__ __forceinline__ int pair_of(int c)
 {
-    return IL ? c / 2 : (c < HD / 2 ? c : c - HD / 2);
+    return (int)fr_channel_pair(IL, c, HD / 2);
 }
 
 /* The forward's pairs of a row held in v: normalised as rounding mode RND
@@ -393,7 +396,8 @@ __device__ __forceinline__ void rotate_row(const NParams &P, const NIo &io, cons
 {
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) {
-        const int ca = pair_a<HD, IL>(i), cb = pair_b<HD, IL>(i);
+        int ca, cb;
+        pair_ab<HD, IL>(i, &ca, &cb);
         float c, sn, ya, yb;
         pair_angle(a, i, &c, &sn);
         const float va = fr_norm_value(v.get(ca), rstd, row_weight<DT>(P, io, ca), RND, DT);
@@ -453,7 +457,7 @@ __device__ __forceinline__ void g_n_cs(const NParams &P, const void *dy, const v
     if (ch < P.rot_dim) {
         int64_t i, ca, cb;
         float ga, gb, ta, tb;
-        i = P.interleaved ? ch / 2 : (ch < P.half ? ch : ch - P.half);
+        i = fr_channel_pair(P.interleaved, ch, P.half);
         fr_pair_channels(P.interleaved, i, P.half, &ca, &cb);
         fr_rotate(load_f(dy, P.dt, ca), load_f(dy, P.dt, cb), c, sn, -1.0f, &ga, &gb);
         *g = ch == ca ? ga : gb;
@@ -475,7 +479,7 @@ __device__ __forceinline__ void channel_angle(const NParams &P, int64_t b, int64
 {
     *c = *sn = 0.0f;
     if (ch < P.rot_dim)
-        angle(P, b, s, P.interleaved ? ch / 2 : (ch < P.half ? ch : ch - P.half), c, sn);
+        angle(P, b, s, fr_channel_pair(P.interleaved, ch, P.half), c, sn);
 }
 
 __device__ __forceinline__ void g_n(const NParams &P, const void *dy, const void *xs, int64_t b,
@@ -588,7 +592,9 @@ __device__ __forceinline__ void g_n_row(const Row<DT, HD> &dy, const Row<DT, HD>
                                         float c, float sn, float rstd, float wf, float *g,
                                         float *n)
 {
-    const int i = pair_of<HD, IL>(ch), ca = pair_a<HD, IL>(i), cb = pair_b<HD, IL>(i);
+    const int i = pair_of<HD, IL>(ch);
+    int ca, cb;
+    pair_ab<HD, IL>(i, &ca, &cb);
     float ga, gb, ta, tb;
     fr_rotate(dy.get(ca), dy.get(cb), c, sn, -1.0f, &ga, &gb);
     *g = ch == ca ? ga : gb;
@@ -625,7 +631,8 @@ __device__ __forceinline__ void dx_row(const NParams &P, const NIo &io, const Ro
     const float m = fr_norm_mean(fr_norm_tree32(p), HD);
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) {
-        const int ca = pair_a<HD, IL>(i), cb = pair_b<HD, IL>(i);
+        int ca, cb;
+        pair_ab<HD, IL>(i, &ca, &cb);
         const float wa = row_weight<DT>(P, io, ca), wb = row_weight<DT>(P, io, cb);
         float c, sn, ga, na, gb, nb;
         pair_angle(a, i, &c, &sn);

@@ -88,6 +88,12 @@ FR_HD void fr_pair_channels(int interleaved, int64_t i, int64_t half, int64_t *c
     *cb = interleaved ? 2 * i + 1 : i + half;
 }
 
+/* The pair of rotated channel ch (ch < 2 * half): fr_pair_channels inverted. */
+FR_HD int64_t fr_channel_pair(int interleaved, int64_t ch, int64_t half)
+{
+    return interleaved ? ch / 2 : (ch < half ? ch : ch - half);
+}
+
 /* ---------------------------------------------------------------- positions */
 
 /*

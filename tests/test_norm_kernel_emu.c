@@ -443,8 +443,8 @@ END_TEST
 
 /* The call's own word instead of the cache's flag: every case, both styles,
  * with and without dw (variant bits 0 and 3).  The kernels' NParams.flag must
- * be a->range_status where the call names one, as kernels/cuda_apply.cu's
- * launcher sets it. */
+ * be a->range_status where the call names one (fr_range_word, lib/internal.h,
+ * the plain kernels' rule too). */
 START_TEST(test_out_of_table_range_status)
 {
     const int j = _i % 4;
