@@ -5,10 +5,13 @@
 # Sections, run in the order given (default: check sanitize downstream bench
 # peers); core is the short lineup (bf16 both shapes, decode with and without
 # offsets, decode kernel time under Nsight Compute at the GPU's own clocks);
+# graph times the decode step's calls replayed from one CUDA graph; sweep
+# runs bench/sweep-knobs.sh;
 # cuda builds and runs the CUDA test programs alone (no CPU suites: for a short
 # lease; CUDA_TESTS names them, TEST_TIMEOUT limits each); norm times the
-# fused RMSNorm + RoPE and its peers.  SAN_PROGRAMS, SAN_TOOLS and SAN_TIMEOUT
-# choose compute-sanitizer's programs, tools and each run's time limit; PEER_TIMEOUT each
+# fused RMSNorm + RoPE and its peers.  SAN_PROGRAMS (each prog or
+# prog=tool,tool), SAN_TOOLS and SAN_TIMEOUT choose compute-sanitizer's
+# programs, tools and each run's time limit; PEER_TIMEOUT each
 # peers script's.  Every summary line carries the seconds
 # since the start, to plan the next lease.
 # Logs go to /tmp/logs; $OUT gets summary.txt, bench.txt and logs.tgz (the
@@ -52,7 +55,7 @@ section_check() {
   grep -E '^[0-9]+%: Checks' tests/*.log | sed 's/^/  /' | tee -a "$summary"
 }
 
-cuda_tests=${CUDA_TESTS:-tests/test_cuda tests/test_norm_gpu tests/test_apply_gpu tests/test_axes_gpu}
+cuda_tests=${CUDA_TESTS:-tests/test_cuda tests/test_cache tests/test_norm_gpu tests/test_apply_gpu tests/test_axes_gpu}
 section_cuda() {
   # a failed build skips this section only (note it: the later sections still run)
   make -j16 $cuda_tests > "$out/cuda-build.log" 2>&1 ||
@@ -66,9 +69,12 @@ section_cuda() {
 }
 
 section_sanitize() {
-  for prog in ${SAN_PROGRAMS:-tests/test_cuda}; do
+  # an entry of SAN_PROGRAMS is a program, or program=tool,tool (its own tools)
+  for entry in ${SAN_PROGRAMS:-tests/test_cuda}; do
+    prog=${entry%%=*} tools=${SAN_TOOLS:-memcheck racecheck initcheck synccheck}
+    [ "$entry" != "$prog" ] && tools=$(echo "${entry#*=}" | tr , ' ')
     [ -x $prog ] || make -j16 $prog > "$out/sanitize-build.log" 2>&1
-    for tool in ${SAN_TOOLS:-memcheck racecheck initcheck synccheck}; do
+    for tool in $tools; do
       extra=; [ $tool = memcheck ] && extra="--leak-check full"
       log="$out/sanitize-$tool-$(basename $prog).log"
       timeout ${SAN_TIMEOUT:-240} compute-sanitizer --tool $tool $extra --error-exitcode 9 ./$prog \
@@ -114,6 +120,26 @@ section_core() {
       awk -F'","' '{gsub(/[",]/, "", $NF); print $NF, $(NF-1)}' | sort -n |
       awk '{v[NR]=$1; u=$2} END {print "min", v[1], "median", v[int((NR+1)/2)], "max", v[NR], u, "over", NR, "kernels"}')"
   done
+}
+
+section_graph() {
+  # the decode step's 100 calls replayed from one CUDA graph, beside the same
+  # calls issued one by one and the host's cost of one (fusedrope-bench --graph)
+  b=/tmp/inst/bin/fusedrope-bench rc=0
+  for opts in "" "--norm qwen3"; do
+    $b --shape 1,64,32,128 --qk 32,8 --offsets --iters 200 --graph 100 $opts \
+      >> "$out/bench-graph.txt" 2>> "$out/bench-progress.txt" || rc=$?
+  done
+  note "bench (graph): rc $rc"
+  grep -A4 -E '^op +shape +one call' "$out/bench-graph.txt" | grep -E '^(forward|backward|norm)' |
+    awk '{print "  " $0}' | tee -a "$summary"
+}
+
+section_sweep() {
+  # bench/sweep-knobs.sh on this build (VARIANTS chooses the launch knobs)
+  bash "$here/bench/sweep-knobs.sh" > "$out/sweep.log" 2>&1
+  note "sweep: rc $?"
+  grep -E '^(==|forward|backward)' "${OUT:-/tmp/out}/sweep.txt" | tee -a "$summary"
 }
 
 section_bench() {

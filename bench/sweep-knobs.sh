@@ -11,8 +11,9 @@ log="$dest/sweep.txt"; : > "$log"
 # [4096,1,128,128] call instead of two, 72 three 288-thread blocks of
 # [512,32,24,128]; both spill (bench/RESULTS.md, the static entry).
 variants=${VARIANTS:-"default -DFR_CUDA_MAXNREG=80 -DFR_CUDA_MAXNREG=72 -DFR_CUDA_MAXNREG=64 -DFR_CUDA_WAVES=2"}
+# a variant of several flags joins them with commas
 for v in $variants; do
-  flags=$v; [ "$v" = default ] && flags=
+  flags=$(echo "$v" | tr , ' '); [ "$v" = default ] && flags=
   rm -f kernels/cuda_apply.o kernels/cuda_apply.lo libfusedrope_core.la tools/fusedrope-bench
   make -j16 NVCCFLAGS="$flags" libfusedrope_core.la tools/fusedrope-bench >/dev/null 2>&1 || { echo "$v: build failed" | tee -a "$log"; continue; }
   b=./tools/fusedrope-bench
@@ -25,8 +26,10 @@ for v in $variants; do
 done
 rm -f kernels/cuda_apply.o kernels/cuda_apply.lo libfusedrope_core.la tools/fusedrope-bench
 make -j16 libfusedrope_core.la tools/fusedrope-bench >/dev/null 2>&1
-echo "== decode under ncu (gpu__time_duration of each kernel)" >> "$log"
-timeout 180 ncu --metrics gpu__time_duration.sum --csv ./tools/fusedrope-bench \
-  --shape 1,64,32,128 --qk 32,8 --iters 5 --warmup 1 > "$dest/ncu-decode.csv" 2>&1
-grep -E 'rope_kernel' "$dest/ncu-decode.csv" | awk -F'","' '{print $5, $(NF)}' | sort | uniq -c | head -20 >> "$log"
+if [ "${SWEEP_NCU:-1}" = 1 ]; then   # SWEEP_NCU=0: no decode timing under ncu
+  echo "== decode under ncu (gpu__time_duration of each kernel)" >> "$log"
+  timeout 180 ncu --metrics gpu__time_duration.sum --csv ./tools/fusedrope-bench \
+    --shape 1,64,32,128 --qk 32,8 --iters 5 --warmup 1 > "$dest/ncu-decode.csv" 2>&1
+  grep -E 'rope_kernel' "$dest/ncu-decode.csv" | awk -F'","' '{print $5, $(NF)}' | sort | uniq -c | head -20 >> "$log"
+fi
 cat "$log"

@@ -12,13 +12,17 @@
  *             pair by pair: both channels read, scaled as the rounding mode
  *             says, rotated, written (in place safe: a pair is read before it
  *             is written); channels past rot_dim scaled and written.
- *   backward  (1) when a weight gradient is asked for, one thread per (chunk
- *             of FUSEDROPE_NORM_DW_CHUNK tokens, channel): g * n over the
- *             chunk's tokens in order and their heads in order, into a
- *             stream-ordered scratch array; (2) one thread per channel sums
- *             the chunks in order into dw; (3) one thread per row: sum of
- *             dn * n in the contract's order, then dx pair by pair.  (1)
- *             runs before (3) overwrites dy or the saved tensor in place.
+ *   backward  one thread per row: sum of dn * n in the contract's order,
+ *             then dx pair by pair; when a weight gradient is asked for,
+ *             the row also writes its terms g * n to a stream-ordered
+ *             scratch array, then one thread per (chunk of
+ *             FUSEDROPE_NORM_DW_CHUNK tokens, channel) sums the chunk's
+ *             terms, its tokens in order and their heads in order, and one
+ *             thread per channel the chunks in order into dw.  A long call
+ *             runs in segments of whole chunks (the terms' scratch at most
+ *             TERMS_BYTES).  An earlier dw pass that read dy and the saved
+ *             tensor again, one thread per (chunk, channel), took about 1 ms
+ *             whatever the call's size (bench/RESULTS.md).
  * The generic kernels (any shape) read a row again in each pass (L1/L2)
  * with scalar loads; the common shapes take register-row kernels (16-bit,
  * head_dim 64 or 128, full rotary, a table cache, 1D positions, rows on 16
@@ -68,6 +72,8 @@ struct NIo {
     float *rstd;      /* [tokens][heads] */
     float *dw;        /* backward: [head_dim], or NULL */
     float *part;      /* backward: [chunks][head_dim] scratch, or NULL */
+    float *terms;     /* backward with dw: [t1 - t0][heads][head_dim] scratch, g * n of the
+                         rows of tokens t0..t1 as the row kernel found them; NULL: none */
     int64_t heads, hd;
     int64_t in_ss, in_sb, in_sh, out_ss, out_sb, out_sh, x_ss, x_sb, x_sh;
 };
@@ -81,6 +87,7 @@ struct NParams {
     double attn;
     int *flag;
     int64_t tokens, seq_len, max_positions, half, rot_dim, heads0, heads, chunks;
+    int64_t t0, t1; /* the row kernels' tokens: t0 <= t < t1 */
     int interleaved, dt, wdt, weight, rounding, saved_y;
     float eps;
 };
@@ -168,8 +175,8 @@ __device__ __forceinline__ const void *row_ptr(const void *base, int64_t s, int6
  * changes a result): f(io, t, h, b, s), head h of io at token t = (b, s). */
 template <typename F> __device__ __forceinline__ void each_row(const NParams &P, F f)
 {
-    const int64_t rows = P.tokens * P.heads;
-    for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
+    const int64_t rows = P.t1 * P.heads;
+    for (int64_t r = P.t0 * P.heads + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
          r += (int64_t)gridDim.x * blockDim.x) {
         int64_t t, h, b, s;
         const NIo &io = row_io(P, r, &t, &h, &b, &s);
@@ -491,35 +498,35 @@ __device__ __forceinline__ void g_n(const NParams &P, const void *dy, const void
     g_n_cs(P, dy, xs, ch, c, sn, rstd, wf, g, n);
 }
 
-/* (1) one thread per (tensor, chunk, channel): the chunk's partial dw. */
-__global__ void norm_dw_partial(const __grid_constant__ NParams P)
+/* Where the row kernel of head h at token t puts the row's g * n terms for
+ * dw (norm_dw_chunks sums them), or NULL when this tensor's dw is not asked
+ * for. */
+__device__ __forceinline__ float *term_row(const NParams &P, const NIo &io, int64_t t, int64_t h)
 {
-    const int64_t n0 = P.io[0].part ? P.chunks * P.io[0].hd : 0;
-    const int64_t n1 = P.io[1].part ? P.chunks * P.io[1].hd : 0;
+    return io.terms != nullptr ? io.terms + ((t - P.t0) * io.heads + h) * io.hd : nullptr;
+}
+
+/* (1) one thread per (tensor, chunk of tokens t0..t1, channel): the chunk's
+ * terms, its tokens in order and each token's heads in order, into its
+ * partial.  The terms' loads do not wait for the sum, so several are in
+ * flight; t0 is a multiple of the chunk. */
+__global__ void norm_dw_chunks(const __grid_constant__ NParams P)
+{
+    const int64_t C = FUSEDROPE_NORM_DW_CHUNK, k0 = P.t0 / C, nk = (P.t1 + C - 1) / C - k0;
+    const int64_t n0 = P.io[0].terms ? nk * P.io[0].hd : 0;
+    const int64_t n1 = P.io[1].terms ? nk * P.io[1].hd : 0;
     for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n0 + n1;
          q += (int64_t)gridDim.x * blockDim.x) {
         const int k = q >= n0;
         const NIo &io = P.io[k];
-        const int64_t e = q - (k ? n0 : 0), ch = e / io.hd, c = e % io.hd;
-        const int64_t t1 = (ch + 1) * FUSEDROPE_NORM_DW_CHUNK < P.tokens
-                               ? (ch + 1) * FUSEDROPE_NORM_DW_CHUNK : P.tokens;
-        const float wf = weight_factor(P, io, c);
+        const int64_t e = q - (k ? n0 : 0), ch = k0 + e / io.hd, c = e % io.hd;
+        const int64_t ta = ch * C, tb = ta + C < P.t1 ? ta + C : P.t1;
+        const float *tp = io.terms + (ta - P.t0) * io.heads * io.hd + c;
+        const int64_t n = (tb - ta) * io.heads;
         float acc = 0.0f;
-        for (int64_t t = ch * FUSEDROPE_NORM_DW_CHUNK; t < t1; t++) {
-            const int64_t b = t / P.seq_len, s = t % P.seq_len;
-            float cs, sn;
-            /* the token's angle once for its heads; unrolled so that several
-             * heads' loads are in flight at once (the sum's order is kept) */
-            channel_angle(P, b, s, c, &cs, &sn);
-#pragma unroll 4
-            for (int64_t h = 0; h < io.heads; h++) {
-                float g, n;
-                g_n_cs(P, row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, P.dt),
-                       row_ptr(io.x, s, b, h, io.x_ss, io.x_sb, io.x_sh, P.dt), c, cs, sn,
-                       io.rstd[t * io.heads + h], wf, &g, &n);
-                acc = acc + g * n;
-            }
-        }
+#pragma unroll 8
+        for (int64_t j = 0; j < n; j++)
+            acc = acc + tp[j * io.hd];
         io.part[ch * io.hd + c] = acc;
     }
 }
@@ -546,6 +553,7 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
     const NIo *io = nullptr;
     const void *dy = nullptr, *xs = nullptr;
     void *dx = nullptr;
+    float *tr = nullptr;
     int64_t b = 0, s = 0;
     float rstd = 0.0f, m = 0.0f;
     walk_rows(
@@ -558,11 +566,14 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
             xs = row_ptr(o.x, s, b, h, o.x_ss, o.x_sb, o.x_sh, P.dt);
             dx = (void *)row_ptr(o.out, s, b, h, o.out_ss, o.out_sb, o.out_sh, P.dt);
             rstd = o.rstd[t * o.heads + h];
+            tr = term_row(P, o, t, h);
         },
         [&](int64_t c) {
             const float wf = weight_factor(P, *io, c);
             float g, n;
             g_n(P, dy, xs, b, s, c, rstd, wf, &g, &n);
+            if (tr != nullptr)
+                tr[c] = g * n;
             const float dn = g * wf;
             return dn * n;
         },
@@ -610,9 +621,10 @@ __device__ __forceinline__ void g_n_row(const Row<DT, HD> &dy, const Row<DT, HD>
  * tensor is y; one copy of each (see rotate_row). */
 template <int DT, int HD, bool IL, bool SY>
 __device__ __forceinline__ void dx_row(const NParams &P, const NIo &io, const RowAngles &a,
-                                       float rstd, Row<DT, HD> &dy, const Row<DT, HD> &xs)
+                                       float rstd, Row<DT, HD> &dy, const Row<DT, HD> &xs,
+                                       float *tr)
 {
-    float p[32];
+    float p[32], t4[4];
 #pragma unroll
     for (int l = 0; l < 32; l++)
         p[l] = 0.0f;
@@ -625,6 +637,12 @@ __device__ __forceinline__ void dx_row(const NParams &P, const NIo &io, const Ro
             float c, sn, g, n;
             pair_angle(a, pair_of<HD, IL>(ch), &c, &sn);
             g_n_row<DT, HD, IL, SY>(dy, xs, ch, c, sn, rstd, wf, &g, &n);
+            /* the dw terms, four channels to a 16-byte store (a term row
+             * starts on 256 bytes) */
+            t4[ch % 4] = g * n;
+            if (ch % 4 == 3 && tr != nullptr)
+                st16(tr + ch - 3, make_uint4(fr_f2u(t4[0]), fr_f2u(t4[1]), fr_f2u(t4[2]),
+                                             fr_f2u(t4[3])));
             const float dn = g * wf;
             p[l] = p[l] + dn * n;
         }
@@ -652,13 +670,14 @@ __global__ void __launch_bounds__(128) norm_dx_rows(const __grid_constant__ NPar
         dy.load(row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT));
         xs.load(row_ptr(io.x, s, b, h, io.x_ss, io.x_sb, io.x_sh, DT));
         const float rstd = io.rstd[t * io.heads + h];
+        float *tr = term_row(P, io, t, h);
         int bad = 0;
         const int64_t pos = row_position(P, b, s, &bad);
         const RowAngles a = row_angles<HD>(P, pos, bad);
         if (P.saved_y)
-            dx_row<DT, HD, IL, true>(P, io, a, rstd, dy, xs);
+            dx_row<DT, HD, IL, true>(P, io, a, rstd, dy, xs, tr);
         else
-            dx_row<DT, HD, IL, false>(P, io, a, rstd, dy, xs);
+            dx_row<DT, HD, IL, false>(P, io, a, rstd, dy, xs, tr);
         dy.store((void *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, DT));
     });
 }
@@ -771,6 +790,8 @@ void params(const fr_norm_args *na, NParams *P)
     P->heads0 = P->io[0].heads;
     P->heads = P->io[0].heads + P->io[1].heads;
     P->chunks = (P->tokens + FUSEDROPE_NORM_DW_CHUNK - 1) / FUSEDROPE_NORM_DW_CHUNK;
+    P->t0 = 0;
+    P->t1 = P->tokens;
     P->interleaved = a->interleaved;
     P->dt = (int)a->dtype;
     P->wdt = (int)na->wdtype;
@@ -808,7 +829,7 @@ int64_t rows_hd(const NParams &P, int count, bool backward)
 template <int DT, int HD>
 cudaError_t launch_rows(const NParams &P, bool backward, cudaStream_t stream)
 {
-    const int64_t n = P.tokens * P.heads;
+    const int64_t n = (P.t1 - P.t0) * P.heads;
     if (backward)
         return P.interleaved ? launch(norm_dx_rows<DT, HD, true>, n, P, stream)
                              : launch(norm_dx_rows<DT, HD, false>, n, P, stream);
@@ -829,8 +850,8 @@ cudaError_t launch_row_kernel(const NParams &P, int count, bool backward, cudaSt
 {
     const int64_t hd = rows_hd(P, count, backward);
     if (hd == 0)
-        return backward ? launch(norm_dx, P.tokens * P.heads, P, stream)
-                        : launch(norm_forward, P.tokens * P.heads, P, stream);
+        return backward ? launch(norm_dx, (P.t1 - P.t0) * P.heads, P, stream)
+                        : launch(norm_forward, (P.t1 - P.t0) * P.heads, P, stream);
     return P.dt == DT_F16 ? launch_rows_dt<DT_F16>(P, hd, backward, stream)
                           : launch_rows_dt<DT_BF16>(P, hd, backward, stream);
 }
@@ -851,13 +872,81 @@ extern "C" fusedrope_status fr_cuda_norm_forward(const fr_norm_args *na)
     return FUSEDROPE_OK;
 }
 
+#ifdef FR_CUDA_EMULATE
+/* A test's choice of segment (chunks of tokens; 0: TERMS_BYTES decides), so
+ * that the small calls of the tests run in several segments too. */
+extern "C" {
+int fr_emu_norm_seg_chunks = 0;
+}
+#endif
+
+namespace {
+
+/* The backward's dw terms take at most this much scratch: a longer call runs
+ * in segments of whole chunks of tokens, each its row kernel then its chunk
+ * sums. */
+constexpr int64_t TERMS_BYTES = (int64_t)128 << 20;
+
+/* The tokens of one segment: whole chunks, the terms of all within
+ * TERMS_BYTES (one chunk at least), no more than the call has. */
+int64_t segment_tokens(int64_t tokens, int64_t term_floats_per_token)
+{
+    const int64_t C = FUSEDROPE_NORM_DW_CHUNK;
+    int64_t seg = TERMS_BYTES / (4 * term_floats_per_token) / C * C;
+#ifdef FR_CUDA_EMULATE
+    if (fr_emu_norm_seg_chunks > 0)
+        seg = fr_emu_norm_seg_chunks * C;
+#endif
+    if (seg < C)
+        seg = C;
+    return seg < tokens ? seg : (tokens + C - 1) / C * C;
+}
+
+/* dx, and dw where asked for: per segment of tokens, the row kernel (which
+ * also writes each row's g * n terms) and the chunks' sums of the terms;
+ * then the chunks' partials summed in chunk order.  Without dw, the row
+ * kernel over all tokens. */
+cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
+{
+    const int64_t f0 = P.io[0].dw ? P.io[0].heads * P.io[0].hd : 0;
+    const int64_t f1 = P.io[1].dw ? P.io[1].heads * P.io[1].hd : 0;
+    const size_t p0 = P.io[0].dw ? (size_t)(P.chunks * P.io[0].hd) : 0;
+    const size_t p1 = P.io[1].dw ? (size_t)(P.chunks * P.io[1].hd) : 0;
+    void *scratch = nullptr;
+    cudaError_t err;
+    if (f0 + f1 == 0)
+        return launch_row_kernel(P, count, true, stream);
+    const int64_t seg = segment_tokens(P.tokens, f0 + f1);
+    if ((err = scratch_alloc(&scratch, (p0 + p1 + (size_t)(seg * (f0 + f1))) * sizeof(float),
+                             stream)) != cudaSuccess)
+        return err;
+    float *f = (float *)scratch;
+    P.io[0].part = p0 ? f : nullptr;
+    P.io[1].part = p1 ? f + p0 : nullptr;
+    P.io[0].terms = f0 ? f + p0 + p1 : nullptr;
+    P.io[1].terms = f1 ? f + p0 + p1 + seg * f0 : nullptr;
+    for (int64_t t0 = 0; t0 < P.tokens && err == cudaSuccess; t0 += seg) {
+        P.t0 = t0;
+        P.t1 = t0 + seg < P.tokens ? t0 + seg : P.tokens;
+        const int64_t nk = (P.t1 - t0 + FUSEDROPE_NORM_DW_CHUNK - 1) / FUSEDROPE_NORM_DW_CHUNK;
+        err = launch_row_kernel(P, count, true, stream);
+        if (err == cudaSuccess)
+            err = launch(norm_dw_chunks, nk * ((f0 ? P.io[0].hd : 0) + (f1 ? P.io[1].hd : 0)), P,
+                         stream);
+    }
+    if (err == cudaSuccess)
+        err = launch(norm_dw_sum, (p0 ? P.io[0].hd : 0) + (p1 ? P.io[1].hd : 0), P, stream);
+    const cudaError_t e2 = scratch_free(scratch, stream);
+    return err != cudaSuccess ? err : e2;
+}
+
+} /* namespace */
+
 extern "C" fusedrope_status fr_cuda_norm_backward(const fr_norm_args *na)
 {
     cudaStream_t stream = (cudaStream_t)na->a.stream;
     NParams P;
     cudaError_t err = cudaSuccess;
-    void *scratch = nullptr;
-    size_t n0 = 0, n1 = 0;
 
     for (int k = 0; k < 2; k++)
         if (na->dw_zero[k] != nullptr &&
@@ -870,29 +959,8 @@ extern "C" fusedrope_status fr_cuda_norm_backward(const fr_norm_args *na)
     if (P.cos == nullptr && P.inv_freq == nullptr)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "fr_cuda_norm_backward: the cache has neither a device table nor frequencies");
-    n0 = P.io[0].dw ? (size_t)(P.chunks * P.io[0].hd) : 0;
-    n1 = P.io[1].dw ? (size_t)(P.chunks * P.io[1].hd) : 0;
-    if (n0 + n1 > 0) {
-        if ((err = scratch_alloc(&scratch, (n0 + n1) * sizeof(float), stream)) != cudaSuccess)
-            return fr_cuda_fail(err, "the norm backward's dw scratch");
-        P.io[0].part = n0 ? (float *)scratch : nullptr;
-        P.io[1].part = n1 ? (float *)scratch + n0 : nullptr;
-        err = launch(norm_dw_partial, (int64_t)(n0 + n1), P, stream);
-        if (err == cudaSuccess)
-            err = launch(norm_dw_sum, (n0 ? P.io[0].hd : 0) + (n1 ? P.io[1].hd : 0), P, stream);
-        if (err != cudaSuccess) {
-            const fusedrope_status st = fr_cuda_fail(err, "the norm dw kernel launch");
-            (void)scratch_free(scratch, stream);
-            return st;
-        }
-    }
-    err = launch_row_kernel(P, na->a.count, true, stream);
-    if (scratch != nullptr) {
-        const cudaError_t e2 = scratch_free(scratch, stream);
-        if (err == cudaSuccess)
-            err = e2;
-    }
+    err = backward_launches(P, na->a.count, stream);
     if (err != cudaSuccess)
-        return fr_cuda_fail(err, "the norm backward kernel launch");
+        return fr_cuda_fail(err, "the norm backward's kernels or their dw scratch");
     return FUSEDROPE_OK;
 }

@@ -23,6 +23,11 @@ static const char *st_name(fusedrope_status s)
     return fusedrope_status_string(s);
 }
 
+static const char *dev_name(fusedrope_device d)
+{
+    return d == CPU ? "cpu" : "cuda";
+}
+
 /* ------------------------------------------------------------ common bits */
 
 START_TEST(test_version)
@@ -277,7 +282,12 @@ static void check_derived(const fusedrope_cache *c, const fusedrope_cache_config
  * practice the correctly rounded float (at least 99% of entries).  Row 0 must
  * be exactly (float)a and 0.
  */
-static void check_table(const fusedrope_cache_config *cfg, const char *name, double expect_attn)
+/* The table of cfg on one device, copied back, against the float64 angles:
+   within one float ulp everywhere and the correctly rounded float almost
+   everywhere; on a CUDA cache this judges the upload and copy_table's way
+   back as well as the table. */
+static void check_table_on(const fusedrope_cache_config *cfg, const char *name,
+                           double expect_attn, fusedrope_device dev)
 {
     fusedrope_cache *c = NULL;
     fusedrope_status st;
@@ -287,14 +297,14 @@ static void check_table(const fusedrope_cache_config *cfg, const char *name, dou
     double *inv, attn;
     char first[256] = "";
 
-    st = fusedrope_cache_create(cfg, CPU, &c);
+    st = fusedrope_cache_create(cfg, dev, &c);
     ck_assert_msg(st == FUSEDROPE_OK, "%s: create: %s (%s)", name, st_name(st),
                   fusedrope_last_error());
     ck_assert_ptr_nonnull(c);
     tu_track(c);
     ck_assert_int_eq(fusedrope_cache_rot_dim(c), cfg->rot_dim);
     ck_assert_int_eq(fusedrope_cache_max_positions(c), rows);
-    ck_assert_int_eq(fusedrope_cache_device(c), FUSEDROPE_DEVICE_CPU);
+    ck_assert_int_eq(fusedrope_cache_device(c), dev);
     ck_assert_int_eq(fusedrope_cache_check(c, NULL), FUSEDROPE_OK);
     check_derived(c, cfg, name);
 
@@ -313,8 +323,8 @@ static void check_table(const fusedrope_cache_config *cfg, const char *name, dou
                       expect_attn);
 
     for (i = 0; i < half; i++) {
-        ck_assert_msg(tc[i] == (float)attn, "%s: cos[0][%d] = %.9g, want (float)%.17g", name,
-                      i, tc[i], attn);
+        ck_assert_msg(tc[i] == (float)attn, "%s (%s): cos[0][%d] = %.9g, want (float)%.17g",
+                      name, dev_name(dev), i, tc[i], attn);
         ck_assert_msg(ts[i] == 0.0f, "%s: sin[0][%d] = %.9g, want 0", name, i, ts[i]);
     }
     for (p = 0; p < rows; p++)
@@ -330,11 +340,19 @@ static void check_table(const fusedrope_cache_config *cfg, const char *name, dou
                          (long long)p, i, gc, gs, rc, rs, inv[i]);
             exact += (gc == (float)rc) + (gs == (float)rs);
         }
-    ck_assert_msg(bad == 0, "%s: %lld of %lld entries more than 1 float ulp off; first: %s",
-                  name, (long long)bad, (long long)n, first);
+    ck_assert_msg(bad == 0, "%s (%s): %lld of %lld entries more than 1 float ulp off; first: %s",
+                  name, dev_name(dev), (long long)bad, (long long)n, first);
     ck_assert_msg(exact >= 2 * n - (2 * n) / 100,
-                  "%s: only %lld of %lld entries are the correctly rounded float", name,
-                  (long long)exact, (long long)(2 * n));
+                  "%s (%s): only %lld of %lld entries are the correctly rounded float", name,
+                  dev_name(dev), (long long)exact, (long long)(2 * n));
+}
+
+/* On the CPU, and on the GPU too where the build and the machine have one. */
+static void check_table(const fusedrope_cache_config *cfg, const char *name, double expect_attn)
+{
+    check_table_on(cfg, name, expect_attn, CPU);
+    if (fusedrope_cuda_available())
+        check_table_on(cfg, name, expect_attn, FUSEDROPE_DEVICE_CUDA);
 }
 
 START_TEST(test_table_types)

@@ -68,6 +68,7 @@ static struct {
     int norm;                  /* --norm: 1 + the kind's index in norm_kinds */
     uint64_t seed;
     double working_set_mb;     /* 0: chosen from the device's cache size */
+    int graph;                 /* --graph N: also time N calls replayed in one CUDA graph */
 } opt = {
     .nshapes = 0, .dtype = FUSEDROPE_BFLOAT16, .layout = L_SBHD, .style = FUSEDROPE_NEOX,
     .device = FUSEDROPE_DEVICE_AUTO, .iters = -1, .warmup = -1, .seed = 1,
@@ -920,6 +921,72 @@ static double time_op(const bcase *c, enum op op, int iters, int warm, double *t
     return median(times, iters);
 }
 
+/* --graph: the per-call cost of n calls in a row, three ways (seconds per
+ * call, medians over iters): replayed from one CUDA graph (the kernel time
+ * plus the graph's launch gaps), issued one by one on the stream (events
+ * around all n: the stream's throughput, host-bound for small calls), and
+ * the host's time to issue one call (the argument checks and the launch). */
+typedef struct {
+    double graph_s, stream_s, host_s;
+} graph_times;
+
+#ifdef HAVE_CUDA
+static void time_graph(const bcase *c, enum op op, int n, int iters, int warm, double *times,
+                       graph_times *g)
+{
+    const char *what = op == OP_FWD ? "forward" : "backward";
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cudaError_t cerr;
+    fusedrope_status st = FUSEDROPE_OK;
+
+    dev_sync();
+    CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < n && st == FUSEDROPE_OK; i++)
+        st = run_op(c, op, i % c->nsets);
+    cerr = cudaStreamEndCapture(g_stream, &graph); /* end the capture whatever happened */
+    lib_check(st, what);
+    CK(cerr);
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < warm; i++)
+        CK(cudaGraphLaunch(exec, g_stream));
+    dev_sync();
+    for (int i = 0; i < iters; i++) {
+        CK(cudaEventRecord(g_ev0[i], g_stream));
+        CK(cudaGraphLaunch(exec, g_stream));
+        CK(cudaEventRecord(g_ev1[i], g_stream));
+    }
+    dev_sync();
+    for (int i = 0; i < iters; i++) {
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, g_ev0[i], g_ev1[i]));
+        times[i] = 1e-3 * ms / n;
+    }
+    g->graph_s = median(times, iters);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    lib_check(fusedrope_cache_check(c->cache, stream_arg()), "fusedrope_cache_check");
+
+    for (int i = 0; i < iters; i++) {
+        double t0;
+        CK(cudaEventRecord(g_ev0[i], g_stream));
+        t0 = now_s();
+        for (int k = 0; k < n; k++)
+            lib_check(run_op(c, op, k % c->nsets), what);
+        times[iters + i] = (now_s() - t0) / n;
+        CK(cudaEventRecord(g_ev1[i], g_stream));
+        dev_sync(); /* each round from an idle stream, as the graph's */
+    }
+    for (int i = 0; i < iters; i++) {
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, g_ev0[i], g_ev1[i]));
+        times[i] = 1e-3 * ms / n;
+    }
+    g->stream_s = median(times, iters);
+    g->host_s = median(times + iters, iters);
+}
+#endif
+
 /* The CPU's copy: memcpy of n bytes split over as many OpenMP threads as the
  * library uses (omp_get_max_threads), each thread one contiguous, 64-byte
  * aligned piece.  A single-threaded memcpy would flatter a multi-threaded
@@ -1036,6 +1103,9 @@ static void usage(FILE *f)
 "                      gemma (1 + w, Gemma rounding), once (w, one rounding)\n"
 "                      or none (no weight); verified against the float64\n"
 "                      reference of the norm\n"
+"  --graph N           (CUDA) also time N calls captured in one CUDA graph and\n"
+"                      replayed (--iters replays), beside the same N calls issued\n"
+"                      one by one on the stream and the host's time to issue one\n"
 "  --seed N            seed of the random input (default 1)\n"
 "  --working-set MB    rotate through buffer sets until they hold at least this\n"
 "                      much (default: 4x the GPU's L2; on the CPU 2x the last-level\n"
@@ -1208,7 +1278,7 @@ static void parse_args(int argc, char **argv)
             strcmp(name, "--style") && strcmp(name, "--device") && strcmp(name, "--iters") &&
             strcmp(name, "--warmup") && strcmp(name, "--rot-dim") && strcmp(name, "--qk") &&
             strcmp(name, "--seed") && strcmp(name, "--working-set") && strcmp(name, "--norm") &&
-            strcmp(name, "--axes"))
+            strcmp(name, "--axes") && strcmp(name, "--graph"))
             bad_option("unknown option '%s'", arg);
         if (eq)
             val = eq + 1;
@@ -1270,6 +1340,8 @@ static void parse_args(int argc, char **argv)
             opt.working_set_mb = (double)parse_int(name, val, 1, 1 << 20);
         } else if (!strcmp(name, "--axes")) {
             parse_axes(val);
+        } else if (!strcmp(name, "--graph")) {
+            opt.graph = (int)parse_int(name, val, 1, 10000);
         }
     }
 
@@ -1277,6 +1349,8 @@ static void parse_args(int argc, char **argv)
      * add offsets per packed sequence, which the reference does not model. */
     if (opt.offsets && opt.ids_rows)
         bad_option("--ids-rows gives absolute positions; it cannot be used with --offsets");
+    if (opt.graph && opt.device == FUSEDROPE_DEVICE_CPU)
+        bad_option("--graph times CUDA graphs; it cannot be used with --device cpu");
     if (opt.offsets && opt.layout == L_THD)
         bad_option("--offsets is per batch entry (sbhd, bshd); it cannot be used with --layout thd");
     if (opt.nshapes == 0) {
@@ -1378,6 +1452,7 @@ typedef struct {
     char shape[96];
     double mb, ms, gbs, copy_gbs, max_ulp, ratio;
     int ok;
+    graph_times graph; /* --graph */
 } row;
 
 int main(int argc, char **argv)
@@ -1389,6 +1464,8 @@ int main(int argc, char **argv)
 
     parse_args(argc, argv);
     choose_device();
+    if (opt.graph && !g_cuda)
+        die("--graph times CUDA graphs; this run has no CUDA device");
     if (opt.iters < 0)
         opt.iters = g_cuda ? 100 : 20;
     if (opt.warmup < 0)
@@ -1430,7 +1507,7 @@ int main(int argc, char **argv)
 
     total = 2 * opt.nshapes;
     rows = xmalloc((size_t)total * sizeof *rows);
-    times = xmalloc((size_t)opt.iters * sizeof *times);
+    times = xmalloc(2 * (size_t)opt.iters * sizeof *times);
 
     for (int si = 0; si < opt.nshapes; si++) {
         bcase c;
@@ -1463,6 +1540,10 @@ int main(int argc, char **argv)
             r->ms = 1e3 * t;
             r->gbs = c.bytes_moved / t / 1e9;
             r->copy_gbs = 2.0 * (double)c.copy_bytes / copy_s / 1e9;
+#ifdef HAVE_CUDA
+            if (opt.graph)
+                time_graph(&c, op, opt.graph, opt.iters, opt.warmup, times, &r->graph);
+#endif
         }
         case_free(&c);
     }
@@ -1484,6 +1565,19 @@ int main(int argc, char **argv)
            "up to %d sampled tokens; every output element is checked for poison and NaN.\n",
            g_cuda ? "device-to-device cudaMemcpyAsync" : "memcpy on the library's threads",
            MAX_SAMPLED_TOKENS);
+    if (opt.graph) {
+        printf("\n%d calls in a row, microseconds per call (medians of %d rounds):\n"
+               "%-12s %-20s %10s %10s %10s %10s\n", opt.graph, opt.iters, "op", "shape",
+               "one call", "graph", "stream", "host");
+        for (int i = 0; i < nrows; i++)
+            printf("%-12s %-20s %10.2f %10.2f %10.2f %10.2f\n", rows[i].op, rows[i].shape,
+                   1e3 * rows[i].ms, 1e6 * rows[i].graph.graph_s, 1e6 * rows[i].graph.stream_s,
+                   1e6 * rows[i].graph.host_s);
+        printf("one call: the median above (events around each call); graph: one CUDA graph\n"
+               "of the %d calls replayed, over %d; stream: the same calls issued one by one,\n"
+               "events around all; host: the host's time to issue one (checks and launch).\n",
+               opt.graph, opt.graph);
+    }
     if (nfail)
         printf("FAIL: %d of %d cases did not verify\n", nfail, nrows);
     else
