@@ -27,13 +27,16 @@
  * with scalar loads; the common shapes take register-row kernels (16-bit,
  * head_dim 64 or 128, full rotary, a table cache, 1D positions, rows on 16
  * bytes: rows_hd), which load a row once in 16-byte pieces and keep it in
- * registers.  Rows are not yet spread over a warp (bench/RESULTS.md: the
- * H200 measurements, 0.25-0.31 of a copy forward).
+ * registers (bench/RESULTS.md: the H200 measurements, 0.25-0.31 of a copy
+ * forward).  Built with FR_CUDA_NORM_WARP=1, the forward spreads those rows
+ * over a warp's lanes instead (norm_forward_warp; the same bytes; not yet
+ * measured on a GPU).
  *
  * With FR_CUDA_EMULATE (kernels/cuda_norm_emu.cc) the host C++ compiler
- * builds it and kernels/cuda_emu.h runs the kernels on the CPU: its threads
- * are independent (no shared memory, barriers or shuffles), so running them
- * one after another gives what the device gives.
+ * builds it and kernels/cuda_emu.h runs the kernels on the CPU: threads
+ * share nothing but norm_forward_warp's shuffles (no shared memory, barriers
+ * or atomics), so running them one after another, a warp's lanes in
+ * lockstep for that kernel, gives what the device gives.
  */
 #include <limits.h>
 #include <stdint.h>
@@ -60,9 +63,34 @@
 #define FR_NOINLINE __noinline__
 #endif
 
+/* FR_CUDA_NORM_WARP=1 (NVCCFLAGS): the forward's common rows take
+ * norm_forward_warp, a warp per row, instead of norm_forward_rows. */
+#ifndef FR_CUDA_NORM_WARP
+#define FR_CUDA_NORM_WARP 0
+#endif
+
+#ifdef FR_CUDA_EMULATE
+/* Emulated, a test chooses: the forward's row kernel (as FR_CUDA_NORM_WARP),
+ * and the backward's segment (chunks of tokens; 0: TERMS_BYTES decides), so
+ * that the small calls of the tests run in several segments too. */
+extern "C" {
+int fr_emu_norm_warp = FR_CUDA_NORM_WARP;
+int fr_emu_norm_seg_chunks = 0;
+}
+#endif
+
 namespace {
 
 #include "cuda_elem.cuh"
+
+bool warp_rows()
+{
+#ifdef FR_CUDA_EMULATE
+    return fr_emu_norm_warp != 0;
+#else
+    return FR_CUDA_NORM_WARP != 0;
+#endif
+}
 
 struct NIo {
     const void *in;   /* forward: x; backward: dy */
@@ -451,6 +479,90 @@ __global__ void __launch_bounds__(128) norm_forward_rows(const __grid_constant__
     });
 }
 
+/*
+ * The forward's rows spread over a warp (FR_CUDA_NORM_WARP=1; not yet the
+ * default: measured on no GPU so far).  Lane l holds channels l, l + 32, ...
+ * of the row, which are the contract's partial sum l, so the lane adds its
+ * own in order, and the tree of the 32 partials is a butterfly of shuffles:
+ * fr_norm_tree32 adds p[l] + p[l + off] for off 16, 8, 4, 2, 1, and after
+ * each xor-shuffle every lane holds one of those sums (a + b and b + a are
+ * the same float), so all end with the total.  A NeoX pair (i, i + HD/2)
+ * lies in one lane; an interleaved pair (2i, 2i + 1) in lanes l and l ^ 1,
+ * which trade their normalised values and each rotate the pair whole (the
+ * same operations in both) and keep their own member.  The row's loads are
+ * 64 contiguous bytes a warp instruction, its stores too; the operations
+ * are rotate_row's.  The shuffles come before any store, so a row in place
+ * is read whole first.  kernels/cuda_emu.h runs it as 32 fibers per warp.
+ */
+template <int DT, int HD, bool IL, int RND>
+__device__ __forceinline__ void warp_pairs(const NParams &P, const NIo &io, const RowAngles &a,
+                                           float rstd, int lane, const float *v, uint16_t *y)
+{
+    constexpr int K = HD / 32;
+    if constexpr (IL) {
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            const int ch = lane + 32 * k;
+            const float mine = fr_norm_value(v[k], rstd, row_weight<DT>(P, io, ch), RND, DT);
+            const float other = __shfl_xor_sync(0xffffffffu, mine, 1);
+            const bool first = (lane & 1) == 0;
+            float c, sn, ya, yb;
+            pair_angle(a, ch / 2, &c, &sn);
+            fr_rotate(first ? mine : other, first ? other : mine, c, sn, 1.0f, &ya, &yb);
+            y[ch] = (uint16_t)Elem<DT>::from_f(first ? ya : yb);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < K / 2; k++) {
+            const int ca = lane + 32 * k, cb = ca + HD / 2;
+            float c, sn, ya, yb;
+            pair_angle(a, ca, &c, &sn);
+            const float va = fr_norm_value(v[k], rstd, row_weight<DT>(P, io, ca), RND, DT);
+            const float vb = fr_norm_value(v[k + K / 2], rstd, row_weight<DT>(P, io, cb), RND, DT);
+            fr_rotate(va, vb, c, sn, 1.0f, &ya, &yb);
+            y[ca] = (uint16_t)Elem<DT>::from_f(ya);
+            y[cb] = (uint16_t)Elem<DT>::from_f(yb);
+        }
+    }
+}
+
+template <int DT, int HD, bool IL>
+__global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__ NParams P)
+{
+    constexpr int K = HD / 32;
+    const int lane = (int)(threadIdx.x & 31);
+    const int64_t rows = P.t1 * P.heads, warps = (int64_t)gridDim.x * blockDim.x / 32;
+    for (int64_t r = P.t0 * P.heads + ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+         r < rows; r += warps) {
+        int64_t t, h, b, s;
+        const NIo &io = row_io(P, r, &t, &h, &b, &s);
+        const uint16_t *x =
+            (const uint16_t *)row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT);
+        uint16_t *y = (uint16_t *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, DT);
+        float v[K], p = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            v[k] = Elem<DT>::to_f(x[lane + 32 * k]);
+            p = p + v[k] * v[k];
+        }
+#pragma unroll
+        for (int off = 16; off >= 1; off /= 2)
+            p = p + __shfl_xor_sync(0xffffffffu, p, off);
+        const float rstd = fr_norm_rstd(p, HD, P.eps);
+        if (lane == 0 && io.rstd != nullptr)
+            io.rstd[t * io.heads + h] = rstd;
+        int bad = 0;
+        const int64_t pos = row_position(P, b, s, &bad);
+        const RowAngles a = row_angles<HD>(P, pos, bad);
+        if (P.rounding == FR_ROUND_LLAMA)
+            warp_pairs<DT, HD, IL, FR_ROUND_LLAMA>(P, io, a, rstd, lane, v, y);
+        else if (P.rounding == FR_ROUND_GEMMA)
+            warp_pairs<DT, HD, IL, FR_ROUND_GEMMA>(P, io, a, rstd, lane, v, y);
+        else
+            warp_pairs<DT, HD, IL, FR_ROUND_ONCE>(P, io, a, rstd, lane, v, y);
+    }
+}
+
 /* ----------------------------------------------------------------- backward */
 
 /* g and n of channel ch of a row: g = (R^T dy)[ch]; n = x[ch] * rstd, or
@@ -715,6 +827,26 @@ cudaError_t launch(K kernel, int64_t n, const NParams &P, cudaStream_t stream)
     return cudaLaunchKernelEx(&cfg, kernel, P);
 }
 
+/* A grid-stride launch of one warp per row for `rows` rows: blocks of 128
+ * threads, at most 16 per SM (a warp's lanes hold a few channels each, so an
+ * SM holds 2048 threads); emulated, each warp's lanes run in lockstep. */
+template <typename K>
+cudaError_t launch_warps(K kernel, int64_t rows, const NParams &P, cudaStream_t stream)
+{
+    cudaLaunchConfig_t cfg = {};
+    int64_t blocks = (rows + 3) / 4, cap = 16 * (int64_t)sms();
+    if (rows <= 0)
+        return cudaSuccess;
+    cfg.gridDim = dim3((unsigned)(blocks < cap ? blocks : cap), 1, 1);
+    cfg.blockDim = dim3(128, 1, 1);
+    cfg.stream = stream;
+#ifdef FR_CUDA_EMULATE
+    return fr_emu_launch_lockstep(&cfg, kernel, P);
+#else
+    return cudaLaunchKernelEx(&cfg, kernel, P);
+#endif
+}
+
 /* Stream-ordered scratch and zeroing (plain host memory when emulated). */
 cudaError_t scratch_alloc(void **p, size_t n, cudaStream_t stream)
 {
@@ -833,6 +965,9 @@ cudaError_t launch_rows(const NParams &P, bool backward, cudaStream_t stream)
     if (backward)
         return P.interleaved ? launch(norm_dx_rows<DT, HD, true>, n, P, stream)
                              : launch(norm_dx_rows<DT, HD, false>, n, P, stream);
+    if (warp_rows())
+        return P.interleaved ? launch_warps(norm_forward_warp<DT, HD, true>, n, P, stream)
+                             : launch_warps(norm_forward_warp<DT, HD, false>, n, P, stream);
     return P.interleaved ? launch(norm_forward_rows<DT, HD, true>, n, P, stream)
                          : launch(norm_forward_rows<DT, HD, false>, n, P, stream);
 }
@@ -871,14 +1006,6 @@ extern "C" fusedrope_status fr_cuda_norm_forward(const fr_norm_args *na)
         return fr_cuda_fail(err, "the norm forward kernel launch");
     return FUSEDROPE_OK;
 }
-
-#ifdef FR_CUDA_EMULATE
-/* A test's choice of segment (chunks of tokens; 0: TERMS_BYTES decides), so
- * that the small calls of the tests run in several segments too. */
-extern "C" {
-int fr_emu_norm_seg_chunks = 0;
-}
-#endif
 
 namespace {
 

@@ -5,11 +5,13 @@
  * through the CUDA backend's launcher and kernels built for the host
  * (kernels/cuda_norm_emu.cc), and test_norm's checks judge their output.
  *
- * Each call runs with the launcher planning for 132, 1 and 5 SMs (other
- * grids: the kernels are grid-stride), the last two with the backward's
- * tokens in segments of 1 and 2 chunks (kernels/cuda_norm.cu,
- * segment_tokens), from the same starting bytes, which must give the same
- * output bytes (y and rstd; dx and dw); then the real
+ * Each call runs with the launcher planning for 132, 1, 5 and 3 SMs (other
+ * grids: the kernels are grid-stride), the last three with the backward's
+ * tokens in segments of 1, 2 and 3 chunks (kernels/cuda_norm.cu,
+ * segment_tokens), the last with the forward's rows spread over warps
+ * (norm_forward_warp, its lanes in lockstep), from the same starting bytes,
+ * which must give the same output bytes (y and rstd; dx and dw); then the
+ * real
  * OpenMP backend runs from the same bytes, and its output must be the
  * kernels' to the bit (a NaN need only be NaN).  The kernels' output stays.
  * The CPU cache serves as the device's, as in cuda_emu_wrap.c.
@@ -30,7 +32,7 @@ fusedrope_status __wrap_fusedrope__cpu_norm_forward(const fr_norm_args *a);
 fusedrope_status __wrap_fusedrope__cpu_norm_backward(const fr_norm_args *a);
 
 int fr_emu_sms = 132;
-extern int fr_emu_norm_seg_chunks; /* kernels/cuda_norm.cu, emulated */
+extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp; /* kernels/cuda_norm.cu, emulated */
 
 /* The call's outputs as (pointer, bytes, element size) pieces. */
 typedef struct { unsigned char *p; size_t n, es; } piece;
@@ -91,7 +93,7 @@ static int is_nan(const unsigned char *p, size_t es, fusedrope_dtype dt)
 
 static fusedrope_status both(const fr_norm_args *na, int backward)
 {
-    static const int sms[] = { 132, 1, 5 }, seg_chunks[] = { 0, 1, 2 };
+    static const int sms[] = { 132, 1, 5, 3 }, seg_chunks[] = { 0, 1, 2, 3 }, warp[] = { 0, 0, 0, 1 };
     const int max = 4 + 2 * (int)(na->a.seq_len * na->a.batch *
                                   (na->a.io[0].heads + (na->a.count > 1 ? na->a.io[1].heads : 0)));
     piece *pc = malloc(sizeof *pc * (size_t)max);
@@ -123,6 +125,7 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
             save(pc, n, start, 0);
         fr_emu_sms = sms[i];
         fr_emu_norm_seg_chunks = seg_chunks[i];
+        fr_emu_norm_warp = warp[i];
         st = backward ? fr_emu_cuda_norm_backward(&e) : fr_emu_cuda_norm_forward(&e);
         if (st != FUSEDROPE_OK || flag) {
             fprintf(stderr, "emulated CUDA norm %s, %d SMs: status %d, flag %d (%s)\n",
@@ -132,8 +135,8 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         }
         save(pc, n, i == 0 ? first : now, 1);
         if (i > 0 && memcmp(first, now, total) != 0) {
-            fprintf(stderr, "emulated CUDA norm: %d SMs and %d SMs (segments of %d chunks) differ\n",
-                    sms[0], sms[i], seg_chunks[i]);
+            fprintf(stderr, "emulated CUDA norm: %d SMs and %d SMs (segments of %d chunks, warp "
+                            "rows %d) differ\n", sms[0], sms[i], seg_chunks[i], warp[i]);
             abort();
         }
     }

@@ -15,8 +15,9 @@
  * Each case (q with 3 heads and k with 2; dtype, head_dim, rot_dim, head
  * stride and positions as the table below says) runs on the register-row
  * kernels (norm_forward_rows, norm_dx_rows: 16-bit, head_dim 64/128, full
- * rotary, rows on 16 bytes) or the generic ones (norm_forward, norm_dx),
- * and the backward's dw kernels (norm_dw_partial, norm_dw_sum), in both
+ * rotary, rows on 16 bytes; the forward also on norm_forward_warp, a warp
+ * per row) or the generic ones (norm_forward, norm_dx), and the backward's
+ * dw kernels (the rows' terms, norm_dw_chunks, norm_dw_sum), in both
  * styles, in and out of place, from x or from the saved y, in each rounding
  * mode (WEIGHT, or PLUS_ONE with the Gemma rounding), with and without dw.
  * Each call runs twice: with the case's positions, and with every bad
@@ -40,8 +41,8 @@
  *             (fr_apply_args.range_status, pos->range_status) that word is
  *             raised instead, and the cache's flag is left 0
  *             (test_out_of_table_range_status).
- * The backward without dw checks that the dx kernels raise the flag
- * themselves (with dw, norm_dw_partial's angle() raises it as well).
+ * The dx kernels raise the flag (with dw too: the rows' terms carry the NaN
+ * angle into dw).
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -62,6 +63,7 @@
 fusedrope_status fr_emu_cuda_norm_forward(const fr_norm_args *a);
 fusedrope_status fr_emu_cuda_norm_backward(const fr_norm_args *a);
 int fr_emu_sms = 132;
+extern int fr_emu_norm_warp; /* kernels/cuda_norm.cu, emulated: norm_forward_warp */
 
 enum { M = 32, MAXT = 64 }; /* table rows; most tokens of a case */
 static const int64_t heads[2] = { 3, 2 }; /* q, k */
@@ -413,6 +415,12 @@ static void run_case(int c, int vi, int status)
     /* forward: the reference (its y and rstd feed the backward), then the
      * case's positions */
     call(&x, 0, 0, status, "with valid ids");
+    if (cases[c].rows) { /* the register-row cases also with a warp per row */
+        fr_emu_norm_warp = 1;
+        call(&x, 0, 1, status, "with the case's positions, a warp per row");
+        fr_emu_norm_warp = 0;
+        check_rows(&x, 0, bad);
+    }
     call(&x, 0, 1, status, "with the case's positions");
     check_rows(&x, 0, bad);
     call(&x, 1, 0, status, "with valid ids");
