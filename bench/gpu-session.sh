@@ -6,7 +6,7 @@
 # peers); core is the short lineup (bf16 both shapes, decode with and without
 # offsets, decode kernel time under Nsight Compute at the GPU's own clocks);
 # graph times the decode step's calls replayed from one CUDA graph; sweep
-# runs bench/sweep-knobs.sh;
+# runs bench/sweep-knobs.sh; normwarp the norm forward's two row kernels;
 # cuda builds and runs the CUDA test programs alone (no CPU suites: for a short
 # lease; CUDA_TESTS names them, TEST_TIMEOUT limits each); norm times the
 # fused RMSNorm + RoPE and its peers.  SAN_PROGRAMS (each prog or
@@ -140,6 +140,33 @@ section_sweep() {
   bash "$here/bench/sweep-knobs.sh" > "$out/sweep.log" 2>&1
   note "sweep: rc $?"
   grep -E '^(==|forward|backward)' "${OUT:-/tmp/out}/sweep.txt" | tee -a "$summary"
+}
+
+section_normwarp() {
+  # the norm forward's row kernels (this build, FR_CUDA_NORM_WARP=0) against a
+  # warp per row (rebuilt with =1; run this section last: the build keeps it):
+  # test_norm_gpu must pass on each, then the same norm lines on each
+  ( cd "$src" && b=./tools/fusedrope-bench
+    for knob in 0 1; do
+      if [ $knob = 1 ]; then
+        rm -f kernels/cuda_norm.o kernels/cuda_norm.lo libfusedrope_core.la tools/fusedrope-bench tests/test_norm_gpu
+        make -j16 NVCCFLAGS="-DFR_CUDA_NORM_WARP=1" libfusedrope_core.la tools/fusedrope-bench \
+          tests/test_norm_gpu > "$out/normwarp-build.log" 2>&1 || { note "normwarp: build failed"; break; }
+      else
+        make -j16 tests/test_norm_gpu > "$out/normwarp-build0.log" 2>&1
+      fi
+      timeout 120 ./tests/test_norm_gpu > "$out/normwarp-test-$knob.log" 2>&1
+      note "FR_CUDA_NORM_WARP=$knob: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$out/normwarp-test-$knob.log")"
+      { echo "== FR_CUDA_NORM_WARP=$knob"
+        for opts in "--norm qwen3" "--norm gemma" "--norm once" "--norm qwen3 --style interleaved" \
+                    "--norm qwen3 --dtype fp16"; do
+          $b --qk 32,8 --shape 4096,1,1,128 --iters 100 $opts | grep -E '^(norm_fwd|FAIL)'
+        done
+        $b --shape 1,64,32,128 --qk 32,8 --offsets --iters 200 --graph 100 --norm qwen3 |
+          grep -A3 -E '^op +shape +one call' | grep -E '^norm_fwd'
+      } >> "$out/bench-normwarp.txt" 2>> "$out/bench-progress.txt"
+    done )
+  grep -E '^(==|norm_fwd|FAIL)' "$out/bench-normwarp.txt" | tee -a "$summary"
 }
 
 section_bench() {
