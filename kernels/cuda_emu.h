@@ -88,9 +88,7 @@ extern "C" int fr_emu_sms;
  * whatever the reason; a device may name some reasons otherwise).  Dynamic
  * shared memory and launch attributes are not emulated: a launch with them
  * is refused too.  The stream is ignored. */
-template <typename... ExpTypes, typename... ActTypes>
-static cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *config,
-                                      void (*kernel)(ExpTypes...), ActTypes &&...args)
+static bool fr_emu_refused(const cudaLaunchConfig_t *config)
 {
     const dim3 grid = config->gridDim, block = config->blockDim;
     const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
@@ -99,8 +97,18 @@ static cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *config,
         config->dynamicSmemBytes != 0 || config->numAttrs != 0) {
         fprintf(stderr, "cuda_emu: a launch the device would refuse: grid (%u, %u, %u), block "
                         "(%u, %u, %u)\n", grid.x, grid.y, grid.z, block.x, block.y, block.z);
-        return cudaErrorInvalidConfiguration;
+        return true;
     }
+    return false;
+}
+
+template <typename... ExpTypes, typename... ActTypes>
+static cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *config,
+                                      void (*kernel)(ExpTypes...), ActTypes &&...args)
+{
+    const dim3 grid = config->gridDim, block = config->blockDim;
+    if (fr_emu_refused(config))
+        return cudaErrorInvalidConfiguration;
     return [&](ExpTypes... params) {
         gridDim = grid;
         blockDim = block;
@@ -236,6 +244,8 @@ static cudaError_t fr_emu_launch_lockstep(const cudaLaunchConfig_t *config,
         fprintf(stderr, "cuda_emu: a lockstep launch takes 1D grids of 1D blocks of whole warps\n");
         return cudaErrorInvalidConfiguration;
     }
+    if (fr_emu_refused(config))
+        return cudaErrorInvalidConfiguration;
     struct Call {
         void (*kernel)(ExpTypes...);
         std::tuple<ExpTypes...> params;
@@ -245,12 +255,6 @@ static cudaError_t fr_emu_launch_lockstep(const cudaLaunchConfig_t *config,
             std::apply(c->kernel, c->params);
         }
     } call{ kernel, std::tuple<ExpTypes...>(std::forward<ActTypes>(args)...) };
-    if (grid.x == 0 || grid.x > 2147483647u || block.x == 0 || block.x > 512 ||
-        config->dynamicSmemBytes != 0 || config->numAttrs != 0) {
-        fprintf(stderr, "cuda_emu: a launch the device would refuse: grid %u, block %u\n", grid.x,
-                block.x);
-        return cudaErrorInvalidConfiguration;
-    }
     FrEmuWarp *w = (FrEmuWarp *)calloc(1, sizeof *w);
     char *stacks = (char *)malloc(32 * stack);
     if (w == nullptr || stacks == nullptr) {

@@ -199,13 +199,14 @@ __device__ __forceinline__ const void *row_ptr(const void *base, int64_t s, int6
     return (const char *)base + (size_t)(s * ss + b * sb + h * sh) * (dt ? 2 : 4);
 }
 
-/* Each row of the call, grid-stride over the threads (so no launch shape
- * changes a result): f(io, t, h, b, s), head h of io at token t = (b, s). */
-template <typename F> __device__ __forceinline__ void each_row(const NParams &P, F f)
+/* Each row of tokens t0..t1, grid-stride over groups of W threads (W 1, or
+ * 32 for a warp's lanes, which then all take the same rows), so no launch
+ * shape changes a result: f(io, t, h, b, s), head h of io at token t = (b, s). */
+template <int W = 1, typename F> __device__ __forceinline__ void each_row(const NParams &P, F f)
 {
     const int64_t rows = P.t1 * P.heads;
-    for (int64_t r = P.t0 * P.heads + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
-         r += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t r = P.t0 * P.heads + ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / W;
+         r < rows; r += (int64_t)gridDim.x * blockDim.x / W) {
         int64_t t, h, b, s;
         const NIo &io = row_io(P, r, &t, &h, &b, &s);
         f(io, t, h, b, s);
@@ -531,11 +532,7 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
 {
     constexpr int K = HD / 32;
     const int lane = (int)(threadIdx.x & 31);
-    const int64_t rows = P.t1 * P.heads, warps = (int64_t)gridDim.x * blockDim.x / 32;
-    for (int64_t r = P.t0 * P.heads + ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-         r < rows; r += warps) {
-        int64_t t, h, b, s;
-        const NIo &io = row_io(P, r, &t, &h, &b, &s);
+    each_row<32>(P, [&](const NIo &io, int64_t t, int64_t h, int64_t b, int64_t s) {
         const uint16_t *x =
             (const uint16_t *)row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT);
         uint16_t *y = (uint16_t *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, DT);
@@ -560,23 +557,24 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
             warp_pairs<DT, HD, IL, FR_ROUND_GEMMA>(P, io, a, rstd, lane, v, y);
         else
             warp_pairs<DT, HD, IL, FR_ROUND_ONCE>(P, io, a, rstd, lane, v, y);
-    }
+    });
 }
 
 /* ----------------------------------------------------------------- backward */
 
-/* g and n of channel ch of a row: g = (R^T dy)[ch]; n = x[ch] * rstd, or
- * (R^T y)[ch] / w'[ch].  The pair's rotation is computed whole and one
- * member taken: the same operations as the CPU's row rotation.  c and sn:
- * the angle of ch's pair (unused past rot_dim). */
-__device__ __forceinline__ void g_n_cs(const NParams &P, const void *dy, const void *xs,
-                                       int64_t ch, float c, float sn, float rstd, float wf,
-                                       float *g, float *n)
+/* g and n of channel ch of the row at token (b, s): g = (R^T dy)[ch]; n =
+ * x[ch] * rstd, or (R^T y)[ch] / w'[ch].  The pair's rotation (its angle
+ * from angle()) is computed whole and one member taken: the same operations
+ * as the CPU's row rotation. */
+__device__ __forceinline__ void g_n(const NParams &P, const void *dy, const void *xs, int64_t b,
+                                    int64_t s, int64_t ch, float rstd, float wf, float *g,
+                                    float *n)
 {
     if (ch < P.rot_dim) {
-        int64_t i, ca, cb;
-        float ga, gb, ta, tb;
-        i = fr_channel_pair(P.interleaved, ch, P.half);
+        int64_t ca, cb;
+        const int64_t i = fr_channel_pair(P.interleaved, ch, P.half);
+        float c, sn, ga, gb, ta, tb;
+        angle(P, b, s, i, &c, &sn);
         fr_pair_channels(P.interleaved, i, P.half, &ca, &cb);
         fr_rotate(load_f(dy, P.dt, ca), load_f(dy, P.dt, cb), c, sn, -1.0f, &ga, &gb);
         *g = ch == ca ? ga : gb;
@@ -590,24 +588,6 @@ __device__ __forceinline__ void g_n_cs(const NParams &P, const void *dy, const v
         *g = load_f(dy, P.dt, ch);
         *n = P.saved_y ? load_f(xs, P.dt, ch) / wf : load_f(xs, P.dt, ch) * rstd;
     }
-}
-
-/* The angle of channel ch's pair at token (b, s), when ch is rotated. */
-__device__ __forceinline__ void channel_angle(const NParams &P, int64_t b, int64_t s, int64_t ch,
-                                              float *c, float *sn)
-{
-    *c = *sn = 0.0f;
-    if (ch < P.rot_dim)
-        angle(P, b, s, fr_channel_pair(P.interleaved, ch, P.half), c, sn);
-}
-
-__device__ __forceinline__ void g_n(const NParams &P, const void *dy, const void *xs, int64_t b,
-                                    int64_t s, int64_t ch, float rstd, float wf, float *g,
-                                    float *n)
-{
-    float c, sn;
-    channel_angle(P, b, s, ch, &c, &sn);
-    g_n_cs(P, dy, xs, ch, c, sn, rstd, wf, g, n);
 }
 
 /* Where the row kernel of head h at token t puts the row's g * n terms for
@@ -813,33 +793,37 @@ int sms(void)
 #endif
 }
 
-/* A grid-stride launch of n threads: blocks of 128, at most 8 per SM. */
+/* The grid of a grid-stride launch of n threads: blocks of 128, at most
+ * per_sm of them per SM. */
+cudaLaunchConfig_t grid_of(int64_t n, int per_sm, cudaStream_t stream)
+{
+    cudaLaunchConfig_t cfg = {};
+    const int64_t blocks = (n + 127) / 128, cap = per_sm * (int64_t)sms();
+    cfg.gridDim = dim3((unsigned)(blocks < cap ? blocks : cap), 1, 1);
+    cfg.blockDim = dim3(128, 1, 1);
+    cfg.stream = stream;
+    return cfg;
+}
+
+/* A grid-stride launch of n threads, at most 8 blocks per SM. */
 template <typename K>
 cudaError_t launch(K kernel, int64_t n, const NParams &P, cudaStream_t stream)
 {
-    cudaLaunchConfig_t cfg = {};
-    int64_t blocks = (n + 127) / 128, cap = 8 * (int64_t)sms();
     if (n <= 0)
         return cudaSuccess;
-    cfg.gridDim = dim3((unsigned)(blocks < cap ? blocks : cap), 1, 1);
-    cfg.blockDim = dim3(128, 1, 1);
-    cfg.stream = stream;
+    const cudaLaunchConfig_t cfg = grid_of(n, 8, stream);
     return cudaLaunchKernelEx(&cfg, kernel, P);
 }
 
-/* A grid-stride launch of one warp per row for `rows` rows: blocks of 128
- * threads, at most 16 per SM (a warp's lanes hold a few channels each, so an
- * SM holds 2048 threads); emulated, each warp's lanes run in lockstep. */
+/* A grid-stride launch of one warp per row for `rows` rows, at most 16
+ * blocks per SM (a warp's lanes hold a few channels each, so an SM holds
+ * 2048 threads); emulated, each warp's lanes run in lockstep. */
 template <typename K>
 cudaError_t launch_warps(K kernel, int64_t rows, const NParams &P, cudaStream_t stream)
 {
-    cudaLaunchConfig_t cfg = {};
-    int64_t blocks = (rows + 3) / 4, cap = 16 * (int64_t)sms();
     if (rows <= 0)
         return cudaSuccess;
-    cfg.gridDim = dim3((unsigned)(blocks < cap ? blocks : cap), 1, 1);
-    cfg.blockDim = dim3(128, 1, 1);
-    cfg.stream = stream;
+    const cudaLaunchConfig_t cfg = grid_of(32 * rows, 16, stream);
 #ifdef FR_CUDA_EMULATE
     return fr_emu_launch_lockstep(&cfg, kernel, P);
 #else
