@@ -889,6 +889,21 @@ static int verify(bcase *c, enum op op, vstats *v)
 
 /* ----------------------------------------------------------------- timing */
 
+#ifdef HAVE_CUDA
+/* The median of the event pairs g_ev0[i]..g_ev1[i] (i < iters, the stream
+ * synchronised), in seconds over per (the calls each pair encloses);
+ * times[] gets each pair's. */
+static double events_median(int iters, int per, double *times)
+{
+    for (int i = 0; i < iters; i++) {
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, g_ev0[i], g_ev1[i]));
+        times[i] = 1e-3 * ms / per;
+    }
+    return median(times, iters);
+}
+#endif
+
 /* Median seconds of one call, rotating through the buffer sets. */
 static double time_op(const bcase *c, enum op op, int iters, int warm, double *times)
 {
@@ -905,12 +920,7 @@ static double time_op(const bcase *c, enum op op, int iters, int warm, double *t
             CK(cudaEventRecord(g_ev1[i], g_stream));
         }
         dev_sync();
-        for (int i = 0; i < iters; i++) {
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, g_ev0[i], g_ev1[i]));
-            times[i] = 1e-3 * ms;
-        }
-        return median(times, iters);
+        return events_median(iters, 1, times);
     }
 #endif
     for (int i = 0; i < iters; i++, set = (set + 1) % c->nsets) {
@@ -957,12 +967,7 @@ static void time_graph(const bcase *c, enum op op, int n, int iters, int warm, d
         CK(cudaEventRecord(g_ev1[i], g_stream));
     }
     dev_sync();
-    for (int i = 0; i < iters; i++) {
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, g_ev0[i], g_ev1[i]));
-        times[i] = 1e-3 * ms / n;
-    }
-    g->graph_s = median(times, iters);
+    g->graph_s = events_median(iters, n, times);
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
     lib_check(fusedrope_cache_check(c->cache, stream_arg()), "fusedrope_cache_check");
@@ -977,12 +982,7 @@ static void time_graph(const bcase *c, enum op op, int n, int iters, int warm, d
         CK(cudaEventRecord(g_ev1[i], g_stream));
         dev_sync(); /* each round from an idle stream, as the graph's */
     }
-    for (int i = 0; i < iters; i++) {
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, g_ev0[i], g_ev1[i]));
-        times[i] = 1e-3 * ms / n;
-    }
-    g->stream_s = median(times, iters);
+    g->stream_s = events_median(iters, n, times);
     g->host_s = median(times + iters, iters);
 }
 #endif
@@ -1043,13 +1043,8 @@ static double time_copy(size_t n, int iters, int warm, double *times)
             CK(cudaEventRecord(g_ev1[i], g_stream));
         }
         dev_sync();
-        for (int i = 0; i < iters; i++) {
-            float ms = 0;
-            CK(cudaEventElapsedTime(&ms, g_ev0[i], g_ev1[i]));
-            times[i] = 1e-3 * ms;
-        }
         buf_free(buf);
-        return median(times, iters);
+        return events_median(iters, 1, times);
     }
 #endif
     for (int i = 0; i < warm; i++, set = (set + 1) % nsets)
