@@ -806,7 +806,18 @@ typedef struct {
     int wf_ok[2];            /* its weight factors are finite */
     int fin[2];              /* fwd_fin: no AVX2 row of it rotates to a NaN */
     int w16[2];              /* its rows take the AVX-512 passes (n5_whole) */
+    uintptr_t ahead[2];      /* bytes from a row's input to the one prefetched (FWD_AHEAD_BYTES) */
 } fwd_call;
+
+/* Rows of floats in a thread's scratch: the vector rows' three in flight
+ * (FR_DEFINE_RUN; the portable rows use two of them). */
+enum { FWD_V_ROWS = 3 };
+
+/* The vector rows prefetch the input of the same head of a later token,
+ * at least this many bytes of the slot's tokens ahead, with each row's first
+ * pass.  The hardware prefetchers alone left the fused rows ~30% slower than
+ * the plain rotation of the same bytes on two threads (bench/RESULTS.md). */
+enum { FWD_AHEAD_BYTES = 8192 };
 
 /* A row between its two passes. */
 typedef struct {
@@ -840,7 +851,7 @@ static inline __attribute__((always_inline)) void fwd_begin(const fwd_call *fc, 
     if (w->t != w->token) {
         /* token t's angles in buffer t % 2: row n - 1 is of token t - 1 or
          * t, whose buffer stays */
-        float *row_c = w->mine + 2 * fc->hdmax + (w->t & 1) * a->cache->rot_dim;
+        float *row_c = w->mine + FWD_V_ROWS * fc->hdmax + (w->t & 1) * a->cache->rot_dim;
         w->b = w->t / a->seq_len;
         w->s = w->t % a->seq_len;
         token_angles(a->cache, &a->pos, w->b, w->s, row_c, row_c + fc->half, &r->cs, &r->sn);
@@ -915,8 +926,12 @@ static void fwd_rows_portable(const fwd_call *fc, fwd_walk *w, int64_t n0, int64
 
 #ifdef FR_HAVE_AVX2
 /* NAME: rows h0..h1-1 of io slot k of one token (b, s, t) with the passes
- * SUM and OUT (nv_run: the AVX2 ones; n5_run: the AVX-512 ones), pipelined
- * as above within the run; its mode and types constants.  Rows with a NaN
+ * SUM and OUT (nv_run: the AVX2 ones; n5_run: the AVX-512 ones); its mode
+ * and types constants.  Within the run the first pass and the rstd run two
+ * rows ahead of the second pass (row h + 2's before row h's): the chain from
+ * a row's loads through its sum's tree, the division and the square root
+ * (~75 cycles) is longer than a row's work with vector rows, so one row
+ * ahead left the second pass waiting (bench/RESULTS.md).  Rows with a NaN
  * or an infinity on the way take the portable loops: the same bits.  A
  * macro, as the two targets' functions cannot inline into each other's
  * shared body. */
@@ -932,18 +947,28 @@ ATTR void NAME(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,  
     const int direct = fc->direct[k], stream = fc->stream[k], fin = D != 0 && fc->fin[k];         \
     const int ok = fc->wf_ok[k];                                                                  \
     const int64_t xstep = io->in_sh * es, ystep = io->out_sh * es;                                \
+    const uintptr_t ahead = fc->ahead[k];                                                         \
     const char *x = (const char *)io->in + (s * io->in_ss + b * io->in_sb + h0 * io->in_sh) * es; \
     char *y = (char *)io->out + (s * io->out_ss + b * io->out_sb + h0 * io->out_sh) * es;         \
     float *rp = na->rstd[k] ? na->rstd[k] + t * io->heads + h0 : NULL;                            \
-    float *v = mine, *vn = mine + fc->hdmax;                                                      \
-    float sum = SUM(x, v, hd, D);                                                                 \
+    float *v = mine, *v1 = mine + fc->hdmax, *v2 = mine + 2 * fc->hdmax;                          \
+    float sum = SUM(x, v, hd, D), sum1 = 0.0f;                                                    \
+    float rstd = fr_norm_rstd(sum, hd, eps), rstd1 = 0.0f;                                        \
                                                                                                   \
+    if (h0 + 1 < h1) {                                                                            \
+        sum1 = SUM(x + xstep, v1, hd, D);                                                         \
+        rstd1 = fr_norm_rstd(sum1, hd, eps);                                                      \
+    }                                                                                             \
     for (int64_t h = h0; h < h1; h++) {                                                           \
-        const float rstd = fr_norm_rstd(sum, hd, eps);                                            \
         char *dst = stream && !direct ? stage : y;                                                \
-        float next = 0.0f, *tmp;                                                                  \
-        if (h + 1 < h1)                                                                           \
-            next = SUM(x + xstep, vn, hd, D); /* the next row's pass 1 first */                   \
+        float sum2 = 0.0f, rstd2 = 0.0f, *tmp;                                                    \
+        if (h + 2 < h1) { /* row h + 2's first pass before row h's second */                      \
+            sum2 = SUM(x + 2 * xstep, v2, hd, D);                                                 \
+            rstd2 = fr_norm_rstd(sum2, hd, eps);                                                  \
+        }                                                                                         \
+        /* a later token's row h (an address: it may lie past the tensor) */                      \
+        for (int64_t l = 0; l < hd * es; l += FR_LINE_BYTES)                                      \
+            __builtin_prefetch((const void *)((uintptr_t)x + ahead + (uintptr_t)l));              \
         if (isfinite(sum) && isfinite(rstd) && ok) {                                              \
             if (fin) {                                                                            \
                 if (direct)                                                                       \
@@ -973,10 +998,14 @@ ATTR void NAME(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,  
             *rp++ = rstd;                                                                         \
         x += xstep;                                                                               \
         y += ystep;                                                                               \
-        sum = next;                                                                               \
+        sum = sum1;                                                                               \
+        rstd = rstd1;                                                                             \
+        sum1 = sum2;                                                                              \
+        rstd1 = rstd2;                                                                            \
         tmp = v;                                                                                  \
-        v = vn;                                                                                   \
-        vn = tmp;                                                                                 \
+        v = v1;                                                                                   \
+        v1 = v2;                                                                                  \
+        v2 = tmp;                                                                                 \
     }                                                                                             \
 }
 FR_DEFINE_RUN(FR_AVX2_INLINE, nv_run, nv_sum, nv_out)
@@ -988,7 +1017,7 @@ ATTR void NAME(const fwd_call *fc, fwd_walk *w, int64_t n0, int64_t n1, int R, i
 {                                                                                                \
     const fr_apply_args *a = &fc->na->a;                                                         \
     const int64_t heads = fc->heads, heads0 = fc->heads0;                                        \
-    float *row_c = w->mine + 2 * fc->hdmax;                                                      \
+    float *row_c = w->mine + FWD_V_ROWS * fc->hdmax;                                             \
     int64_t n = n0, hh = w->hh, t = w->t;                                                        \
     while (n < n1) {                                                                             \
         const int64_t b = t / a->seq_len, s = t % a->seq_len;                                    \
@@ -1131,11 +1160,22 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
 #ifdef FR_HAVE_AVX512
         fc.w16[k] = avx512 && n5_whole(a->io[k].head_dim, fc.half, a->interleaved);
 #endif
+        {
+            /* the walk's next token is s + 1, or the next batch entry's where
+             * seq_len is 1; prefetches never fault, so a last token's may
+             * point past the tensor (unsigned: the address may wrap) */
+            const int64_t tb = a->io[k].heads * a->io[k].head_dim * (int64_t)fc.es;
+            const int64_t n = a->seq_len > 1 ? a->seq_len : a->batch;
+            int64_t ahead = tb ? (FWD_AHEAD_BYTES + tb - 1) / tb : 1;
+            ahead = ahead < n ? ahead : n;
+            fc.ahead[k] = (uintptr_t)ahead * (uintptr_t)fc.es *
+                          (uintptr_t)(a->seq_len > 1 ? a->io[k].in_ss : a->io[k].in_sb);
+        }
     }
-    /* per thread: two rows of floats and two tokens' cos and sin (table-less
-     * caches), for the two rows in flight, and a streamed output row
+    /* per thread: FWD_V_ROWS rows of floats and two tokens' cos and sin
+     * (table-less caches), for the rows in flight, and a streamed output row
      * (hdmax elements of at most 4 bytes) */
-    fc.per = (size_t)fr_line_floats(3 * fc.hdmax + 2 * cache->rot_dim); /* (see the backward) */
+    fc.per = (size_t)fr_line_floats((FWD_V_ROWS + 1) * fc.hdmax + 2 * cache->rot_dim); /* (see the backward) */
     nth = fr_cpu_team_size(cache, elems);
     bytes = ((size_t)nth * fc.per + 2 * (size_t)fr_line_floats(fc.hdmax)) * sizeof(float) +
             FR_LINE_BYTES;
@@ -1171,7 +1211,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
             fr_cpu_team = nth > 1 ? threads : 0;
         fr_thread_share(fc.items, threads, id, &n0, &n1);
         w.mine = fc.scratch + (size_t)id * fc.per;
-        w.stage = (char *)(w.mine + 2 * fc.hdmax + 2 * cache->rot_dim);
+        w.stage = (char *)(w.mine + FWD_V_ROWS * fc.hdmax + 2 * cache->rot_dim);
         w.t = fc.heads ? n0 / fc.heads : 0;
         w.hh = fc.heads ? n0 % fc.heads : 0;
         w.b = w.s = 0;
