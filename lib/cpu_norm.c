@@ -815,8 +815,9 @@ enum { FWD_V_ROWS = 3 };
 
 /* The vector rows prefetch the input of the same head of a later token,
  * at least this many bytes of the slot's tokens ahead, with each row's first
- * pass.  The hardware prefetchers alone left the fused rows ~30% slower than
- * the plain rotation of the same bytes on two threads (bench/RESULTS.md). */
+ * pass, in calls whose inputs lie past the caches (fr_beyond_cache).  The
+ * hardware prefetchers alone left the fused rows ~30% slower than the plain
+ * rotation of the same bytes on two threads (bench/RESULTS.md). */
 enum { FWD_AHEAD_BYTES = 8192 };
 
 /* A row between its two passes. */
@@ -945,6 +946,7 @@ ATTR void NAME(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,  
     const int64_t hd = io->head_dim, half = fc->half, es = D == 0 ? 4 : 2;                        \
     const float eps = na->eps, *wf = fc->wf[k];                                                   \
     const int direct = fc->direct[k], stream = fc->stream[k], fin = D != 0 && fc->fin[k];         \
+    const int staged = stream && !direct; /* OUT writes the stage, then it is streamed */         \
     const int ok = fc->wf_ok[k];                                                                  \
     const int64_t xstep = io->in_sh * es, ystep = io->out_sh * es;                                \
     const uintptr_t ahead = fc->ahead[k];                                                         \
@@ -960,16 +962,18 @@ ATTR void NAME(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,  
         rstd1 = fr_norm_rstd(sum1, hd, eps);                                                      \
     }                                                                                             \
     for (int64_t h = h0; h < h1; h++) {                                                           \
-        char *dst = stream && !direct ? stage : y;                                                \
+        char *dst = staged ? stage : y;                                                           \
         float sum2 = 0.0f, rstd2 = 0.0f, *tmp;                                                    \
         if (h + 2 < h1) { /* row h + 2's first pass before row h's second */                      \
             sum2 = SUM(x + 2 * xstep, v2, hd, D);                                                 \
             rstd2 = fr_norm_rstd(sum2, hd, eps);                                                  \
         }                                                                                         \
         /* a later token's row h (an address: it may lie past the tensor) */                      \
-        for (int64_t l = 0; l < hd * es; l += FR_LINE_BYTES)                                      \
-            __builtin_prefetch((const void *)((uintptr_t)x + ahead + (uintptr_t)l));              \
-        if (isfinite(sum) && isfinite(rstd) && ok) {                                              \
+        if (ahead)                                                                                \
+            for (int64_t l = 0; l < hd * es; l += FR_LINE_BYTES)                                  \
+                __builtin_prefetch((const void *)((uintptr_t)x + ahead + (uintptr_t)l));          \
+        /* a finite sum makes a finite rstd (eps > 0) */                                          \
+        if (__builtin_expect(isfinite(sum) && ok, 1)) {                                           \
             if (fin) {                                                                            \
                 if (direct)                                                                       \
                     OUT(v, dst, wf, cs, sn, hd, half, rstd, R, D, I, 1, 1);                       \
@@ -988,11 +992,11 @@ ATTR void NAME(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,  
             r.v = v;                                                                              \
             r.hd = hd;                                                                            \
             r.k = k;                                                                              \
-            if (stream)                                                                           \
-                dst = stage;                                                                      \
-            fwd_out_portable(fc, &r, rstd, dst);                                                  \
+            fwd_out_portable(fc, &r, rstd, stream ? stage : y);                                   \
+            if (stream && !staged)                                                                \
+                fr_stream_row(y, stage, (size_t)hd * (size_t)es);                                 \
         }                                                                                         \
-        if (dst != y)                                                                             \
+        if (staged)                                                                               \
             fr_stream_row(y, dst, (size_t)hd * (size_t)es);                                       \
         if (rp)                                                                                   \
             *rp++ = rstd;                                                                         \
@@ -1172,6 +1176,9 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
                           (uintptr_t)(a->seq_len > 1 ? a->io[k].in_ss : a->io[k].in_sb);
         }
     }
+    /* a call's input in the cache needs no prefetches (they cost ~4% a row) */
+    if (!fr_beyond_cache((uint64_t)elems * fc.es))
+        fc.ahead[0] = fc.ahead[1] = 0;
     /* per thread: FWD_V_ROWS rows of floats and two tokens' cos and sin
      * (table-less caches), for the rows in flight, and a streamed output row
      * (hdmax elements of at most 4 bytes) */

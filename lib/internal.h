@@ -146,6 +146,13 @@ fusedrope_status fr_axes_map(const fusedrope_cache_config *config, int32_t **map
  * transfer per element that memcpy does not pay.  Outputs smaller than
  * FR_STREAM_MIN_BYTES stay in the cache for the next op. */
 #define FR_STREAM_MIN_BYTES ((uint64_t)1 << 22)
+
+/* Whether data of `bytes` is taken to lie past the caches (streamed outputs,
+ * the norm's prefetched inputs), else to stay in them. */
+static inline int fr_beyond_cache(uint64_t bytes)
+{
+    return bytes >= FR_STREAM_MIN_BYTES;
+}
 #if !defined(__cplusplus)
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -170,7 +177,7 @@ static inline int fr_streamable(const fr_io *io, size_t es, int64_t tokens, size
     return !io->in_place && row % 16 == 0 && row <= max_row &&
            (uintptr_t)io->out % 16 == 0 && (io->out_ss * es) % 16 == 0 &&
            (io->out_sb * es) % 16 == 0 && (io->out_sh * es) % 16 == 0 &&
-           (uint64_t)tokens * (uint64_t)io->heads * row >= FR_STREAM_MIN_BYTES;
+           fr_beyond_cache((uint64_t)tokens * (uint64_t)io->heads * row);
 #else
     (void)io, (void)es, (void)tokens, (void)max_row;
     return 0;
