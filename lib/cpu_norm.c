@@ -812,6 +812,7 @@ typedef struct {
 /* Rows of floats in a thread's scratch: the vector rows' three in flight
  * (FR_DEFINE_RUN; the portable rows use two of them). */
 enum { FWD_V_ROWS = 3 };
+_Static_assert(FWD_V_ROWS == 3, "FR_DEFINE_RUN's rows v, v1 and v2 are the scratch's FWD_V_ROWS");
 
 /* The vector rows prefetch the input of the same head of a later token,
  * at least this many bytes of the slot's tokens ahead, with each row's first
@@ -953,7 +954,7 @@ ATTR void NAME(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,  
     const char *x = (const char *)io->in + (s * io->in_ss + b * io->in_sb + h0 * io->in_sh) * es; \
     char *y = (char *)io->out + (s * io->out_ss + b * io->out_sb + h0 * io->out_sh) * es;         \
     float *rp = na->rstd[k] ? na->rstd[k] + t * io->heads + h0 : NULL;                            \
-    float *v = mine, *v1 = mine + fc->hdmax, *v2 = mine + 2 * fc->hdmax;                          \
+    float *v = mine, *v1 = mine + fc->hdmax, *v2 = mine + 2 * fc->hdmax; /* FWD_V_ROWS rows */   \
     float sum = SUM(x, v, hd, D), sum1 = 0.0f;                                                    \
     float rstd = fr_norm_rstd(sum, hd, eps), rstd1 = 0.0f;                                        \
                                                                                                   \
