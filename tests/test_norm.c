@@ -859,8 +859,12 @@ START_TEST(test_avx2_rows_match_portable)
     static const struct { int64_t s, h, hd, rot; } shapes[] = {
         { 5, 3, 128, 128 }, { 7, 2, 96, 48 }, { 3, 5, 34, 10 }, { 4, 2, 256, 64 },
         { 2, 3, 6, 6 }, { 3, 4, 80, 64 }, { 6, 2, 160, 32 }, { 4, 3, 64, 48 },
-        { 1024, 16, 128, 128 }, /* the last: 4 MiB in 16 bits, streamed */
+        { 1024, 16, 128, 128 }, /* 4 MiB in 16 bits, streamed from the registers */
+        { 1024, 16, 136, 10 },  /* 4.25 MiB, streamed from a staged row (5 pairs; the
+                                 * last shape, left out under valgrind, CI's slowest stage:
+                                 * ASan and the plain run cover it) */
     };
+    const size_t nshapes = sizeof shapes / sizeof shapes[0] - (tu_under_valgrind() ? 1 : 0);
     static const char *const path[3] = { "default", "AVX2", "portable" };
     const fusedrope_dtype dt = dtypes[_i % 3];
     const fusedrope_style style = (_i / 3) % 2 ? FUSEDROPE_INTERLEAVED : FUSEDROPE_NEOX;
@@ -870,7 +874,7 @@ START_TEST(test_avx2_rows_match_portable)
     if (!fr_avx2_usable())
         return; /* nothing to compare on this CPU */
     tu_rng_init(&r, 900 + (uint64_t)_i);
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    for (size_t si = 0; si < nshapes; si++) {
         const int64_t S = shapes[si].s, H = shapes[si].h, D = shapes[si].hd, n = S * H * D;
         const int big = S * H * D * (int64_t)es >= (1 << 22);
         fusedrope_cache_config cfg;
