@@ -281,15 +281,16 @@ static void compute_frequencies(const fusedrope_cache_config *c, double *inv, do
     }
 }
 
-/* A host cos or sin table of `bytes`, on a cache line boundary: the vector
+/* A host cos or sin table of `floats`, on a cache line boundary: the vector
  * rows load a token's row in whole 64-byte vectors, and with malloc's 16-byte
  * alignment each of them spanned two lines (~15% of the fused forward's time
- * a row, bench/RESULTS.md).  Freed with free(). */
-static float *alloc_table(size_t bytes)
+ * a row, bench/RESULTS.md).  Whole lines, as aligned_alloc asks; freed with
+ * free(). */
+static float *alloc_table(size_t floats)
 {
-    if (bytes > SIZE_MAX - FR_LINE_BYTES)
+    if (floats > SIZE_MAX / sizeof(float) - FR_LINE_BYTES)
         return NULL;
-    return aligned_alloc(FR_LINE_BYTES, (bytes + FR_LINE_BYTES - 1) / FR_LINE_BYTES * FR_LINE_BYTES);
+    return aligned_alloc(FR_LINE_BYTES, (size_t)fr_line_floats((int64_t)floats) * sizeof(float));
 }
 
 /* Allocates an empty cache of `positions` rows, with host memory for the
@@ -315,8 +316,8 @@ static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv
     c->num_axes = 1;
     c->longrope_long = -1;
     if (positions > 0 && host_table) {
-        c->cos = alloc_table((size_t)positions * half * sizeof(float));
-        c->sin = alloc_table((size_t)positions * half * sizeof(float));
+        c->cos = alloc_table((size_t)positions * half);
+        c->sin = alloc_table((size_t)positions * half);
     }
     if (with_inv)
         c->inv_freq = malloc(half * sizeof(double));
