@@ -947,7 +947,6 @@ ATTR void NAME(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,  
     const int64_t hd = io->head_dim, half = fc->half, es = D == 0 ? 4 : 2;                        \
     const float eps = na->eps, *wf = fc->wf[k];                                                   \
     const int direct = fc->direct[k], stream = fc->stream[k], fin = D != 0 && fc->fin[k];         \
-    const int staged = stream && !direct; /* OUT writes the stage, then it is streamed */         \
     const int ok = fc->wf_ok[k];                                                                  \
     const int64_t xstep = io->in_sh * es, ystep = io->out_sh * es;                                \
     const uintptr_t ahead = fc->ahead[k];                                                         \
@@ -963,7 +962,7 @@ ATTR void NAME(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,  
         rstd1 = fr_norm_rstd(sum1, hd, eps);                                                      \
     }                                                                                             \
     for (int64_t h = h0; h < h1; h++) {                                                           \
-        char *dst = staged ? stage : y;                                                           \
+        char *dst = stream && !direct ? stage : y;                                                \
         float sum2 = 0.0f, rstd2 = 0.0f, *tmp;                                                    \
         if (h + 2 < h1) { /* row h + 2's first pass before row h's second */                      \
             sum2 = SUM(x + 2 * xstep, v2, hd, D);                                                 \
@@ -993,11 +992,11 @@ ATTR void NAME(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,  
             r.v = v;                                                                              \
             r.hd = hd;                                                                            \
             r.k = k;                                                                              \
-            fwd_out_portable(fc, &r, rstd, stream ? stage : y);                                   \
-            if (stream && !staged)                                                                \
-                fr_stream_row(y, stage, (size_t)hd * (size_t)es);                                 \
+            if (stream)                                                                           \
+                dst = stage;                                                                      \
+            fwd_out_portable(fc, &r, rstd, dst);                                                  \
         }                                                                                         \
-        if (staged)                                                                               \
+        if (dst != y)                                                                             \
             fr_stream_row(y, dst, (size_t)hd * (size_t)es);                                       \
         if (rp)                                                                                   \
             *rp++ = rstd;                                                                         \
