@@ -11,7 +11,9 @@
 # lease; CUDA_TESTS names them, TEST_TIMEOUT limits each); norm times the
 # fused RMSNorm + RoPE and its peers.  SAN_PROGRAMS (each prog or
 # prog=tool,tool), SAN_TOOLS and SAN_TIMEOUT choose compute-sanitizer's
-# programs, tools and each run's time limit; PEER_TIMEOUT each
+# programs, tools and each run's time limit, SAN_UNTIL the second of the
+# session after which no sanitizer run starts (the sections after it still
+# run); CHECK_TIMEOUT limits make check; PEER_TIMEOUT each
 # peers script's.  Every summary line carries the seconds
 # since the start, to plan the next lease.
 # Logs go to /tmp/logs; $OUT gets summary.txt, bench.txt and logs.tgz (the
@@ -49,7 +51,7 @@ src=$(pwd)
 make -j16 > "$out/make.log" 2>&1 && make install >> "$out/make.log" 2>&1 || { tail -40 "$out/make.log"; exit 1; }
 
 section_check() {
-  make -j16 check > "$out/check.log" 2>&1; rc=$?
+  timeout ${CHECK_TIMEOUT:-900} make -j16 check > "$out/check.log" 2>&1; rc=$?
   cat tests/*.log > "$out/tests.log" 2>/dev/null
   note "make check: rc $rc; $(grep -E '^(PASS|FAIL|SKIP|ERROR):' "$out/check.log" | tr '\n' ' ')"
   grep -E '^[0-9]+%: Checks' tests/*.log | sed 's/^/  /' | tee -a "$summary"
@@ -75,6 +77,9 @@ section_sanitize() {
     [ "$entry" != "$prog" ] && tools=$(echo "${entry#*=}" | tr , ' ')
     [ -x $prog ] || make -j16 $prog > "$out/sanitize-build.log" 2>&1
     for tool in $tools; do
+      if [ $(( $(date +%s) - t0 )) -ge ${SAN_UNTIL:-999999} ]; then
+        note "compute-sanitizer $tool $prog: not run (past SAN_UNTIL=$SAN_UNTIL s)"; continue
+      fi
       extra=; [ $tool = memcheck ] && extra="--leak-check full"
       log="$out/sanitize-$tool-$(basename $prog).log"
       timeout ${SAN_TIMEOUT:-240} compute-sanitizer --tool $tool $extra --error-exitcode 9 ./$prog \
