@@ -6,7 +6,8 @@
 # peers); core is the short lineup (bf16 both shapes, decode with and without
 # offsets, decode kernel time under Nsight Compute at the GPU's own clocks);
 # graph times the decode step's calls replayed from one CUDA graph; sweep
-# runs bench/sweep-knobs.sh; normwarp the norm forward's two row kernels;
+# runs bench/sweep-knobs.sh; normwarp the norm forward's two row kernels
+# at the sizes where the choice between them falls;
 # cuda builds and runs the CUDA test programs alone (no CPU suites: for a short
 # lease; CUDA_TESTS names them, TEST_TIMEOUT limits each); norm times the
 # fused RMSNorm + RoPE and its peers.  SAN_PROGRAMS (each prog or
@@ -148,22 +149,24 @@ section_sweep() {
 }
 
 section_normwarp() {
-  # the norm forward's row kernels (this build, FR_CUDA_NORM_WARP=0) against a
-  # warp per row (rebuilt with =1; run this section last: the build keeps it):
-  # test_norm_gpu must pass on each, then the same norm lines on each
+  # the norm forward's two row kernels at the sizes where the choice between
+  # them (FR_CUDA_NORM_WARP_ROWS) falls: each rebuilt to take only one (0: a
+  # thread per row; huge: a warp per row), test_norm_gpu on each, then the
+  # same norm lines on each; the default build is rebuilt last
   ( cd "$src" && b=./tools/fusedrope-bench
-    for knob in 0 1; do
-      if [ $knob = 1 ]; then
-        rm -f kernels/cuda_norm.o kernels/cuda_norm.lo libfusedrope_core.la tools/fusedrope-bench tests/test_norm_gpu
-        make -j16 NVCCFLAGS="-DFR_CUDA_NORM_WARP=1" libfusedrope_core.la tools/fusedrope-bench \
-          tests/test_norm_gpu > "$out/normwarp-build.log" 2>&1 || { note "normwarp: build failed"; break; }
-      else
-        make -j16 tests/test_norm_gpu > "$out/normwarp-build0.log" 2>&1
-      fi
-      timeout 120 ./tests/test_norm_gpu > "$out/normwarp-test-$knob.log" 2>&1
-      note "FR_CUDA_NORM_WARP=$knob: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$out/normwarp-test-$knob.log")"
-      { echo "== FR_CUDA_NORM_WARP=$knob"
-        for opts in "--norm qwen3" "--norm gemma" "--norm once" "--norm qwen3 --style interleaved" \
+    for rows in 0 1000000000 default; do
+      rm -f kernels/cuda_norm.o kernels/cuda_norm.lo libfusedrope_core.la tools/fusedrope-bench tests/test_norm_gpu
+      flags=; [ $rows = default ] || flags="-DFR_CUDA_NORM_WARP_ROWS=$rows"
+      make -j16 NVCCFLAGS="$flags" libfusedrope_core.la tools/fusedrope-bench \
+        tests/test_norm_gpu > "$out/normwarp-build-$rows.log" 2>&1 || { note "normwarp: build $rows failed"; break; }
+      [ $rows = default ] && break
+      timeout 120 ./tests/test_norm_gpu > "$out/normwarp-test-$rows.log" 2>&1
+      note "FR_CUDA_NORM_WARP_ROWS=$rows: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$out/normwarp-test-$rows.log")"
+      { echo "== FR_CUDA_NORM_WARP_ROWS=$rows"
+        for tokens in 64 256 1024 4096; do
+          $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_fwd|FAIL)'
+        done
+        for opts in "--norm gemma" "--norm once" "--norm qwen3 --style interleaved" \
                     "--norm qwen3 --dtype fp16"; do
           $b --qk 32,8 --shape 4096,1,1,128 --iters 100 $opts | grep -E '^(norm_fwd|FAIL)'
         done

@@ -28,9 +28,8 @@
  * head_dim 64 or 128, full rotary, a table cache, 1D positions, rows on 16
  * bytes: rows_hd), which load a row once in 16-byte pieces and keep it in
  * registers (bench/RESULTS.md: the H200 measurements, 0.25-0.31 of a copy
- * forward).  Built with FR_CUDA_NORM_WARP=1, the forward spreads those rows
- * over a warp's lanes instead (norm_forward_warp; the same bytes; not yet
- * measured on a GPU).
+ * forward).  A forward of at most FR_CUDA_NORM_WARP_ROWS rows spreads each
+ * row over a warp's lanes instead (norm_forward_warp; the same bytes).
  *
  * With FR_CUDA_EMULATE (kernels/cuda_norm_emu.cc) the host C++ compiler
  * builds it and kernels/cuda_emu.h runs the kernels on the CPU: threads
@@ -63,18 +62,29 @@
 #define FR_NOINLINE __noinline__
 #endif
 
-/* FR_CUDA_NORM_WARP=1 (NVCCFLAGS): the forward's common rows take
- * norm_forward_warp, a warp per row, instead of norm_forward_rows. */
-#ifndef FR_CUDA_NORM_WARP
-#define FR_CUDA_NORM_WARP 0
+/* The forward's common rows take norm_forward_warp, a warp per row, in a
+ * call of at most this many rows, and norm_forward_rows, a thread per row,
+ * in a larger one.  8192 warps are one wave of the warp kernel on a Hopper
+ * (16 blocks of 4 warps on each of 132 SMs), where the thread-per-row kernel
+ * would run 64 blocks on 64 SMs, each thread through a whole row: on the
+ * H100 the decode step (64 tokens x 40 heads, 2560 rows) took 4.1 us a call
+ * by the warp kernel and 19.5 by the row kernel, while at 4096 tokens
+ * (163840 rows) the warp kernel took as long (bf16 qwen3) or 12-20% longer
+ * (bf16 gemma, once, interleaved), though 26% less in fp16 qwen3
+ * (bench/RESULTS.md, 2026-11-26).  Where between the two they cross is not
+ * measured.  NVCCFLAGS=-DFR_CUDA_NORM_WARP_ROWS=0 never takes the warp
+ * kernel; a huge value always does. */
+#ifndef FR_CUDA_NORM_WARP_ROWS
+#define FR_CUDA_NORM_WARP_ROWS 8192
 #endif
 
 #ifdef FR_CUDA_EMULATE
-/* Emulated, a test chooses: the forward's row kernel (as FR_CUDA_NORM_WARP),
- * and the backward's segment (chunks of tokens; 0: TERMS_BYTES decides), so
- * that the small calls of the tests run in several segments too. */
+/* Emulated, a test chooses: the forward's row kernel (1: the warp's, 0: the
+ * thread's, -1: FR_CUDA_NORM_WARP_ROWS decides), and the backward's segment
+ * (chunks of tokens; 0: TERMS_BYTES decides), so that the small calls of the
+ * tests run in several segments too. */
 extern "C" {
-int fr_emu_norm_warp = FR_CUDA_NORM_WARP;
+int fr_emu_norm_warp = -1;
 int fr_emu_norm_seg_chunks = 0;
 }
 #endif
@@ -83,13 +93,14 @@ namespace {
 
 #include "cuda_elem.cuh"
 
-bool warp_rows()
+/* Whether a forward of `rows` common rows takes the warp kernel. */
+bool warp_rows(int64_t rows)
 {
 #ifdef FR_CUDA_EMULATE
-    return fr_emu_norm_warp != 0;
-#else
-    return FR_CUDA_NORM_WARP != 0;
+    if (fr_emu_norm_warp >= 0)
+        return fr_emu_norm_warp != 0;
 #endif
+    return rows <= FR_CUDA_NORM_WARP_ROWS;
 }
 
 struct NIo {
@@ -481,8 +492,8 @@ __global__ void __launch_bounds__(128) norm_forward_rows(const __grid_constant__
 }
 
 /*
- * The forward's rows spread over a warp (FR_CUDA_NORM_WARP=1; not yet the
- * default: measured on no GPU so far).  Lane l holds channels l, l + 32, ...
+ * The forward's rows spread over a warp (calls of at most
+ * FR_CUDA_NORM_WARP_ROWS rows).  Lane l holds channels l, l + 32, ...
  * of the row, which are the contract's partial sum l, so the lane adds its
  * own in order, and the tree of the 32 partials is a butterfly of shuffles:
  * fr_norm_tree32 adds p[l] + p[l + off] for off 16, 8, 4, 2, 1, and after
@@ -949,7 +960,7 @@ cudaError_t launch_rows(const NParams &P, bool backward, cudaStream_t stream)
     if (backward)
         return P.interleaved ? launch(norm_dx_rows<DT, HD, true>, n, P, stream)
                              : launch(norm_dx_rows<DT, HD, false>, n, P, stream);
-    if (warp_rows())
+    if (warp_rows(n))
         return P.interleaved ? launch_warps(norm_forward_warp<DT, HD, true>, n, P, stream)
                              : launch_warps(norm_forward_warp<DT, HD, false>, n, P, stream);
     return P.interleaved ? launch(norm_forward_rows<DT, HD, true>, n, P, stream)
