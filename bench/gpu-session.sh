@@ -149,20 +149,20 @@ section_sweep() {
 }
 
 section_normwarp() {
-  # the norm forward's two row kernels at the sizes where the choice between
-  # them (FR_CUDA_NORM_WARP_ROWS) falls: each rebuilt to take only one (0: a
-  # thread per row; huge: a warp per row), test_norm_gpu on each, then the
-  # same norm lines on each; the default build is rebuilt last
+  # the norm forward's row kernels at the sizes where the choice between them
+  # (FR_CUDA_NORM_WARP_ROWS) falls: rebuilt to take only one (ROWS 0: a thread
+  # per row; huge: a warp per row, RPW rows a warp at a time), test_norm_gpu
+  # on each, then the same norm lines on each; the default build comes back last
   ( cd "$src" && b=./tools/fusedrope-bench
-    for rows in 0 1000000000 default; do
+    for v in 0:1 1000000000:1 1000000000:2 1000000000:4 default; do
       rm -f kernels/cuda_norm.o kernels/cuda_norm.lo libfusedrope_core.la tools/fusedrope-bench tests/test_norm_gpu
-      flags=; [ $rows = default ] || flags="-DFR_CUDA_NORM_WARP_ROWS=$rows"
+      flags=; [ $v = default ] || flags="-DFR_CUDA_NORM_WARP_ROWS=${v%:*} -DFR_CUDA_NORM_WARP_RPW=${v#*:}"
       make -j16 NVCCFLAGS="$flags" libfusedrope_core.la tools/fusedrope-bench \
-        tests/test_norm_gpu > "$out/normwarp-build-$rows.log" 2>&1 || { note "normwarp: build $rows failed"; break; }
-      [ $rows = default ] && break
-      timeout 120 ./tests/test_norm_gpu > "$out/normwarp-test-$rows.log" 2>&1
-      note "FR_CUDA_NORM_WARP_ROWS=$rows: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$out/normwarp-test-$rows.log")"
-      { echo "== FR_CUDA_NORM_WARP_ROWS=$rows"
+        tests/test_norm_gpu > "$out/normwarp-build-${v%:*}-${v#*:}.log" 2>&1 || { note "normwarp: build $v failed"; break; }
+      [ $v = default ] && break
+      timeout 120 ./tests/test_norm_gpu > "$out/normwarp-test-${v%:*}-${v#*:}.log" 2>&1
+      note "FR_CUDA_NORM_WARP_ROWS:RPW=$v: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$out/normwarp-test-${v%:*}-${v#*:}.log")"
+      { echo "== FR_CUDA_NORM_WARP_ROWS:RPW=$v"
         for tokens in 64 256 1024 4096; do
           $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_fwd|FAIL)'
         done

@@ -78,13 +78,23 @@
 #define FR_CUDA_NORM_WARP_ROWS 8192
 #endif
 
+/* Rows a warp of norm_forward_warp holds at a time (1, 2, 3 or 4): 1 until
+ * a device measures more (bench/gpu-session.sh's normwarp section). */
+#ifndef FR_CUDA_NORM_WARP_RPW
+#define FR_CUDA_NORM_WARP_RPW 1
+#endif
+static_assert(FR_CUDA_NORM_WARP_RPW >= 1 && FR_CUDA_NORM_WARP_RPW <= 4,
+              "FR_CUDA_NORM_WARP_RPW: 1 to 4 rows a warp");
+
 #ifdef FR_CUDA_EMULATE
 /* Emulated, a test chooses: the forward's row kernel (1: the warp's, 0: the
- * thread's, -1: FR_CUDA_NORM_WARP_ROWS decides), and the backward's segment
- * (chunks of tokens; 0: TERMS_BYTES decides), so that the small calls of the
- * tests run in several segments too. */
+ * thread's, -1: FR_CUDA_NORM_WARP_ROWS decides) and the warp's rows at a time
+ * (0: FR_CUDA_NORM_WARP_RPW), and the backward's segment (chunks of tokens;
+ * 0: TERMS_BYTES decides), so that the small calls of the tests run in
+ * several segments too. */
 extern "C" {
 int fr_emu_norm_warp = -1;
+int fr_emu_norm_warp_rpw = 0;
 int fr_emu_norm_seg_chunks = 0;
 }
 #endif
@@ -101,6 +111,16 @@ bool warp_rows(int64_t rows)
         return fr_emu_norm_warp != 0;
 #endif
     return rows <= FR_CUDA_NORM_WARP_ROWS;
+}
+
+/* The rows a warp of norm_forward_warp holds at a time. */
+int warp_rpw()
+{
+#ifdef FR_CUDA_EMULATE
+    if (fr_emu_norm_warp_rpw > 0)
+        return fr_emu_norm_warp_rpw;
+#endif
+    return FR_CUDA_NORM_WARP_RPW;
 }
 
 struct NIo {
@@ -210,14 +230,14 @@ __device__ __forceinline__ const void *row_ptr(const void *base, int64_t s, int6
     return (const char *)base + (size_t)(s * ss + b * sb + h * sh) * (dt ? 2 : 4);
 }
 
-/* Each row of tokens t0..t1, grid-stride over groups of W threads (W 1, or
- * 32 for a warp's lanes, which then all take the same rows), so no launch
- * shape changes a result: f(io, t, h, b, s), head h of io at token t = (b, s). */
-template <int W = 1, typename F> __device__ __forceinline__ void each_row(const NParams &P, F f)
+/* Each row of tokens t0..t1, grid-stride, a thread per row, so no launch
+ * shape changes a result: f(io, t, h, b, s), head h of io at token t = (b, s).
+ * (norm_forward_warp walks its own way: R rows a warp.) */
+template <typename F> __device__ __forceinline__ void each_row(const NParams &P, F f)
 {
     const int64_t rows = P.t1 * P.heads;
-    for (int64_t r = P.t0 * P.heads + ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / W;
-         r < rows; r += (int64_t)gridDim.x * blockDim.x / W) {
+    for (int64_t r = P.t0 * P.heads + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
+         r += (int64_t)gridDim.x * blockDim.x) {
         int64_t t, h, b, s;
         const NIo &io = row_io(P, r, &t, &h, &b, &s);
         f(io, t, h, b, s);
@@ -538,37 +558,65 @@ __device__ __forceinline__ void warp_pairs(const NParams &P, const NIo &io, cons
     }
 }
 
-template <int DT, int HD, bool IL>
+/* R rows a warp at a time: row r0 + j * (the grid's warps) for j < R, all
+ * R rows' loads issued before any row's sum, so that a warp has R rows in
+ * flight (a row alone is one dependent chain of load, butterfly, rotation
+ * and store; bench/RESULTS.md, the H100 entry of 2026-11-26). */
+template <int DT, int HD, bool IL, int R>
 __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__ NParams P)
 {
     constexpr int K = HD / 32;
     const int lane = (int)(threadIdx.x & 31);
-    each_row<32>(P, [&](const NIo &io, int64_t t, int64_t h, int64_t b, int64_t s) {
-        const uint16_t *x =
-            (const uint16_t *)row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT);
-        uint16_t *y = (uint16_t *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, DT);
-        float v[K], p = 0.0f;
+    const int64_t rows = P.t1 * P.heads, warps = (int64_t)gridDim.x * blockDim.x / 32;
+    for (int64_t r0 = P.t0 * P.heads + ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+         r0 < rows; r0 += warps * R) {
+        float v[R][K], p[R];
 #pragma unroll
-        for (int k = 0; k < K; k++) {
-            v[k] = Elem<DT>::to_f(x[lane + 32 * k]);
-            p = p + v[k] * v[k];
+        for (int j = 0; j < R; j++) {
+            int64_t t, h, b, s;
+            if (r0 + j * warps >= rows)
+                break;
+            const NIo &io = row_io(P, r0 + j * warps, &t, &h, &b, &s);
+            const uint16_t *x =
+                (const uint16_t *)row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT);
+#pragma unroll
+            for (int k = 0; k < K; k++)
+                v[j][k] = Elem<DT>::to_f(x[lane + 32 * k]);
         }
 #pragma unroll
-        for (int off = 16; off >= 1; off /= 2)
-            p = p + __shfl_xor_sync(0xffffffffu, p, off);
-        const float rstd = fr_norm_rstd(p, HD, P.eps);
-        if (lane == 0 && io.rstd != nullptr)
-            io.rstd[t * io.heads + h] = rstd;
-        int bad = 0;
-        const int64_t pos = row_position(P, b, s, &bad);
-        const RowAngles a = row_angles<HD>(P, pos, bad);
-        if (P.rounding == FR_ROUND_LLAMA)
-            warp_pairs<DT, HD, IL, FR_ROUND_LLAMA>(P, io, a, rstd, lane, v, y);
-        else if (P.rounding == FR_ROUND_GEMMA)
-            warp_pairs<DT, HD, IL, FR_ROUND_GEMMA>(P, io, a, rstd, lane, v, y);
-        else
-            warp_pairs<DT, HD, IL, FR_ROUND_ONCE>(P, io, a, rstd, lane, v, y);
-    });
+        for (int j = 0; j < R; j++) {
+            if (r0 + j * warps >= rows)
+                break;
+            p[j] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < K; k++)
+                p[j] = p[j] + v[j][k] * v[j][k];
+#pragma unroll
+            for (int off = 16; off >= 1; off /= 2)
+                p[j] = p[j] + __shfl_xor_sync(0xffffffffu, p[j], off);
+        }
+#pragma unroll
+        for (int j = 0; j < R; j++) {
+            int64_t t, h, b, s;
+            if (r0 + j * warps >= rows)
+                break;
+            const NIo &io = row_io(P, r0 + j * warps, &t, &h, &b, &s);
+            uint16_t *y =
+                (uint16_t *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, DT);
+            const float rstd = fr_norm_rstd(p[j], HD, P.eps);
+            if (lane == 0 && io.rstd != nullptr)
+                io.rstd[t * io.heads + h] = rstd;
+            int bad = 0;
+            const int64_t pos = row_position(P, b, s, &bad);
+            const RowAngles a = row_angles<HD>(P, pos, bad);
+            if (P.rounding == FR_ROUND_LLAMA)
+                warp_pairs<DT, HD, IL, FR_ROUND_LLAMA>(P, io, a, rstd, lane, v[j], y);
+            else if (P.rounding == FR_ROUND_GEMMA)
+                warp_pairs<DT, HD, IL, FR_ROUND_GEMMA>(P, io, a, rstd, lane, v[j], y);
+            else
+                warp_pairs<DT, HD, IL, FR_ROUND_ONCE>(P, io, a, rstd, lane, v[j], y);
+        }
+    }
 }
 
 /* ----------------------------------------------------------------- backward */
@@ -826,15 +874,15 @@ cudaError_t launch(K kernel, int64_t n, const NParams &P, cudaStream_t stream)
     return cudaLaunchKernelEx(&cfg, kernel, P);
 }
 
-/* A grid-stride launch of one warp per row for `rows` rows, at most 16
- * blocks per SM (a warp's lanes hold a few channels each, so an SM holds
- * 2048 threads); emulated, each warp's lanes run in lockstep. */
+/* A grid-stride launch of `warps` warps, at most 16 blocks per SM (a warp's
+ * lanes hold a few channels each, so an SM holds 2048 threads); emulated,
+ * each warp's lanes run in lockstep. */
 template <typename K>
-cudaError_t launch_warps(K kernel, int64_t rows, const NParams &P, cudaStream_t stream)
+cudaError_t launch_warps(K kernel, int64_t warps, const NParams &P, cudaStream_t stream)
 {
-    if (rows <= 0)
+    if (warps <= 0)
         return cudaSuccess;
-    const cudaLaunchConfig_t cfg = grid_of(32 * rows, 16, stream);
+    const cudaLaunchConfig_t cfg = grid_of(32 * warps, 16, stream);
 #ifdef FR_CUDA_EMULATE
     return fr_emu_launch_lockstep(&cfg, kernel, P);
 #else
@@ -960,9 +1008,21 @@ cudaError_t launch_rows(const NParams &P, bool backward, cudaStream_t stream)
     if (backward)
         return P.interleaved ? launch(norm_dx_rows<DT, HD, true>, n, P, stream)
                              : launch(norm_dx_rows<DT, HD, false>, n, P, stream);
-    if (warp_rows(n))
-        return P.interleaved ? launch_warps(norm_forward_warp<DT, HD, true>, n, P, stream)
-                             : launch_warps(norm_forward_warp<DT, HD, false>, n, P, stream);
+    if (warp_rows(n)) {
+        const int r = warp_rpw();
+        const int64_t warps = (n + r - 1) / r;
+#define FR_WARP_RPW(R)                                                                    \
+    (P.interleaved ? launch_warps(norm_forward_warp<DT, HD, true, R>, warps, P, stream)    \
+                   : launch_warps(norm_forward_warp<DT, HD, false, R>, warps, P, stream))
+#ifdef FR_CUDA_EMULATE
+        /* every count a test may choose */
+        return r == 4 ? FR_WARP_RPW(4) : r == 3 ? FR_WARP_RPW(3) : r == 2 ? FR_WARP_RPW(2)
+                                                                  : FR_WARP_RPW(1);
+#else
+        return FR_WARP_RPW(FR_CUDA_NORM_WARP_RPW);
+#endif
+#undef FR_WARP_RPW
+    }
     return P.interleaved ? launch(norm_forward_rows<DT, HD, true>, n, P, stream)
                          : launch(norm_forward_rows<DT, HD, false>, n, P, stream);
 }

@@ -9,10 +9,9 @@
  * grids: the kernels are grid-stride), the last three with the backward's
  * tokens in segments of 1, 2 and 3 chunks (kernels/cuda_norm.cu,
  * segment_tokens), the last with the forward's rows spread over warps
- * (norm_forward_warp, its lanes in lockstep), from the same starting bytes,
- * which must give the same output bytes (y and rstd; dx and dw); then the
- * real
- * OpenMP backend runs from the same bytes, and its output must be the
+ * (norm_forward_warp, its lanes in lockstep, 3 rows a warp at a time), from
+ * the same starting bytes, which must give the same output bytes (y and
+ * rstd; dx and dw); then the real OpenMP backend runs from the same bytes, and its output must be the
  * kernels' to the bit (a NaN need only be NaN).  The kernels' output stays.
  * The CPU cache serves as the device's, as in cuda_emu_wrap.c.
  */
@@ -32,7 +31,8 @@ fusedrope_status __wrap_fusedrope__cpu_norm_forward(const fr_norm_args *a);
 fusedrope_status __wrap_fusedrope__cpu_norm_backward(const fr_norm_args *a);
 
 int fr_emu_sms = 132;
-extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp; /* kernels/cuda_norm.cu, emulated */
+/* kernels/cuda_norm.cu, emulated */
+extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp, fr_emu_norm_warp_rpw;
 
 /* The call's outputs as (pointer, bytes, element size) pieces. */
 typedef struct { unsigned char *p; size_t n, es; } piece;
@@ -93,7 +93,8 @@ static int is_nan(const unsigned char *p, size_t es, fusedrope_dtype dt)
 
 static fusedrope_status both(const fr_norm_args *na, int backward)
 {
-    static const int sms[] = { 132, 1, 5, 3 }, seg_chunks[] = { 0, 1, 2, 3 }, warp[] = { 0, 0, 0, 1 };
+    static const int sms[] = { 132, 1, 5, 3 }, seg_chunks[] = { 0, 1, 2, 3 },
+                     warp[] = { 0, 0, 0, 1 }, warp_rpw[] = { 0, 0, 0, 3 };
     const int max = 4 + 2 * (int)(na->a.seq_len * na->a.batch *
                                   (na->a.io[0].heads + (na->a.count > 1 ? na->a.io[1].heads : 0)));
     piece *pc = malloc(sizeof *pc * (size_t)max);
@@ -126,6 +127,7 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         fr_emu_sms = sms[i];
         fr_emu_norm_seg_chunks = seg_chunks[i];
         fr_emu_norm_warp = warp[i];
+        fr_emu_norm_warp_rpw = warp_rpw[i];
         st = backward ? fr_emu_cuda_norm_backward(&e) : fr_emu_cuda_norm_forward(&e);
         if (st != FUSEDROPE_OK || flag) {
             fprintf(stderr, "emulated CUDA norm %s, %d SMs: status %d, flag %d (%s)\n",
@@ -136,7 +138,8 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         save(pc, n, i == 0 ? first : now, 1);
         if (i > 0 && memcmp(first, now, total) != 0) {
             fprintf(stderr, "emulated CUDA norm: %d SMs and %d SMs (segments of %d chunks, warp "
-                            "rows %d) differ\n", sms[0], sms[i], seg_chunks[i], warp[i]);
+                            "rows %d, %d at a time) differ\n",
+                    sms[0], sms[i], seg_chunks[i], warp[i], warp_rpw[i]);
             abort();
         }
     }
