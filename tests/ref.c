@@ -871,7 +871,7 @@ double ref_norm_rstd_tolerance(double ref)
 double ref_norm_y_tolerance(double ref, double mag, double flip, double attn, int rounding,
                             fusedrope_dtype dt)
 {
-    return ref_ulp(ref, dt) + mag * 0x1p-19 * attn +
+    return ref_ulp(ref, dt) + mag * 0x1p-19 * (attn > 1 ? attn : 1) +
            (rounding == FUSEDROPE_NORM_ROUND_LLAMA   ? 3 * flip * attn
             : rounding == FUSEDROPE_NORM_ROUND_GEMMA ? flip * attn
                                                      : 0);

@@ -241,9 +241,11 @@ void ref_norm_backward(const ref_rope *r, fusedrope_style style, const int64_t *
  * judges it (test_norm, the fuzz target tests/fuzz/fuzz_norm.c):
  *   rstd: |got - ref| <= ref * 2^-20 (float32 roundings of the sum, mean,
  *     sqrt and division, times the reduction's depth);
- *   y:    ulp(ref) + mag * 2^-19 * attn, plus, where the rounding mode
- *     rounds to the dtype before the rotation, a value at a tie may go
- *     the other way: GEMMA one ulp of v (flip * attn), LLAMA three
+ *   y:    ulp(ref) + mag * 2^-19 * max(1, attn) (the max as in
+ *     fusedrope(3)'s bound: a table entry cos * attn that is a float32
+ *     subnormal is off by up to 2^-150, no longer relative), plus, where the
+ *     rounding mode rounds to the dtype before the rotation, a value at a
+ *     tie may go the other way: GEMMA one ulp of v (flip * attn), LLAMA three
  *     (3 * flip * attn: n rounded, then n * w', |w'| up to 2); mag is
  *     |v_a| + |v_b| of the pair (|v| past rot_dim), flip ulp(v_a) + ulp(v_b)
  *     (ulp(v) past rot_dim), in the dtype;
