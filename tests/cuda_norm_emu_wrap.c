@@ -11,9 +11,10 @@
  * segment_tokens), the last with the forward's rows spread over warps
  * (norm_forward_warp, its lanes in lockstep, 3 rows a warp at a time), from
  * the same starting bytes, which must give the same output bytes (y and
- * rstd; dx and dw); then the real OpenMP backend runs from the same bytes, and its output must be the
- * kernels' to the bit (a NaN need only be NaN).  The kernels' output stays.
- * The CPU cache serves as the device's, as in cuda_emu_wrap.c.
+ * rstd; dx and dw); then the real OpenMP backend runs from the same bytes,
+ * and its output must be the kernels' to the bit (a NaN need only be NaN).
+ * The kernels' output stays.  The CPU cache serves as the device's, as in
+ * cuda_emu_wrap.c.
  */
 #include <math.h>
 #include <stdio.h>
