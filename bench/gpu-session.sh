@@ -7,7 +7,8 @@
 # offsets, decode kernel time under Nsight Compute at the GPU's own clocks);
 # graph times the decode step's calls replayed from one CUDA graph; sweep
 # runs bench/sweep-knobs.sh; normwarp the norm forward's two row kernels
-# at the sizes where the choice between them falls;
+# at the sizes where the choice between them falls; normbwd the norm
+# backward's block kernel in several shapes (NORMBWD_VARIANTS);
 # cuda builds and runs the CUDA test programs alone (no CPU suites: for a short
 # lease; CUDA_TESTS names them, TEST_TIMEOUT limits each); norm times the
 # fused RMSNorm + RoPE and its peers.  SAN_PROGRAMS (each prog or
@@ -175,6 +176,32 @@ section_normwarp() {
       } >> "$out/bench-normwarp.txt" 2>> "$out/bench-progress.txt"
     done )
   grep -E '^(==|norm_fwd|FAIL)' "$out/bench-normwarp.txt" | tee -a "$summary"
+}
+
+section_normbwd() {
+  # the norm backward's block kernel (norm_backward_items) in each shape of
+  # FR_CUDA_NORM_BWD_WARPS:RPW (warps a block, rows a warp at a time):
+  # test_norm_gpu on each, then the backward lines (dw for q and k) at 1024,
+  # 4096 and 16384 tokens and in fp16 and interleaved; the default build last
+  ( cd "$src" && b=./tools/fusedrope-bench
+    for v in ${NORMBWD_VARIANTS:-8:1 8:2 8:4 4:4 16:2} default; do
+      rm -f kernels/cuda_norm.o kernels/cuda_norm.lo libfusedrope_core.la tools/fusedrope-bench tests/test_norm_gpu
+      flags=; [ $v = default ] || flags="-DFR_CUDA_NORM_BWD_WARPS=${v%:*} -DFR_CUDA_NORM_BWD_RPW=${v#*:}"
+      make -j16 NVCCFLAGS="$flags" libfusedrope_core.la tools/fusedrope-bench \
+        tests/test_norm_gpu > "$out/normbwd-build-${v/:/-}.log" 2>&1 || { note "normbwd: build $v failed"; break; }
+      [ $v = default ] && break
+      timeout 120 ./tests/test_norm_gpu > "$out/normbwd-test-${v/:/-}.log" 2>&1
+      note "FR_CUDA_NORM_BWD_WARPS:RPW=$v: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$out/normbwd-test-${v/:/-}.log")"
+      { echo "== FR_CUDA_NORM_BWD_WARPS:RPW=$v"
+        for tokens in 1024 4096 16384; do
+          $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_bwd|FAIL)'
+        done
+        for opts in "--dtype fp16" "--style interleaved"; do
+          $b --qk 32,8 --shape 4096,1,1,128 --iters 100 --norm qwen3 $opts | grep -E '^(norm_bwd|FAIL)'
+        done
+      } >> "$out/bench-normbwd.txt" 2>> "$out/bench-progress.txt"
+    done )
+  grep -E '^(==|norm_bwd|FAIL)' "$out/bench-normbwd.txt" | tee -a "$summary"
 }
 
 section_bench() {

@@ -7,13 +7,15 @@
  * memory model, no concurrency, no sanitizer (tests/test_cuda and
  * compute-sanitizer on a device do that).
  *
- * What it relies on: the kernels use no shared memory, barriers or atomics,
- * so a thread depends on no other but through warp shuffles, and running the
- * threads in sequence gives what the device gives; the fp16/bf16 conversion
- * intrinsics of cuda_fp16.h and cuda_bf16.h have host definitions.  A kernel
- * that shuffles is launched with fr_emu_launch_lockstep (below): each warp's
- * 32 threads run as fibers that meet at every shuffle, so each reads the
- * value its partner had there, as on the device.
+ * What it relies on: the kernels use no atomics, and a thread depends on no
+ * other but through warp shuffles and static shared memory behind
+ * __syncthreads, so running the threads in sequence gives what the device
+ * gives; the fp16/bf16 conversion intrinsics of cuda_fp16.h and cuda_bf16.h
+ * have host definitions.  A kernel that shuffles or synchronises is launched
+ * with fr_emu_launch_lockstep (below): each block's threads run as fibers
+ * that meet at every shuffle (a warp's lanes) and every __syncthreads (the
+ * block's threads), so each reads what its partner had there, as on the
+ * device.
  */
 #ifndef FUSEDROPE_CUDA_EMU_H
 #define FUSEDROPE_CUDA_EMU_H
@@ -126,7 +128,7 @@ static cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *config,
     }(std::forward<ActTypes>(args)...);
 }
 
-/* ------------------------------------------------- warps in lockstep */
+/* ------------------------------------------------- blocks in lockstep */
 
 /*
  * A fiber's context and the switch between two.  On x86-64, the registers
@@ -184,56 +186,130 @@ static void fr_emu_ctx_init(FrEmuCtx *c, char *base, size_t n, void (*entry)())
 #endif
 
 /*
- * The 32 threads of a warp as fibers on the calling host thread.
- * The scheduler resumes each lane in turn; a lane runs until it reaches a
- * shuffle (it parks) or the kernel's end.  When all 32 have parked, each
- * has put its value in the shuffle's slots and takes its partner's; slots
- * alternate between two sets, so a lane that runs ahead to the next shuffle
- * cannot overwrite a value another lane has yet to read.  A warp whose lanes
- * part ways (some at a shuffle, some at the end) is a kernel bug: abort.
+ * A block's threads as fibers on the calling host thread.  The scheduler
+ * resumes each runnable thread in turn; a thread runs until it reaches a
+ * shuffle or __syncthreads (it parks) or the kernel's end.  When no thread
+ * is runnable: a warp whose 32 lanes all wait at a shuffle exchanges (each
+ * lane has put its value in the warp's slots and takes its partner's) and
+ * runs on; failing that, a block whose threads all wait at __syncthreads
+ * runs on.  Slots alternate between two sets per warp, so a lane that runs
+ * ahead to the next shuffle cannot overwrite a value another lane has yet to
+ * read.  Anything else is a kernel bug the device would hang or misbehave
+ * on (a warp's lanes parted between a shuffle and elsewhere, a barrier some
+ * threads never reach): abort.
  */
-struct FrEmuWarp {
-    FrEmuCtx sched, lane[32];
-    unsigned long long slot[2][32];
-    int parked[32], done[32], round;
+enum { FR_EMU_RUN, FR_EMU_SHFL, FR_EMU_BAR, FR_EMU_DONE };
+struct FrEmuBlock {
+    FrEmuCtx sched, *th;
+    int *state, n;
+    unsigned long long (*slot)[2][32]; /* per warp */
+    unsigned *wround;                  /* per warp: its shuffles so far */
     void (*body)(void *);
     void *arg;
 };
-static thread_local FrEmuWarp *fr_emu_warp;
-static thread_local int fr_emu_lane;
+static thread_local FrEmuBlock *fr_emu_block;
+static thread_local int fr_emu_thread;
 
-/* A lane's fiber: the kernel, then back to the scheduler for good. */
-static void fr_emu_lane_main()
+/* A thread's fiber: the kernel, then back to the scheduler for good. */
+static void fr_emu_thread_main()
 {
-    FrEmuWarp *w = fr_emu_warp;
-    const int l = fr_emu_lane;
-    w->body(w->arg);
-    w->done[l] = 1;
-    fr_emu_ctx_switch(&w->lane[l], &w->sched);
-    abort(); /* a finished lane is never resumed */
+    FrEmuBlock *k = fr_emu_block;
+    const int i = fr_emu_thread;
+    k->body(k->arg);
+    k->state[i] = FR_EMU_DONE;
+    fr_emu_ctx_switch(&k->th[i], &k->sched);
+    abort(); /* a finished thread is never resumed */
 }
 
 /* __shfl_xor_sync on a full warp: value v of lane (this lane ^ m). */
 template <typename T> static T __shfl_xor_sync(unsigned mask, T v, int m)
 {
     static_assert(sizeof(T) <= sizeof(unsigned long long), "a shuffle moves 8 bytes at most");
-    FrEmuWarp *w = fr_emu_warp;
-    const int l = fr_emu_lane;
-    if (w == nullptr || mask != 0xffffffffu || m < 0 || m > 31) {
+    FrEmuBlock *k = fr_emu_block;
+    const int i = fr_emu_thread, w = i / 32, l = i % 32;
+    if (k == nullptr || mask != 0xffffffffu || m < 0 || m > 31) {
         fprintf(stderr, "cuda_emu: __shfl_xor_sync outside a lockstep launch or on part of a warp\n");
         abort();
     }
-    const int set = w->round & 1;
+    const unsigned set = k->wround[w] & 1;
     T r;
-    memcpy(&w->slot[set][l], &v, sizeof v);
-    w->parked[l] = 1;
-    fr_emu_ctx_switch(&w->lane[l], &w->sched);
-    memcpy(&r, &w->slot[set][l ^ m], sizeof r);
+    memcpy(&k->slot[w][set][l], &v, sizeof v);
+    k->state[i] = FR_EMU_SHFL;
+    fr_emu_ctx_switch(&k->th[i], &k->sched);
+    memcpy(&r, &k->slot[w][set][l ^ m], sizeof r);
     return r;
 }
 
-/* cudaLaunchKernelEx for a kernel that shuffles: blocks of whole warps,
- * each warp run as fibers (above), warps and blocks one after another. */
+/* __syncthreads: every thread of the block arrives before any goes on. */
+static inline void __syncthreads()
+{
+    FrEmuBlock *k = fr_emu_block;
+    const int i = fr_emu_thread;
+    if (k == nullptr) {
+        fprintf(stderr, "cuda_emu: __syncthreads outside a lockstep launch\n");
+        abort();
+    }
+    k->state[i] = FR_EMU_BAR;
+    fr_emu_ctx_switch(&k->th[i], &k->sched);
+}
+
+/* Static shared memory: one copy per host thread, which the blocks of a
+ * launch (run one after another) reuse, so a block starts with the bytes the
+ * last one left; a kernel that must not depend on them poisons its arrays
+ * first when emulated (compute-sanitizer's racecheck judges this on a
+ * device). */
+#undef __shared__
+#define __shared__ static thread_local
+
+/* Runs the block's threads to the end (above); false on a kernel bug
+ * (reported). */
+static bool fr_emu_run_block(FrEmuBlock *k, unsigned bx)
+{
+    for (;;) {
+        for (int i = 0; i < k->n; i++)
+            if (k->state[i] == FR_EMU_RUN) {
+                fr_emu_thread = i;
+                blockIdx = make_uint3(bx, 0, 0);
+                threadIdx = make_uint3((unsigned)i, 0, 0);
+                fr_emu_ctx_switch(&k->sched, &k->th[i]);
+            }
+        int released = 0, done = 0, bar = 0;
+        for (int w = 0; w < k->n / 32; w++) {
+            int shfl = 0;
+            for (int l = 0; l < 32; l++)
+                shfl += k->state[32 * w + l] == FR_EMU_SHFL;
+            if (shfl == 32) {
+                for (int l = 0; l < 32; l++)
+                    k->state[32 * w + l] = FR_EMU_RUN;
+                k->wround[w]++;
+                released = 1;
+            } else if (shfl != 0) {
+                fprintf(stderr, "cuda_emu: warp %d's lanes parted: %d at a shuffle, the rest "
+                                "ended or at a barrier\n", w, shfl);
+                return false;
+            }
+        }
+        if (released)
+            continue;
+        for (int i = 0; i < k->n; i++) {
+            done += k->state[i] == FR_EMU_DONE;
+            bar += k->state[i] == FR_EMU_BAR;
+        }
+        if (done == k->n)
+            return true;
+        if (bar != k->n) {
+            fprintf(stderr, "cuda_emu: %d threads at __syncthreads, %d ended: a barrier not "
+                            "every thread reaches\n", bar, done);
+            return false;
+        }
+        for (int i = 0; i < k->n; i++)
+            k->state[i] = FR_EMU_RUN;
+    }
+}
+
+/* cudaLaunchKernelEx for a kernel that shuffles or synchronises its block:
+ * 1D blocks of whole warps, each block's threads run as fibers (above), the
+ * blocks one after another. */
 template <typename... ExpTypes, typename... ActTypes>
 static cudaError_t fr_emu_launch_lockstep(const cudaLaunchConfig_t *config,
                                           void (*kernel)(ExpTypes...), ActTypes &&...args)
@@ -255,61 +331,54 @@ static cudaError_t fr_emu_launch_lockstep(const cudaLaunchConfig_t *config,
             std::apply(c->kernel, c->params);
         }
     } call{ kernel, std::tuple<ExpTypes...>(std::forward<ActTypes>(args)...) };
-    FrEmuWarp *w = (FrEmuWarp *)calloc(1, sizeof *w);
-    char *stacks = (char *)malloc(32 * stack);
-    if (w == nullptr || stacks == nullptr) {
-        free(w);
-        free(stacks);
-        return cudaErrorMemoryAllocation;
+    const int n = (int)block.x, warps = n / 32;
+    FrEmuBlock *k = (FrEmuBlock *)calloc(1, sizeof *k);
+    char *stacks = (char *)malloc((size_t)n * stack);
+    if (k != nullptr) {
+        k->th = (FrEmuCtx *)calloc((size_t)n, sizeof *k->th);
+        k->state = (int *)calloc((size_t)n, sizeof *k->state);
+        k->slot = (unsigned long long(*)[2][32])calloc((size_t)warps, sizeof *k->slot);
+        k->wround = (unsigned *)calloc((size_t)warps, sizeof *k->wround);
     }
+    bool ok = k != nullptr && stacks != nullptr && k->th != nullptr && k->state != nullptr &&
+              k->slot != nullptr && k->wround != nullptr;
+    if (ok) {
 #ifdef FR_EMU_VALGRIND
-    unsigned vg[32];
-    for (int l = 0; l < 32; l++)
-        vg[l] = VALGRIND_STACK_REGISTER(stacks + l * stack, stacks + (l + 1) * stack);
+        unsigned *vg = (unsigned *)calloc((size_t)n, sizeof *vg);
+        for (int i = 0; vg != nullptr && i < n; i++)
+            vg[i] = VALGRIND_STACK_REGISTER(stacks + i * stack, stacks + (i + 1) * stack);
 #endif
-    gridDim = grid;
-    blockDim = block;
-    w->body = &Call::run;
-    w->arg = &call;
-    fr_emu_warp = w;
-    for (unsigned bx = 0; bx < grid.x; bx++)
-        for (unsigned warp = 0; warp < block.x / 32; warp++) {
-            for (int l = 0; l < 32; l++) {
-                fr_emu_ctx_init(&w->lane[l], stacks + l * stack, stack, fr_emu_lane_main);
-                w->done[l] = 0;
+        gridDim = grid;
+        blockDim = block;
+        k->n = n;
+        k->body = &Call::run;
+        k->arg = &call;
+        fr_emu_block = k;
+        for (unsigned bx = 0; bx < grid.x && ok; bx++) {
+            for (int i = 0; i < n; i++) {
+                fr_emu_ctx_init(&k->th[i], stacks + i * stack, stack, fr_emu_thread_main);
+                k->state[i] = FR_EMU_RUN;
             }
-            for (w->round = 0;; w->round++) {
-                int parked = 0, done = 0;
-                for (int l = 0; l < 32; l++) {
-                    if (w->done[l])
-                        continue;
-                    w->parked[l] = 0;
-                    fr_emu_lane = l;
-                    blockIdx = make_uint3(bx, 0, 0);
-                    threadIdx = make_uint3(warp * 32 + (unsigned)l, 0, 0);
-                    fr_emu_ctx_switch(&w->sched, &w->lane[l]);
-                }
-                for (int l = 0; l < 32; l++) {
-                    parked += w->parked[l] && !w->done[l];
-                    done += w->done[l];
-                }
-                if (done == 32)
-                    break;
-                if (parked != 32) {
-                    fprintf(stderr, "cuda_emu: a warp's lanes parted: %d at a shuffle, %d ended\n",
-                            parked, done);
-                    abort();
-                }
-            }
+            ok = fr_emu_run_block(k, bx);
         }
-    fr_emu_warp = nullptr;
+        fr_emu_block = nullptr;
 #ifdef FR_EMU_VALGRIND
-    for (int l = 0; l < 32; l++)
-        VALGRIND_STACK_DEREGISTER(vg[l]);
+        for (int i = 0; vg != nullptr && i < n; i++)
+            VALGRIND_STACK_DEREGISTER(vg[i]);
+        free(vg);
 #endif
+        if (!ok)
+            abort();
+    }
+    if (k != nullptr) {
+        free(k->th);
+        free(k->state);
+        free(k->slot);
+        free(k->wround);
+    }
+    free(k);
     free(stacks);
-    free(w);
-    return cudaSuccess;
+    return ok ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
 static inline fusedrope_status fr_cuda_fail(cudaError_t err, const char *what)

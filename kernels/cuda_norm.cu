@@ -12,30 +12,35 @@
  *             pair by pair: both channels read, scaled as the rounding mode
  *             says, rotated, written (in place safe: a pair is read before it
  *             is written); channels past rot_dim scaled and written.
- *   backward  one thread per row: sum of dn * n in the contract's order,
- *             then dx pair by pair; when a weight gradient is asked for,
- *             the row also writes its terms g * n to a stream-ordered
- *             scratch array, then one thread per (chunk of
- *             FUSEDROPE_NORM_DW_CHUNK tokens, channel) sums the chunk's
- *             terms, its tokens in order and their heads in order, and one
- *             thread per channel the chunks in order into dw.  A long call
- *             runs in segments of whole chunks (the terms' scratch at most
- *             TERMS_BYTES).  An earlier dw pass that read dy and the saved
- *             tensor again, one thread per (chunk, channel), took about 1 ms
- *             whatever the call's size (bench/RESULTS.md).
+ *   backward  per row: sum of dn * n in the contract's order, then dx pair
+ *             by pair; dw sums the rows' terms g * n per chunk of
+ *             FUSEDROPE_NORM_DW_CHUNK tokens (its tokens in order, their
+ *             heads in order), then the chunks in order (norm_dw_sum).
+ *             The generic kernel (norm_dx, a thread per row) writes the
+ *             terms to a stream-ordered scratch array, which one thread
+ *             per (chunk, channel) sums (norm_dw_chunks); a long call runs
+ *             in segments of whole chunks (the terms' scratch at most
+ *             TERMS_BYTES).  The common shapes take norm_backward_items, a
+ *             block per chunk whose first threads add the terms as its
+ *             warps produce them, so they never leave the SM.  An earlier
+ *             dw pass that read dy and the saved tensor again, one thread
+ *             per (chunk, channel), took about 1 ms whatever the call's size
+ *             (bench/RESULTS.md).
  * The generic kernels (any shape) read a row again in each pass (L1/L2)
- * with scalar loads; the common shapes take register-row kernels (16-bit,
- * head_dim 64 or 128, full rotary, a table cache, 1D positions, rows on 16
- * bytes: rows_hd), which load a row once in 16-byte pieces and keep it in
- * registers (bench/RESULTS.md: the H200 measurements, 0.25-0.31 of a copy
- * forward).  A forward of at most FR_CUDA_NORM_WARP_ROWS rows spreads each
- * row over a warp's lanes instead (norm_forward_warp; the same bytes).
+ * with scalar loads; the common shapes (16-bit, head_dim 64 or 128, full
+ * rotary, a table cache, 1D positions, rows on 16 bytes: rows_hd) take
+ * kernels that hold a row in registers: the forward's norm_forward_rows (a
+ * thread per row, 16-byte loads; bench/RESULTS.md: the H200 measurements,
+ * 0.25-0.31 of a copy) or, in a call of at most FR_CUDA_NORM_WARP_ROWS rows,
+ * norm_forward_warp (a row over a warp's lanes; the same bytes), and the
+ * backward's norm_backward_items (a row over a warp's lanes).
  *
  * With FR_CUDA_EMULATE (kernels/cuda_norm_emu.cc) the host C++ compiler
  * builds it and kernels/cuda_emu.h runs the kernels on the CPU: threads
- * share nothing but norm_forward_warp's shuffles (no shared memory, barriers
- * or atomics), so running them one after another, a warp's lanes in
- * lockstep for that kernel, gives what the device gives.
+ * share nothing but the warp kernels' shuffles and norm_backward_items'
+ * shared memory behind its barriers (no atomics), so running them one after
+ * another, a block's threads in lockstep for those kernels, gives what the
+ * device gives.
  */
 #include <limits.h>
 #include <stdint.h>
@@ -89,13 +94,15 @@ static_assert(FR_CUDA_NORM_WARP_RPW >= 1 && FR_CUDA_NORM_WARP_RPW <= 4,
 #ifdef FR_CUDA_EMULATE
 /* Emulated, a test chooses: the forward's row kernel (1: the warp's, 0: the
  * thread's, -1: FR_CUDA_NORM_WARP_ROWS decides) and the warp's rows at a time
- * (0: FR_CUDA_NORM_WARP_RPW), and the backward's segment (chunks of tokens;
+ * (0: FR_CUDA_NORM_WARP_RPW), the backward's segment (chunks of tokens;
  * 0: TERMS_BYTES decides), so that the small calls of the tests run in
- * several segments too. */
+ * several segments too, and norm_backward_items' rows a warp at a time (0:
+ * FR_CUDA_NORM_BWD_RPW; 3 is built too). */
 extern "C" {
 int fr_emu_norm_warp = -1;
 int fr_emu_norm_warp_rpw = 0;
 int fr_emu_norm_seg_chunks = 0;
+int fr_emu_norm_bwd_rpw = 0;
 }
 #endif
 
@@ -133,6 +140,7 @@ struct NIo {
     float *part;      /* backward: [chunks][head_dim] scratch, or NULL */
     float *terms;     /* backward with dw: [t1 - t0][heads][head_dim] scratch, g * n of the
                          rows of tokens t0..t1 as the row kernel found them; NULL: none */
+    int64_t items, item_tokens; /* norm_backward_items: this tensor's items, their tokens */
     int64_t heads, hd;
     int64_t in_ss, in_sb, in_sh, out_ss, out_sb, out_sh, x_ss, x_sb, x_sh;
 };
@@ -338,8 +346,9 @@ __global__ void norm_forward(const __grid_constant__ NParams P)
 /*
  * The common shapes take kernels of their own: 16-bit dtypes, a table cache,
  * 1D positions, full rotary (rot_dim = head_dim), head_dim HD of 64 or 128, every row
- * starting on 16 bytes (wider rows and float32 spill registers in the
- * backward, and each instantiation costs the build about 20 s of nvcc).  Still one thread per row, so no launch
+ * starting on 16 bytes (wider rows and float32 spilled registers in the
+ * thread-per-row backward this replaced, and each instantiation cost the
+ * build about 20 s of nvcc).  Still one thread per row, so no launch
  * shape changes a result, but the row arrives in 16-byte loads and stays in
  * registers, the pairs fully unrolled, and the token's position is found
  * once per row.  The arithmetic is the generic walk's (walk_rows with
@@ -747,90 +756,185 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
         });
 }
 
-/* (3) for the common shapes (see norm_forward_rows): dy and the saved
- * tensor's rows in registers; g_n's and norm_dx's operations, in their order. */
-template <int DT, int HD, bool IL, bool SY>
-__device__ __forceinline__ void g_n_row(const Row<DT, HD> &dy, const Row<DT, HD> &xs, int ch,
-                                        float c, float sn, float rstd, float wf, float *g,
-                                        float *n)
-{
-    const int i = pair_of<HD, IL>(ch);
-    int ca, cb;
-    pair_ab<HD, IL>(i, &ca, &cb);
-    float ga, gb, ta, tb;
-    fr_rotate(dy.get(ca), dy.get(cb), c, sn, -1.0f, &ga, &gb);
-    *g = ch == ca ? ga : gb;
-    if (SY) {
-        fr_rotate(xs.get(ca), xs.get(cb), c, sn, -1.0f, &ta, &tb);
-        *n = (ch == ca ? ta : tb) / wf;
-    } else {
-        *n = xs.get(ch) * rstd;
-    }
-}
+/*
+ * The backward of the common rows (see norm_forward_rows), a block per item:
+ * an item is one tensor's rows of a run of tokens, which the block's warps
+ * take S = FR_CUDA_NORM_BWD_WARPS x R at a time in row order (tokens in
+ * order, each token's heads in order), each row over a warp's lanes as in
+ * norm_forward_warp (lane l holds channels l, l + 32, ...: the contract's
+ * partial sum l; the butterfly is fr_norm_tree32).  A row's dx takes
+ * norm_dx's operations in their order; its terms g * n go to shared memory,
+ * and after the batch's barrier the block's first HD threads add the
+ * batch's terms to their channel's partial in row order.  With the item a
+ * chunk of FUSEDROPE_NORM_DW_CHUNK tokens, that is the contract's chunk
+ * partial, and the terms never leave the SM (the generic path writes them
+ * to global scratch and sums them in a second kernel: 8 more bytes an
+ * element).  A tensor without dw takes items of a few tokens (one batch of
+ * rows).  Every lane reads only its own channels (a partner's come by
+ * shuffle), so a row in place is safe.
+ */
+#ifndef FR_CUDA_NORM_BWD_WARPS
+#define FR_CUDA_NORM_BWD_WARPS 8
+#endif
+/* Rows a warp of norm_backward_items holds at a time (1 to 4): all their
+ * loads are issued before any row's arithmetic.  Unmeasured (bench/RESULTS.md). */
+#ifndef FR_CUDA_NORM_BWD_RPW
+#define FR_CUDA_NORM_BWD_RPW 2
+#endif
+static_assert(FR_CUDA_NORM_BWD_RPW >= 1 && FR_CUDA_NORM_BWD_RPW <= 4,
+              "FR_CUDA_NORM_BWD_RPW: 1 to 4 rows a warp");
 
-/* The dx of a row (dy and the saved tensor in registers), SY: the saved
- * tensor is y; one copy of each (see rotate_row). */
+/* One row's dx over a warp (dy and the saved row: this lane's channels,
+ * widened), its terms g * n into tr[HD] where tr is not NULL. */
 template <int DT, int HD, bool IL, bool SY>
-__device__ __forceinline__ void dx_row(const NParams &P, const NIo &io, const RowAngles &a,
-                                       float rstd, Row<DT, HD> &dy, const Row<DT, HD> &xs,
-                                       float *tr)
+__device__ __forceinline__ void warp_dx(const NParams &P, const NIo &io, const RowAngles &a,
+                                        float rstd, int lane, const float *dy, const float *xs,
+                                        float *tr, uint16_t *dx)
 {
-    float p[32], t4[4];
+    constexpr int K = HD / 32;
+    float g[K], n[K], wf[K];
 #pragma unroll
-    for (int l = 0; l < 32; l++)
-        p[l] = 0.0f;
+    for (int k = 0; k < K; k++)
+        wf[k] = row_weight<DT>(P, io, lane + 32 * k);
+    if constexpr (IL) {
+        const bool first = (lane & 1) == 0;
 #pragma unroll
-    for (int c0 = 0; c0 < HD; c0 += 32)
-#pragma unroll
-        for (int l = 0; l < 32; l++) {
-            const int ch = c0 + l;
-            const float wf = row_weight<DT>(P, io, ch);
-            float c, sn, g, n;
-            pair_angle(a, pair_of<HD, IL>(ch), &c, &sn);
-            g_n_row<DT, HD, IL, SY>(dy, xs, ch, c, sn, rstd, wf, &g, &n);
-            /* the dw terms, four channels to a 16-byte store (a term row
-             * starts on 256 bytes) */
-            t4[ch % 4] = g * n;
-            if (ch % 4 == 3 && tr != nullptr)
-                st16(tr + ch - 3, make_uint4(fr_f2u(t4[0]), fr_f2u(t4[1]), fr_f2u(t4[2]),
-                                             fr_f2u(t4[3])));
-            const float dn = g * wf;
-            p[l] = p[l] + dn * n;
+        for (int k = 0; k < K; k++) {
+            const int ch = lane + 32 * k;
+            float c, sn, ga, gb;
+            pair_angle(a, ch / 2, &c, &sn);
+            const float od = __shfl_xor_sync(0xffffffffu, dy[k], 1);
+            fr_rotate(first ? dy[k] : od, first ? od : dy[k], c, sn, -1.0f, &ga, &gb);
+            g[k] = first ? ga : gb;
+            if (SY) {
+                float ta, tb;
+                const float ox = __shfl_xor_sync(0xffffffffu, xs[k], 1);
+                fr_rotate(first ? xs[k] : ox, first ? ox : xs[k], c, sn, -1.0f, &ta, &tb);
+                n[k] = (first ? ta : tb) / wf[k];
+            } else {
+                n[k] = xs[k] * rstd;
+            }
         }
-    const float m = fr_norm_mean(fr_norm_tree32(p), HD);
+    } else {
 #pragma unroll
-    for (int i = 0; i < HD / 2; i++) {
-        int ca, cb;
-        pair_ab<HD, IL>(i, &ca, &cb);
-        const float wa = row_weight<DT>(P, io, ca), wb = row_weight<DT>(P, io, cb);
-        float c, sn, ga, na, gb, nb;
-        pair_angle(a, i, &c, &sn);
-        g_n_row<DT, HD, IL, SY>(dy, xs, ca, c, sn, rstd, wa, &ga, &na);
-        g_n_row<DT, HD, IL, SY>(dy, xs, cb, c, sn, rstd, wb, &gb, &nb);
-        const float dna = ga * wa, dnb = gb * wb;
-        dy.set(ca, rstd * (dna - na * m));
-        dy.set(cb, rstd * (dnb - nb * m));
+        for (int k = 0; k < K / 2; k++) {
+            float c, sn;
+            pair_angle(a, lane + 32 * k, &c, &sn);
+            fr_rotate(dy[k], dy[k + K / 2], c, sn, -1.0f, &g[k], &g[k + K / 2]);
+            if (SY) {
+                float ta, tb;
+                fr_rotate(xs[k], xs[k + K / 2], c, sn, -1.0f, &ta, &tb);
+                n[k] = ta / wf[k];
+                n[k + K / 2] = tb / wf[k + K / 2];
+            } else {
+                n[k] = xs[k] * rstd;
+                n[k + K / 2] = xs[k + K / 2] * rstd;
+            }
+        }
+    }
+    float p = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        if (tr != nullptr)
+            tr[lane + 32 * k] = g[k] * n[k];
+        const float dn = g[k] * wf[k];
+        p = p + dn * n[k];
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2)
+        p = p + __shfl_xor_sync(0xffffffffu, p, off);
+    const float m = fr_norm_mean(p, HD);
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const float dn = g[k] * wf[k];
+        dx[lane + 32 * k] = (uint16_t)Elem<DT>::from_f(rstd * (dn - n[k] * m));
     }
 }
 
-template <int DT, int HD, bool IL>
-__global__ void __launch_bounds__(128) norm_dx_rows(const __grid_constant__ NParams P)
+/* Slots of a batch's terms: two sets (see backward_items). */
+template <int HD, int R> using Terms = float[2][FR_CUDA_NORM_BWD_WARPS * R][HD];
+
+template <int DT, int HD, bool IL, bool SY, int R>
+__device__ __forceinline__ void backward_items(const NParams &P, Terms<HD, R> &terms)
 {
-    each_row(P, [&](const NIo &io, int64_t t, int64_t h, int64_t b, int64_t s) {
-        Row<DT, HD> dy, xs;
-        dy.load(row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT));
-        xs.load(row_ptr(io.x, s, b, h, io.x_ss, io.x_sb, io.x_sh, DT));
-        const float rstd = io.rstd[t * io.heads + h];
-        float *tr = term_row(P, io, t, h);
-        int bad = 0;
-        const int64_t pos = row_position(P, b, s, &bad);
-        const RowAngles a = row_angles<HD>(P, pos, bad);
-        if (P.saved_y)
-            dx_row<DT, HD, IL, true>(P, io, a, rstd, dy, xs, tr);
-        else
-            dx_row<DT, HD, IL, false>(P, io, a, rstd, dy, xs, tr);
-        dy.store((void *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, DT));
-    });
+    constexpr int K = HD / 32, NW = FR_CUDA_NORM_BWD_WARPS, S = NW * R;
+    static_assert(32 * NW >= HD, "a thread per channel adds the terms");
+    const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x / 32);
+    const int64_t n0 = P.io[0].items, n = n0 + P.io[1].items;
+    int par = 0;
+    for (int64_t it = blockIdx.x; it < n; it += gridDim.x) {
+        const int q = it >= n0;
+        const NIo &io = P.io[q];
+        const int64_t ta = (it - (q ? n0 : 0)) * io.item_tokens;
+        const int64_t tb = ta + io.item_tokens < P.tokens ? ta + io.item_tokens : P.tokens;
+        const int64_t rows = (tb - ta) * io.heads;
+        float acc = 0.0f;
+        for (int64_t base = 0; base < rows; base += S) {
+            float dy[R][K], xs[R][K], rstd[R];
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                const int64_t r = base + j * NW + warp;
+                if (r >= rows)
+                    break;
+                const int64_t t = ta + r / io.heads, h = r % io.heads;
+                const int64_t b = t / P.seq_len, s = t % P.seq_len;
+                const uint16_t *d =
+                    (const uint16_t *)row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT);
+                const uint16_t *x =
+                    (const uint16_t *)row_ptr(io.x, s, b, h, io.x_ss, io.x_sb, io.x_sh, DT);
+#pragma unroll
+                for (int k = 0; k < K; k++) {
+                    dy[j][k] = Elem<DT>::to_f(d[lane + 32 * k]);
+                    xs[j][k] = Elem<DT>::to_f(x[lane + 32 * k]);
+                }
+                rstd[j] = io.rstd[t * io.heads + h];
+            }
+#pragma unroll
+            for (int j = 0; j < R; j++) {
+                const int64_t r = base + j * NW + warp;
+                if (r >= rows)
+                    break;
+                const int64_t t = ta + r / io.heads, h = r % io.heads;
+                const int64_t b = t / P.seq_len, s = t % P.seq_len;
+                int bad = 0;
+                const int64_t pos = row_position(P, b, s, &bad);
+                const RowAngles a = row_angles<HD>(P, pos, bad);
+                uint16_t *dx =
+                    (uint16_t *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, DT);
+                float *tr = io.part != nullptr ? terms[par][j * NW + warp] : nullptr;
+                warp_dx<DT, HD, IL, SY>(P, io, a, rstd[j], lane, dy[j], xs[j], tr, dx);
+            }
+            if (io.part != nullptr) {
+                /* two sets of slots: a batch's writes to one are behind the
+                 * barrier after the reads of the batch before last */
+                __syncthreads();
+                const int64_t v = rows - base < S ? rows - base : S;
+                if (threadIdx.x < HD)
+                    for (int64_t k = 0; k < v; k++)
+                        acc = acc + terms[par][k][threadIdx.x];
+                par ^= 1;
+            }
+        }
+        if (io.part != nullptr && threadIdx.x < HD)
+            io.part[ta / FUSEDROPE_NORM_DW_CHUNK * HD + threadIdx.x] = acc;
+    }
+}
+
+template <int DT, int HD, bool IL, int R>
+__global__ void __launch_bounds__(32 * FR_CUDA_NORM_BWD_WARPS)
+    norm_backward_items(const __grid_constant__ NParams P)
+{
+    __shared__ Terms<HD, R> terms;
+#ifdef FR_CUDA_EMULATE
+    /* a block starts with whatever the last left (cuda_emu.h): NaN instead */
+    if (threadIdx.x == 0)
+        memset(terms, 0xff, sizeof terms);
+    __syncthreads();
+#endif
+    if (P.saved_y)
+        backward_items<DT, HD, IL, true, R>(P, terms);
+    else
+        backward_items<DT, HD, IL, false, R>(P, terms);
 }
 
 /* ---------------------------------------------------------------- host side */
@@ -1001,13 +1105,9 @@ int64_t rows_hd(const NParams &P, int count, bool backward)
     return hd;
 }
 
-template <int DT, int HD>
-cudaError_t launch_rows(const NParams &P, bool backward, cudaStream_t stream)
+template <int DT, int HD> cudaError_t launch_rows(const NParams &P, cudaStream_t stream)
 {
     const int64_t n = (P.t1 - P.t0) * P.heads;
-    if (backward)
-        return P.interleaved ? launch(norm_dx_rows<DT, HD, true>, n, P, stream)
-                             : launch(norm_dx_rows<DT, HD, false>, n, P, stream);
     if (warp_rows(n)) {
         const int r = warp_rpw();
         const int64_t warps = (n + r - 1) / r;
@@ -1027,23 +1127,91 @@ cudaError_t launch_rows(const NParams &P, bool backward, cudaStream_t stream)
                          : launch(norm_forward_rows<DT, HD, false>, n, P, stream);
 }
 
-template <int DT>
-cudaError_t launch_rows_dt(const NParams &P, int64_t hd, bool backward, cudaStream_t stream)
+/* The forward's row kernel: a register-row kernel where one takes the call,
+ * else the generic walk. */
+cudaError_t launch_forward(const NParams &P, int count, cudaStream_t stream)
 {
-    return hd == 64 ? launch_rows<DT, 64>(P, backward, stream)
-                    : launch_rows<DT, 128>(P, backward, stream);
+    const int64_t hd = rows_hd(P, count, false);
+    if (hd == 0)
+        return launch(norm_forward, (P.t1 - P.t0) * P.heads, P, stream);
+    if (P.dt == DT_F16)
+        return hd == 64 ? launch_rows<DT_F16, 64>(P, stream) : launch_rows<DT_F16, 128>(P, stream);
+    return hd == 64 ? launch_rows<DT_BF16, 64>(P, stream) : launch_rows<DT_BF16, 128>(P, stream);
 }
 
-/* The row kernel of a call: a register-row kernel where one takes it, else
- * the generic walk (norm_forward or norm_dx). */
-cudaError_t launch_row_kernel(const NParams &P, int count, bool backward, cudaStream_t stream)
+/* The rows a warp of norm_backward_items holds at a time. */
+int bwd_rpw()
 {
-    const int64_t hd = rows_hd(P, count, backward);
-    if (hd == 0)
-        return backward ? launch(norm_dx, (P.t1 - P.t0) * P.heads, P, stream)
-                        : launch(norm_forward, (P.t1 - P.t0) * P.heads, P, stream);
-    return P.dt == DT_F16 ? launch_rows_dt<DT_F16>(P, hd, backward, stream)
-                          : launch_rows_dt<DT_BF16>(P, hd, backward, stream);
+#ifdef FR_CUDA_EMULATE
+    if (fr_emu_norm_bwd_rpw > 0)
+        return fr_emu_norm_bwd_rpw;
+#endif
+    return FR_CUDA_NORM_BWD_RPW;
+}
+
+/* norm_backward_items over the call's items, at most 8 blocks per SM. */
+template <int DT, int HD>
+cudaError_t launch_items(const NParams &P, int r, cudaStream_t stream)
+{
+    const int64_t items = P.io[0].items + P.io[1].items, cap = 8 * (int64_t)sms();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(items < cap ? items : cap), 1, 1);
+    cfg.blockDim = dim3(32 * FR_CUDA_NORM_BWD_WARPS, 1, 1);
+    cfg.stream = stream;
+#ifdef FR_CUDA_EMULATE
+#define FR_BWD_LAUNCH(K) fr_emu_launch_lockstep(&cfg, K, P)
+    /* the default and the count a test may choose (tests/cuda_norm_emu_wrap.c) */
+    if (r != FR_CUDA_NORM_BWD_RPW && r != 3) {
+        fprintf(stderr, "cuda_norm: %d rows a warp not built for the emulation\n", r);
+        abort();
+    }
+#define FR_BWD_RPW(IL) \
+    (r == 3 ? FR_BWD_LAUNCH((norm_backward_items<DT, HD, IL, 3>)) \
+            : FR_BWD_LAUNCH((norm_backward_items<DT, HD, IL, FR_CUDA_NORM_BWD_RPW>)))
+#else
+    (void)r;
+#define FR_BWD_RPW(IL) \
+    cudaLaunchKernelEx(&cfg, norm_backward_items<DT, HD, IL, FR_CUDA_NORM_BWD_RPW>, P)
+#endif
+    if (items == 0)
+        return cudaSuccess;
+    return P.interleaved ? FR_BWD_RPW(true) : FR_BWD_RPW(false);
+#undef FR_BWD_RPW
+#undef FR_BWD_LAUNCH
+}
+
+/* The backward of the common rows: norm_backward_items, dw's chunk partials
+ * in a small scratch, then their sums (norm_dw_sum). */
+cudaError_t backward_items_launches(NParams &P, int count, int64_t hd, cudaStream_t stream)
+{
+    const int r = bwd_rpw();
+    const int64_t S = FR_CUDA_NORM_BWD_WARPS * r;
+    size_t np[2] = { 0, 0 };
+    void *scratch = nullptr;
+    cudaError_t err = cudaSuccess;
+    for (int k = 0; k < count; k++) {
+        NIo &o = P.io[k];
+        o.item_tokens = o.dw ? FUSEDROPE_NORM_DW_CHUNK : (S + o.heads - 1) / o.heads;
+        o.items = (P.tokens + o.item_tokens - 1) / o.item_tokens;
+        np[k] = o.dw ? (size_t)(P.chunks * o.hd) : 0;
+    }
+    if (np[0] + np[1] > 0 &&
+        (err = scratch_alloc(&scratch, (np[0] + np[1]) * sizeof(float), stream)) != cudaSuccess)
+        return err;
+    P.io[0].part = np[0] ? (float *)scratch : nullptr;
+    P.io[1].part = np[1] ? (float *)scratch + np[0] : nullptr;
+    if (P.dt == DT_F16)
+        err = hd == 64 ? launch_items<DT_F16, 64>(P, r, stream)
+                       : launch_items<DT_F16, 128>(P, r, stream);
+    else
+        err = hd == 64 ? launch_items<DT_BF16, 64>(P, r, stream)
+                       : launch_items<DT_BF16, 128>(P, r, stream);
+    if (scratch == nullptr)
+        return err;
+    if (err == cudaSuccess)
+        err = launch(norm_dw_sum, (np[0] ? hd : 0) + (np[1] ? hd : 0), P, stream);
+    const cudaError_t e2 = scratch_free(scratch, stream);
+    return err != cudaSuccess ? err : e2;
 }
 
 } /* namespace */
@@ -1056,7 +1224,7 @@ extern "C" fusedrope_status fr_cuda_norm_forward(const fr_norm_args *na)
     if (P.cos == nullptr && P.inv_freq == nullptr)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "fr_cuda_norm_forward: the cache has neither a device table nor frequencies");
-    err = launch_row_kernel(P, na->a.count, false, (cudaStream_t)na->a.stream);
+    err = launch_forward(P, na->a.count, (cudaStream_t)na->a.stream);
     if (err != cudaSuccess)
         return fr_cuda_fail(err, "the norm forward kernel launch");
     return FUSEDROPE_OK;
@@ -1096,8 +1264,11 @@ cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
     const size_t p1 = P.io[1].dw ? (size_t)(P.chunks * P.io[1].hd) : 0;
     void *scratch = nullptr;
     cudaError_t err;
+    const int64_t hd = rows_hd(P, count, true);
+    if (hd != 0)
+        return backward_items_launches(P, count, hd, stream);
     if (f0 + f1 == 0)
-        return launch_row_kernel(P, count, true, stream);
+        return launch(norm_dx, P.tokens * P.heads, P, stream);
     const int64_t seg = segment_tokens(P.tokens, f0 + f1);
     if ((err = scratch_alloc(&scratch, (p0 + p1 + (size_t)(seg * (f0 + f1))) * sizeof(float),
                              stream)) != cudaSuccess)
@@ -1111,7 +1282,7 @@ cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
         P.t0 = t0;
         P.t1 = t0 + seg < P.tokens ? t0 + seg : P.tokens;
         const int64_t nk = (P.t1 - t0 + FUSEDROPE_NORM_DW_CHUNK - 1) / FUSEDROPE_NORM_DW_CHUNK;
-        err = launch_row_kernel(P, count, true, stream);
+        err = launch(norm_dx, (P.t1 - P.t0) * P.heads, P, stream);
         if (err == cudaSuccess)
             err = launch(norm_dw_chunks, nk * ((f0 ? P.io[0].hd : 0) + (f1 ? P.io[1].hd : 0)), P,
                          stream);

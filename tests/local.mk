@@ -117,6 +117,7 @@ tests_test_cpu_rows_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 # test_apply again, with the OpenMP backend's entry point wrapped so that
 # every call runs the CUDA launcher and kernels built for the host
 # (kernels/cuda_apply_emu.cc, kernels/cuda_emu.h; tests/cuda_emu_wrap.c).
+EXTRA_DIST += tests/emu_config.h
 if HAVE_CUDA_EMU
 check_PROGRAMS += tests/test_apply_emu
 TESTS += tests/test_apply_emu
