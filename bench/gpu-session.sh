@@ -8,7 +8,8 @@
 # graph times the decode step's calls replayed from one CUDA graph; sweep
 # runs bench/sweep-knobs.sh; normwarp the norm forward's two row kernels
 # at the sizes where the choice between them falls; normbwd the norm
-# backward's block kernel in several shapes (NORMBWD_VARIANTS);
+# backward's block kernel in several shapes (NORMBWD_VARIANTS); normprof
+# ncu's sections for the norm kernels (where their time goes);
 # cuda builds and runs the CUDA test programs alone (no CPU suites: for a short
 # lease; CUDA_TESTS names them, TEST_TIMEOUT limits each); norm times the
 # fused RMSNorm + RoPE and its peers.  SAN_PROGRAMS (each prog or
@@ -202,6 +203,23 @@ section_normbwd() {
       } >> "$out/bench-normbwd.txt" 2>> "$out/bench-progress.txt"
     done )
   grep -E '^(==|norm_bwd|FAIL)' "$out/bench-normbwd.txt" | tee -a "$summary"
+}
+
+section_normprof() {
+  # where the norm kernels' time goes: ncu's throughput, occupancy, launch and
+  # warp-state sections (its rules name the top stall) for the kernels of one
+  # forward and one backward each: 4096 tokens (the thread-per-row forward,
+  # norm_backward_items) and the decode step's 64 (the warp forward)
+  b=/tmp/inst/bin/fusedrope-bench
+  for c in "t4096 --qk 32,8 --shape 4096,1,1,128" "t64 --qk 32,8 --shape 64,1,1,128"; do
+    set -- $c; name=$1; shift
+    timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:norm_ --launch-count 6 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      $b "$@" --norm qwen3 --iters 1 --warmup 0 > "$out/ncu-norm-$name.txt" 2>&1
+    note "ncu norm $name ($*): rc $?"
+    grep -E '^  [a-z_:<>0-9, ()A-Za-z]+\(|Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|stalled|Block Limit' \
+      "$out/ncu-norm-$name.txt" | cut -c1-200 | head -80 | tee -a "$summary"
+  done
 }
 
 section_bench() {
