@@ -150,6 +150,21 @@ section_sweep() {
   grep -E '^(==|forward|backward)' "${OUT:-/tmp/out}/sweep.txt" | tee -a "$summary"
 }
 
+# norm_variant SECTION A:B KNOB_A KNOB_B (in the build tree): the library,
+# the bench and test_norm_gpu rebuilt with NVCCFLAGS="-DKNOB_A=A -DKNOB_B=B"
+# (A:B "default": none), then test_norm_gpu run and noted; fails on a failed
+# build, and after rebuilding the default (the caller's last variant)
+norm_variant() {
+  local sec=$1 v=$2 log="$out/$1-${2/:/-}" flags=
+  rm -f kernels/cuda_norm.o kernels/cuda_norm.lo libfusedrope_core.la tools/fusedrope-bench tests/test_norm_gpu
+  [ $v = default ] || flags="-D$3=${v%:*} -D$4=${v#*:}"
+  make -j16 NVCCFLAGS="$flags" libfusedrope_core.la tools/fusedrope-bench \
+    tests/test_norm_gpu > "$log-build.log" 2>&1 || { note "$sec: build $v failed"; return 1; }
+  [ $v = default ] && return 1
+  timeout 120 ./tests/test_norm_gpu > "$log-test.log" 2>&1
+  note "$3:$4=$v: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$log-test.log")"
+}
+
 section_normwarp() {
   # the norm forward's row kernels at the sizes where the choice between them
   # (FR_CUDA_NORM_WARP_ROWS) falls: rebuilt to take only one (ROWS 0: a thread
@@ -157,13 +172,7 @@ section_normwarp() {
   # on each, then the same norm lines on each; the default build comes back last
   ( cd "$src" && b=./tools/fusedrope-bench
     for v in 0:1 1000000000:1 1000000000:2 1000000000:4 default; do
-      rm -f kernels/cuda_norm.o kernels/cuda_norm.lo libfusedrope_core.la tools/fusedrope-bench tests/test_norm_gpu
-      flags=; [ $v = default ] || flags="-DFR_CUDA_NORM_WARP_ROWS=${v%:*} -DFR_CUDA_NORM_WARP_RPW=${v#*:}"
-      make -j16 NVCCFLAGS="$flags" libfusedrope_core.la tools/fusedrope-bench \
-        tests/test_norm_gpu > "$out/normwarp-build-${v%:*}-${v#*:}.log" 2>&1 || { note "normwarp: build $v failed"; break; }
-      [ $v = default ] && break
-      timeout 120 ./tests/test_norm_gpu > "$out/normwarp-test-${v%:*}-${v#*:}.log" 2>&1
-      note "FR_CUDA_NORM_WARP_ROWS:RPW=$v: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$out/normwarp-test-${v%:*}-${v#*:}.log")"
+      norm_variant normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW || break
       { echo "== FR_CUDA_NORM_WARP_ROWS:RPW=$v"
         for tokens in 64 256 1024 4096; do
           $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_fwd|FAIL)'
@@ -186,13 +195,7 @@ section_normbwd() {
   # 4096 and 16384 tokens and in fp16 and interleaved; the default build last
   ( cd "$src" && b=./tools/fusedrope-bench
     for v in ${NORMBWD_VARIANTS:-8:1 8:2 8:4 4:4 16:2} default; do
-      rm -f kernels/cuda_norm.o kernels/cuda_norm.lo libfusedrope_core.la tools/fusedrope-bench tests/test_norm_gpu
-      flags=; [ $v = default ] || flags="-DFR_CUDA_NORM_BWD_WARPS=${v%:*} -DFR_CUDA_NORM_BWD_RPW=${v#*:}"
-      make -j16 NVCCFLAGS="$flags" libfusedrope_core.la tools/fusedrope-bench \
-        tests/test_norm_gpu > "$out/normbwd-build-${v/:/-}.log" 2>&1 || { note "normbwd: build $v failed"; break; }
-      [ $v = default ] && break
-      timeout 120 ./tests/test_norm_gpu > "$out/normbwd-test-${v/:/-}.log" 2>&1
-      note "FR_CUDA_NORM_BWD_WARPS:RPW=$v: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$out/normbwd-test-${v/:/-}.log")"
+      norm_variant normbwd $v FR_CUDA_NORM_BWD_WARPS FR_CUDA_NORM_BWD_RPW || break
       { echo "== FR_CUDA_NORM_BWD_WARPS:RPW=$v"
         for tokens in 1024 4096 16384; do
           $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_bwd|FAIL)'

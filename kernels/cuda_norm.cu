@@ -851,6 +851,16 @@ __device__ __forceinline__ void warp_dx(const NParams &P, const NIo &io, const R
     }
 }
 
+/* Row r of an item starting at token ta: head h of io at token t = (b, s). */
+__device__ __forceinline__ void item_row(const NParams &P, const NIo &io, int64_t ta, int64_t r,
+                                         int64_t *t, int64_t *h, int64_t *b, int64_t *s)
+{
+    *t = ta + r / io.heads;
+    *h = r % io.heads;
+    *b = *t / P.seq_len;
+    *s = *t % P.seq_len;
+}
+
 /* Slots of a batch's terms: two sets (see backward_items). */
 template <int HD, int R> using Terms = float[2][FR_CUDA_NORM_BWD_WARPS * R][HD];
 
@@ -876,8 +886,8 @@ __device__ __forceinline__ void backward_items(const NParams &P, Terms<HD, R> &t
                 const int64_t r = base + j * NW + warp;
                 if (r >= rows)
                     break;
-                const int64_t t = ta + r / io.heads, h = r % io.heads;
-                const int64_t b = t / P.seq_len, s = t % P.seq_len;
+                int64_t t, h, b, s;
+                item_row(P, io, ta, r, &t, &h, &b, &s);
                 const uint16_t *d =
                     (const uint16_t *)row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT);
                 const uint16_t *x =
@@ -894,8 +904,8 @@ __device__ __forceinline__ void backward_items(const NParams &P, Terms<HD, R> &t
                 const int64_t r = base + j * NW + warp;
                 if (r >= rows)
                     break;
-                const int64_t t = ta + r / io.heads, h = r % io.heads;
-                const int64_t b = t / P.seq_len, s = t % P.seq_len;
+                int64_t t, h, b, s;
+                item_row(P, io, ta, r, &t, &h, &b, &s);
                 int bad = 0;
                 const int64_t pos = row_position(P, b, s, &bad);
                 const RowAngles a = row_angles<HD>(P, pos, bad);
