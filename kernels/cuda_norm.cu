@@ -851,14 +851,19 @@ __device__ __forceinline__ void warp_dx(const NParams &P, const NIo &io, const R
     }
 }
 
-/* Row r of an item starting at token ta: head h of io at token t = (b, s). */
-__device__ __forceinline__ void item_row(const NParams &P, const NIo &io, int64_t ta, int64_t r,
-                                         int64_t *t, int64_t *h, int64_t *b, int64_t *s)
+/* Row r of an item of `rows` rows starting at token ta: head h of io at
+ * token t = (b, s); false past the item's rows. */
+__device__ __forceinline__ bool item_row(const NParams &P, const NIo &io, int64_t ta, int64_t r,
+                                         int64_t rows, int64_t *t, int64_t *h, int64_t *b,
+                                         int64_t *s)
 {
+    if (r >= rows)
+        return false;
     *t = ta + r / io.heads;
     *h = r % io.heads;
     *b = *t / P.seq_len;
     *s = *t % P.seq_len;
+    return true;
 }
 
 /* Slots of a batch's terms: two sets (see backward_items). */
@@ -883,11 +888,9 @@ __device__ __forceinline__ void backward_items(const NParams &P, Terms<HD, R> &t
             float dy[R][K], xs[R][K], rstd[R];
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                const int64_t r = base + j * NW + warp;
-                if (r >= rows)
-                    break;
                 int64_t t, h, b, s;
-                item_row(P, io, ta, r, &t, &h, &b, &s);
+                if (!item_row(P, io, ta, base + j * NW + warp, rows, &t, &h, &b, &s))
+                    break;
                 const uint16_t *d =
                     (const uint16_t *)row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT);
                 const uint16_t *x =
@@ -901,11 +904,9 @@ __device__ __forceinline__ void backward_items(const NParams &P, Terms<HD, R> &t
             }
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                const int64_t r = base + j * NW + warp;
-                if (r >= rows)
-                    break;
                 int64_t t, h, b, s;
-                item_row(P, io, ta, r, &t, &h, &b, &s);
+                if (!item_row(P, io, ta, base + j * NW + warp, rows, &t, &h, &b, &s))
+                    break;
                 int bad = 0;
                 const int64_t pos = row_position(P, b, s, &bad);
                 const RowAngles a = row_angles<HD>(P, pos, bad);
