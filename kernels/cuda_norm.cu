@@ -450,18 +450,14 @@ __device__ __forceinline__ float row_weight(const NParams &P, const NIo &io, int
     return fr_norm_wf(P.weight, w);
 }
 
-/* Pair i's channels and channel c's pair in a row of HD channels, all
- * rotated (rope_math.h's rules; constants once the loops are unrolled). */
+/* Pair i's channels in a row of HD channels, all rotated (rope_math.h's
+ * rules; constants once the loops are unrolled). */
 template <int HD, bool IL> __device__ __forceinline__ void pair_ab(int i, int *ca, int *cb)
 {
     int64_t a, b;
     fr_pair_channels(IL, i, HD / 2, &a, &b);
     *ca = (int)a;
     *cb = (int)b;
-}
-template <int HD, bool IL> __device__ __forceinline__ int pair_of(int c)
-{
-    return (int)fr_channel_pair(IL, c, HD / 2);
 }
 
 /* The forward's pairs of a row held in v: normalised as rounding mode RND
