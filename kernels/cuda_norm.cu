@@ -1187,38 +1187,23 @@ cudaError_t launch_items(const NParams &P, int r, cudaStream_t stream)
 #undef FR_BWD_LAUNCH
 }
 
-/* The backward of the common rows: norm_backward_items, dw's chunk partials
- * in a small scratch, then their sums (norm_dw_sum). */
-cudaError_t backward_items_launches(NParams &P, int count, int64_t hd, cudaStream_t stream)
+/* norm_backward_items over every row of the call: a tensor whose dw
+ * partials are asked for (part set) in chunks, the other in items of a
+ * batch's rows. */
+cudaError_t launch_items_all(NParams &P, int count, int64_t hd, cudaStream_t stream)
 {
     const int r = bwd_rpw();
     const int64_t S = FR_CUDA_NORM_BWD_WARPS * r;
-    size_t np[2] = { 0, 0 };
-    void *scratch = nullptr;
-    cudaError_t err = cudaSuccess;
     for (int k = 0; k < count; k++) {
         NIo &o = P.io[k];
-        o.item_tokens = o.dw ? FUSEDROPE_NORM_DW_CHUNK : (S + o.heads - 1) / o.heads;
+        o.item_tokens = o.part ? FUSEDROPE_NORM_DW_CHUNK : (S + o.heads - 1) / o.heads;
         o.items = (P.tokens + o.item_tokens - 1) / o.item_tokens;
-        np[k] = o.dw ? (size_t)(P.chunks * o.hd) : 0;
     }
-    if (np[0] + np[1] > 0 &&
-        (err = scratch_alloc(&scratch, (np[0] + np[1]) * sizeof(float), stream)) != cudaSuccess)
-        return err;
-    P.io[0].part = np[0] ? (float *)scratch : nullptr;
-    P.io[1].part = np[1] ? (float *)scratch + np[0] : nullptr;
     if (P.dt == DT_F16)
-        err = hd == 64 ? launch_items<DT_F16, 64>(P, r, stream)
-                       : launch_items<DT_F16, 128>(P, r, stream);
-    else
-        err = hd == 64 ? launch_items<DT_BF16, 64>(P, r, stream)
-                       : launch_items<DT_BF16, 128>(P, r, stream);
-    if (scratch == nullptr)
-        return err;
-    if (err == cudaSuccess)
-        err = launch(norm_dw_sum, (np[0] ? hd : 0) + (np[1] ? hd : 0), P, stream);
-    const cudaError_t e2 = scratch_free(scratch, stream);
-    return err != cudaSuccess ? err : e2;
+        return hd == 64 ? launch_items<DT_F16, 64>(P, r, stream)
+                        : launch_items<DT_F16, 128>(P, r, stream);
+    return hd == 64 ? launch_items<DT_BF16, 64>(P, r, stream)
+                    : launch_items<DT_BF16, 128>(P, r, stream);
 }
 
 } /* namespace */
@@ -1259,24 +1244,25 @@ int64_t segment_tokens(int64_t tokens, int64_t term_floats_per_token)
     return seg < tokens ? seg : (tokens + C - 1) / C * C;
 }
 
-/* dx, and dw where asked for: per segment of tokens, the row kernel (which
- * also writes each row's g * n terms) and the chunks' sums of the terms;
- * then the chunks' partials summed in chunk order.  Without dw, the row
- * kernel over all tokens. */
+/* dx, and dw where asked for: the common rows by norm_backward_items, which
+ * leaves each chunk's partials; the others per segment of tokens, the row
+ * kernel (which also writes each row's g * n terms) and the chunks' sums of
+ * the terms; then the chunks' partials summed in chunk order.  Without dw,
+ * the row kernel over all tokens. */
 cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
 {
-    const int64_t f0 = P.io[0].dw ? P.io[0].heads * P.io[0].hd : 0;
-    const int64_t f1 = P.io[1].dw ? P.io[1].heads * P.io[1].hd : 0;
+    const int64_t hd = rows_hd(P, count, true);
+    /* the terms' floats a token: the generic row kernel's only */
+    const int64_t f0 = hd == 0 && P.io[0].dw ? P.io[0].heads * P.io[0].hd : 0;
+    const int64_t f1 = hd == 0 && P.io[1].dw ? P.io[1].heads * P.io[1].hd : 0;
     const size_t p0 = P.io[0].dw ? (size_t)(P.chunks * P.io[0].hd) : 0;
     const size_t p1 = P.io[1].dw ? (size_t)(P.chunks * P.io[1].hd) : 0;
     void *scratch = nullptr;
     cudaError_t err;
-    const int64_t hd = rows_hd(P, count, true);
-    if (hd != 0)
-        return backward_items_launches(P, count, hd, stream);
-    if (f0 + f1 == 0)
-        return launch(norm_dx, P.tokens * P.heads, P, stream);
-    const int64_t seg = segment_tokens(P.tokens, f0 + f1);
+    if (p0 + p1 == 0)
+        return hd != 0 ? launch_items_all(P, count, hd, stream)
+                       : launch(norm_dx, P.tokens * P.heads, P, stream);
+    const int64_t seg = f0 + f1 > 0 ? segment_tokens(P.tokens, f0 + f1) : 0;
     if ((err = scratch_alloc(&scratch, (p0 + p1 + (size_t)(seg * (f0 + f1))) * sizeof(float),
                              stream)) != cudaSuccess)
         return err;
@@ -1285,15 +1271,19 @@ cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
     P.io[1].part = p1 ? f + p0 : nullptr;
     P.io[0].terms = f0 ? f + p0 + p1 : nullptr;
     P.io[1].terms = f1 ? f + p0 + p1 + seg * f0 : nullptr;
-    for (int64_t t0 = 0; t0 < P.tokens && err == cudaSuccess; t0 += seg) {
-        P.t0 = t0;
-        P.t1 = t0 + seg < P.tokens ? t0 + seg : P.tokens;
-        const int64_t nk = (P.t1 - t0 + FUSEDROPE_NORM_DW_CHUNK - 1) / FUSEDROPE_NORM_DW_CHUNK;
-        err = launch(norm_dx, (P.t1 - P.t0) * P.heads, P, stream);
-        if (err == cudaSuccess)
-            err = launch(norm_dw_chunks, nk * ((f0 ? P.io[0].hd : 0) + (f1 ? P.io[1].hd : 0)), P,
-                         stream);
-    }
+    if (hd != 0)
+        err = launch_items_all(P, count, hd, stream);
+    else
+        for (int64_t t0 = 0; t0 < P.tokens && err == cudaSuccess; t0 += seg) {
+            P.t0 = t0;
+            P.t1 = t0 + seg < P.tokens ? t0 + seg : P.tokens;
+            const int64_t nk =
+                (P.t1 - t0 + FUSEDROPE_NORM_DW_CHUNK - 1) / FUSEDROPE_NORM_DW_CHUNK;
+            err = launch(norm_dx, (P.t1 - P.t0) * P.heads, P, stream);
+            if (err == cudaSuccess)
+                err = launch(norm_dw_chunks,
+                             nk * ((f0 ? P.io[0].hd : 0) + (f1 ? P.io[1].hd : 0)), P, stream);
+        }
     if (err == cudaSuccess)
         err = launch(norm_dw_sum, (p0 ? P.io[0].hd : 0) + (p1 ? P.io[1].hd : 0), P, stream);
     const cudaError_t e2 = scratch_free(scratch, stream);
