@@ -7,26 +7,22 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
+
+#include "under_valgrind.h"
 
 /* Whether to run configuration i of n on a call whose shape gives key: all
- * of them; but under valgrind (make check-valgrind sets VALGRIND) the
+ * of them; but under valgrind (tu_under_valgrind) the
  * first and one of the others, in turn from the call's count and key, since
  * the emulated kernels took most of that stage's time.  The wrapper asks
  * for i = 0 first on each call. */
 static inline int emu_config_runs(size_t i, size_t n, uint64_t key)
 {
     static uint64_t calls;
-    static int vg = -1;
-    if (vg < 0) {
-        const char *v = getenv("VALGRIND");
-        vg = v != NULL && *v != '\0';
-    }
     if (i == 0) {
         calls++;
         return 1;
     }
-    return !vg || i == 1 + (size_t)((calls + key) % (n - 1));
+    return !tu_under_valgrind() || i == 1 + (size_t)((calls + key) % (n - 1));
 }
 
 #endif

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "fusedrope.h"
+#include "under_valgrind.h"
 
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t n, size_t m);
@@ -266,7 +267,7 @@ int main(void)
 #endif
 #endif
 #ifndef FR_SANITIZED
-        if (!getenv("VALGRIND") || !*getenv("VALGRIND")) {
+        if (!tu_under_valgrind()) {
             armed = 1, fail_at = 0, count = 0, nlive = 0;
             st = fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &c);
             armed = 0;

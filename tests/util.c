@@ -63,12 +63,6 @@ void tu_threads(int n)
 #endif
 }
 
-int tu_under_valgrind(void)
-{
-    const char *v = getenv("VALGRIND");
-    return v && *v;
-}
-
 int tu_main(Suite *s, const char *name)
 {
     const char *env = getenv("FUSEDROPE_TEST_SEED");

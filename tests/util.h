@@ -12,6 +12,7 @@
 
 #include "fusedrope.h"
 #include "ref.h"
+#include "under_valgrind.h"
 
 /* ------------------------------------------------------------------ seeding */
 
@@ -29,9 +30,6 @@ int64_t tu_int(tu_rng *r, int64_t lo, int64_t hi); /* inclusive */
  * two, so that the threaded paths run.  A no-op without OpenMP. */
 void tu_threads(int n);
 
-/* Whether the run is under valgrind (make check-valgrind sets VALGRIND): tests
- * then use smaller sizes and longer timeouts. */
-int tu_under_valgrind(void);
 
 /* Runs a suite (CK_FORK default) after printing the seed; returns the exit status. */
 int tu_main(Suite *s, const char *name);

@@ -17,6 +17,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../under_valgrind.h"
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* The target's seed corpus and regression inputs under tests/fuzz/. */
@@ -86,9 +88,8 @@ int main(int argc, char **argv)
 {
     const char *srcdir = getenv("srcdir");
     const char *rs = getenv("FUZZ_REPLAY_RANDOM");
-    const char *vg = getenv("VALGRIND");
     const char *save = getenv("FUZZ_REPLAY_SAVE");
-    long random_inputs = rs ? atol(rs) : vg && *vg ? 30 : 300;
+    long random_inputs = rs ? atol(rs) : tu_under_valgrind() ? 30 : 300;
     uint64_t x = 0x853c49e6748fea9bull;
     char p[4096];
 
