@@ -1387,6 +1387,133 @@ static nb_row_fn nb_pick_row(int dt, int interleaved, int saved_y)
 }
 #endif /* FR_HAVE_AVX2 */
 
+#ifdef FR_HAVE_AVX512
+/*
+ * nb_row with 512-bit vectors, for CPUs with AVX-512 F, BW and VL
+ * (fr_avx512_usable), on rows whose rotation pairs and other channels come
+ * in whole 16-channel vectors (n5_whole; the others of such a call take the
+ * AVX2 rows).  The same operations in the same order, lane by lane, as
+ * nb_row: the same bits.  The dot of dn and n keeps norm_math.h's 32
+ * partial sums as n5_sum does (partial l is lane l % 16 of accumulator
+ * l / 16) and adds them with n5_tree.
+ */
+
+/* nb_rotate8 on 16 pairs. */
+FR_N5_INLINE void nb5_rotate16(__m512 *a, __m512 *b, const float *cs, const float *sn)
+{
+    const __m512 c = _mm512_loadu_ps(cs);
+    const __m512 ss = _mm512_mul_ps(_mm512_loadu_ps(sn), _mm512_set1_ps(-1.0f));
+    const __m512 ra = _mm512_sub_ps(_mm512_mul_ps(*a, c), _mm512_mul_ps(*b, ss));
+    const __m512 rb = _mm512_add_ps(_mm512_mul_ps(*b, c), _mm512_mul_ps(*a, ss));
+    *a = ra;
+    *b = rb;
+}
+
+/* 32 interleaved channels (lo: 0-15, hi: 16-31) rotated back in place. */
+FR_N5_INLINE void nb5_rotate32(__m512 *lo, __m512 *hi, const float *cs, const float *sn)
+{
+    __m512 a = _mm512_permutex2var_ps(*lo, _mm512_loadu_si512(n5_even), *hi);
+    __m512 b = _mm512_permutex2var_ps(*lo, _mm512_loadu_si512(n5_odd), *hi);
+    nb5_rotate16(&a, &b, cs, sn);
+    *lo = _mm512_permutex2var_ps(a, _mm512_loadu_si512(n5_zip_lo), b);
+    *hi = _mm512_permutex2var_ps(a, _mm512_loadu_si512(n5_zip_hi), b);
+}
+
+/* nb_chan8 on channels c..c+15. */
+FR_N5_INLINE void nb5_chan16(__m512 g, __m512 xs, int64_t c, const float *wf, __m512 vr,
+                             float *acc, float *dn, float *nn, int saved_y)
+{
+    const __m512 w = _mm512_loadu_ps(wf + c);
+    const __m512 n = saved_y ? _mm512_div_ps(xs, w) : _mm512_mul_ps(xs, vr);
+    if (acc)
+        _mm512_storeu_ps(acc + c, _mm512_add_ps(_mm512_loadu_ps(acc + c), _mm512_mul_ps(g, n)));
+    _mm512_storeu_ps(dn + c, _mm512_mul_ps(g, w));
+    _mm512_storeu_ps(nn + c, n);
+}
+
+FR_N5_INLINE void nb5_row(const void *dy, const void *sv, void *out, const float *wf,
+                          const float *cs, const float *sn, float *acc, float r, int64_t hd,
+                          int64_t half, float *dn, float *nn, int dt, int interleaved,
+                          int saved_y)
+{
+    const int64_t es = dt == 0 ? 4 : 2, rot = 2 * half;
+    const char *db = dy, *sb = sv;
+    const __m512 vr = _mm512_set1_ps(r);
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, vm;
+    int64_t c = 0, i;
+
+    /* pass A */
+    if (interleaved) {
+        for (i = 0; 2 * i < rot; i += 16) {
+            __m512 g0 = n5_widen16(db + 2 * i * es, dt), g1 = n5_widen16(db + (2 * i + 16) * es, dt);
+            __m512 x0 = n5_widen16(sb + 2 * i * es, dt), x1 = n5_widen16(sb + (2 * i + 16) * es, dt);
+            nb5_rotate32(&g0, &g1, cs + i, sn + i);
+            if (saved_y)
+                nb5_rotate32(&x0, &x1, cs + i, sn + i);
+            nb5_chan16(g0, x0, 2 * i, wf, vr, acc, dn, nn, saved_y);
+            nb5_chan16(g1, x1, 2 * i + 16, wf, vr, acc, dn, nn, saved_y);
+        }
+    } else {
+        for (i = 0; i < half; i += 16) {
+            __m512 ga = n5_widen16(db + i * es, dt), gb = n5_widen16(db + (half + i) * es, dt);
+            __m512 xa = n5_widen16(sb + i * es, dt), xb = n5_widen16(sb + (half + i) * es, dt);
+            nb5_rotate16(&ga, &gb, cs + i, sn + i);
+            if (saved_y)
+                nb5_rotate16(&xa, &xb, cs + i, sn + i);
+            nb5_chan16(ga, xa, i, wf, vr, acc, dn, nn, saved_y);
+            nb5_chan16(gb, xb, half + i, wf, vr, acc, dn, nn, saved_y);
+        }
+    }
+    for (c = rot; c < hd; c += 16)
+        nb5_chan16(n5_widen16(db + c * es, dt), n5_widen16(sb + c * es, dt), c, wf, vr, acc, dn,
+                   nn, saved_y);
+    /* the mean of dn * n (row_dot's order) */
+    for (c = 0; c + 32 <= hd; c += 32) {
+        s0 = _mm512_add_ps(s0, _mm512_mul_ps(_mm512_loadu_ps(dn + c), _mm512_loadu_ps(nn + c)));
+        s1 = _mm512_add_ps(s1, _mm512_mul_ps(_mm512_loadu_ps(dn + c + 16), _mm512_loadu_ps(nn + c + 16)));
+    }
+    if (c < hd) {
+        float p[32];
+        _mm512_storeu_ps(p, s0);
+        _mm512_storeu_ps(p + 16, s1);
+        for (int l = 0; c + l < hd; l++)
+            p[l] = p[l] + dn[c + l] * nn[c + l];
+        s0 = _mm512_loadu_ps(p);
+        s1 = _mm512_loadu_ps(p + 16);
+    }
+    vm = _mm512_set1_ps(fr_norm_mean(n5_tree(s0, s1), hd));
+    /* pass B */
+    for (c = 0; c < hd; c += 16)
+        n5_store16((char *)out + c * es,
+                   _mm512_mul_ps(vr, _mm512_sub_ps(_mm512_loadu_ps(dn + c),
+                                                   _mm512_mul_ps(_mm512_loadu_ps(nn + c), vm))),
+                   dt, 0, 0);
+}
+
+#define DEFINE_NB5_ROW(D, I, Y)                                                               \
+    FR_N5_TARGET static void nb5_row_##D##I##Y(const void *dy, const void *sv, void *out,     \
+                                               const float *wf, const float *cs,              \
+                                               const float *sn, float *acc, float r,          \
+                                               int64_t hd, int64_t half, float *dn,           \
+                                               float *nn)                                     \
+    {                                                                                         \
+        nb5_row(dy, sv, out, wf, cs, sn, acc, r, hd, half, dn, nn, D, I, Y);                  \
+    }
+#define DEFINE_NB5_ROWS(D)                                                                    \
+    DEFINE_NB5_ROW(D, 0, 0) DEFINE_NB5_ROW(D, 0, 1) DEFINE_NB5_ROW(D, 1, 0) DEFINE_NB5_ROW(D, 1, 1)
+DEFINE_NB5_ROWS(0) DEFINE_NB5_ROWS(1) DEFINE_NB5_ROWS(2)
+#undef DEFINE_NB5_ROWS
+#undef DEFINE_NB5_ROW
+
+static nb_row_fn nb5_pick_row(int dt, int interleaved, int saved_y)
+{
+#define ROWS(D) { { nb5_row_##D##00, nb5_row_##D##01 }, { nb5_row_##D##10, nb5_row_##D##11 } }
+    static const nb_row_fn fns[3][2][2] = { ROWS(0), ROWS(1), ROWS(2) };
+#undef ROWS
+    return fns[dt][!!interleaved][!!saved_y];
+}
+#endif /* FR_HAVE_AVX512 */
+
 
 fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
 {
@@ -1405,7 +1532,11 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
 #ifdef FR_HAVE_AVX2
     const nb_row_fn avx2_row =
         fr_avx2_usable() ? nb_pick_row((int)a->dtype, a->interleaved, na->saved_y) : NULL;
-    int nb_ok[2] = { 0, 0 }; /* slot k's rows go to avx2_row */
+    nb_row_fn vrow[2] = { NULL, NULL }; /* slot k's rows' vector function, or NULL */
+#endif
+#ifdef FR_HAVE_AVX512
+    const nb_row_fn avx512_row =
+        fr_avx512_usable() ? nb5_pick_row((int)a->dtype, a->interleaved, na->saved_y) : NULL;
 #endif
 
     for (int k = 0; k < 2; k++)
@@ -1421,7 +1552,12 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
         if (na->dw[k])
             ptotal += chunks * pstride[k];
 #ifdef FR_HAVE_AVX2
-        nb_ok[k] = nt_whole(a->io[k].head_dim, half, a->interleaved);
+        if (avx2_row && nt_whole(a->io[k].head_dim, half, a->interleaved))
+            vrow[k] = avx2_row;
+#endif
+#ifdef FR_HAVE_AVX512
+        if (avx512_row && n5_whole(a->io[k].head_dim, half, a->interleaved))
+            vrow[k] = avx512_row;
 #endif
     }
     /* per thread: g, n (then dx), the saved row, a table-less token's cos/sin.
@@ -1468,8 +1604,8 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
                 const float r = na->rstd[k][t * io->heads + h];
                 float m;
 #ifdef FR_HAVE_AVX2
-                if (avx2_row && nb_ok[k]) {
-                    avx2_row((const char *)io->in +
+                if (vrow[k]) {
+                    vrow[k]((const char *)io->in +
                                  (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es,
                              (const char *)na->x[k] +
                                  (size_t)(s * na->x_ss[k] + b * na->x_sb[k] + h * na->x_sh[k]) * es,

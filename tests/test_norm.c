@@ -958,19 +958,24 @@ START_TEST(test_avx2_rows_match_portable)
 }
 END_TEST
 
-/* fusedrope_norm_backward_qk through the AVX2 rows and through the portable
- * loops: the same bytes for dx and dw (a NaN need only be NaN in both), over
- * every dtype, style and weight kind, from saved x and from saved y, out of
- * place and in place; head_dim with and without whole vectors (the others
- * take the portable loops in both), partial rotary, several dw chunks, and
+/* fusedrope_norm_backward_qk through the library's choice (the AVX-512 rows
+ * where the CPU has them), through the AVX2 rows (fr_avx512_off) and
+ * through the portable loops (fr_avx2_off): the same bytes for dx and dw (a
+ * NaN need only be NaN in each), over every dtype, style and weight kind,
+ * from saved x and from saved y, out of place and in place; head_dim with
+ * and without whole 8- and 16-channel vectors (the AVX2 and AVX-512 rows'
+ * conditions; the others take the portable loops or the AVX2 rows),
+ * partial rotary, several dw chunks, and
  * special values in some rows of dy, the saved tensor and rstd (zero,
  * infinite, NaN) and a weight 1 + w of 0 (saved y divides by it). */
 START_TEST(test_avx2_backward_rows_match_portable)
 {
     static const struct { int64_t s, h, hd, rot; } shapes[] = {
         { 5, 3, 128, 128 }, { 70, 2, 96, 48 }, { 3, 5, 34, 10 }, { 4, 2, 256, 64 },
-        { 2, 3, 6, 6 },     { 40, 2, 72, 64 }, { 33, 1, 48, 32 },
+        { 2, 3, 6, 6 },     { 40, 2, 72, 64 }, { 33, 1, 48, 32 }, { 9, 2, 80, 64 },
+        { 37, 3, 64, 32 },
     };
+    static const char *const path[3] = { "default", "AVX2", "portable" };
     const fusedrope_dtype dt = dtypes[_i % 3];
     const fusedrope_style style = (_i / 3) % 2 ? FUSEDROPE_INTERLEAVED : FUSEDROPE_NEOX;
     const size_t es = ref_dtype_size(dt);
@@ -985,9 +990,11 @@ START_TEST(test_avx2_backward_rows_match_portable)
         fusedrope_cache *cache;
         void *sv = tu_alloc((size_t)n * es), *dy = tu_alloc((size_t)n * es);
         void *w = tu_alloc((size_t)D * es);
-        void *dx[2] = { tu_alloc((size_t)n * es), tu_alloc((size_t)n * es) };
+        void *dx[3] = { tu_alloc((size_t)n * es), tu_alloc((size_t)n * es),
+                        tu_alloc((size_t)n * es) };
         float *rs = tu_alloc(sizeof(float) * (size_t)(S * H));
-        float *dw[2] = { tu_alloc(sizeof(float) * (size_t)D), tu_alloc(sizeof(float) * (size_t)D) };
+        float *dw[3] = { tu_alloc(sizeof(float) * (size_t)D), tu_alloc(sizeof(float) * (size_t)D),
+                         tu_alloc(sizeof(float) * (size_t)D) };
 
         fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)shapes[si].rot, S, 10000.0);
         ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
@@ -1020,7 +1027,7 @@ START_TEST(test_avx2_backward_rows_match_portable)
                     nm.q_weight = weight ? w : NULL;
                     nm.q_rstd = rs;
                     nm.saved_output = saved_y;
-                    for (int off = 0; off < 2; off++) {
+                    for (int off = 0; off < 3; off++) {
                         fusedrope_tensor ts, tdy, tdx;
                         nm.dq_weight = weight ? dw[off] : NULL;
                         memset(dx[off], 0xa5, (size_t)n * es);
@@ -1030,27 +1037,31 @@ START_TEST(test_avx2_backward_rows_match_portable)
                         ts = fusedrope_tensor_bshd(sv, dt, S, 1, H, D);
                         tdy = fusedrope_tensor_bshd(in_place ? dx[off] : dy, dt, S, 1, H, D);
                         tdx = fusedrope_tensor_bshd(dx[off], dt, S, 1, H, D);
-                        __atomic_store_n(&fr_avx2_off, off, __ATOMIC_RELAXED);
+                        __atomic_store_n(&fr_avx512_off, off == 1, __ATOMIC_RELAXED);
+                        __atomic_store_n(&fr_avx2_off, off == 2, __ATOMIC_RELAXED);
                         ck_assert_msg(fusedrope_norm_backward_qk(cache, style, NULL, &nm, &ts, &tdy,
                                                                  &tdx, NULL, NULL, NULL,
                                                                  NULL) == FUSEDROPE_OK,
                                       "%s", fusedrope_last_error());
+                        __atomic_store_n(&fr_avx512_off, 0, __ATOMIC_RELAXED);
                         __atomic_store_n(&fr_avx2_off, 0, __ATOMIC_RELAXED);
                     }
-                    for (int64_t i = 0; i < n; i++)
-                        if (memcmp((char *)dx[0] + i * es, (char *)dx[1] + i * es, es) != 0 &&
-                            !(nan_at(dx[0], dt, i) && nan_at(dx[1], dt, i)))
-                            ck_abort_msg("%s %s shape %zu weight %d saved_y %d in place %d: dx[%lld] "
-                                         "AVX2 %.9g, portable %.9g", ref_dtype_name(dt),
-                                         style ? "interleaved" : "neox", si, weight, saved_y,
-                                         in_place, (long long)i, ref_load(dx[0], dt, i),
-                                         ref_load(dx[1], dt, i));
-                    for (int64_t c = 0; weight && c < D; c++)
-                        ck_assert_msg(memcmp(&dw[0][c], &dw[1][c], 4) == 0 ||
-                                          (isnan(dw[0][c]) && isnan(dw[1][c])),
-                                      "%s shape %zu weight %d saved_y %d: dw[%lld]: AVX2 %.9g, "
-                                      "portable %.9g", ref_dtype_name(dt), si, weight, saved_y,
-                                      (long long)c, dw[0][c], dw[1][c]);
+                    for (int p = 0; p < 2; p++) {
+                        for (int64_t i = 0; i < n; i++)
+                            if (memcmp((char *)dx[p] + i * es, (char *)dx[2] + i * es, es) != 0 &&
+                                !(nan_at(dx[p], dt, i) && nan_at(dx[2], dt, i)))
+                                ck_abort_msg("%s %s shape %zu weight %d saved_y %d in place %d: "
+                                             "dx[%lld] %s %.9g, portable %.9g", ref_dtype_name(dt),
+                                             style ? "interleaved" : "neox", si, weight, saved_y,
+                                             in_place, (long long)i, path[p],
+                                             ref_load(dx[p], dt, i), ref_load(dx[2], dt, i));
+                        for (int64_t c = 0; weight && c < D; c++)
+                            ck_assert_msg(memcmp(&dw[p][c], &dw[2][c], 4) == 0 ||
+                                              (isnan(dw[p][c]) && isnan(dw[2][c])),
+                                          "%s shape %zu weight %d saved_y %d: dw[%lld]: %s %.9g, "
+                                          "portable %.9g", ref_dtype_name(dt), si, weight, saved_y,
+                                          (long long)c, path[p], dw[p][c], dw[2][c]);
+                    }
                 }
     }
     tu_free_all();
@@ -1436,8 +1447,8 @@ int main(void)
 #ifdef FR_HAVE_AVX2
     printf("test_norm: %s\n",
            fr_avx512_usable()
-               ? "AVX-512 F/BW/VL in use: the forward's rows compared on three paths"
-               : "this CPU (or its OS, or valgrind) lacks AVX-512 F/BW/VL: the forward's "
+               ? "AVX-512 F/BW/VL in use: the norm's rows compared on three paths"
+               : "this CPU (or its OS, or valgrind) lacks AVX-512 F/BW/VL: the norm's "
                  "AVX-512 rows are not compared (their default path is the AVX2 one)");
 #endif
     return tu_main(norm_suite(), "test_norm");
