@@ -8,7 +8,8 @@
  * simple one over floats the compiler vectorises; where the CPU has AVX2
  * and F16C the forward's rows instead take two intrinsic passes (nv_*;
  * with AVX-512 F/BW/VL 16 channels a step, n5_*), and
- * the backward's rows of whole vectors three (nb_row), the same bits.
+ * the backward's rows of whole vectors three (nb_pass_a, the dot,
+ * nb_pass_b; nb5_* with AVX-512), the same bits.
  *
  * The forward splits the (token, head) rows evenly over the threads.  The
  * backward works in chunks of FUSEDROPE_NORM_DW_CHUNK tokens: a chunk's
@@ -482,7 +483,7 @@ FR_AVX2_INLINE void nv_out(const float *v, void *y, const float *wf, const float
 
 /* Whether a row's rotation pairs and other channels come in whole vectors:
  * nv_out can then stream it (every store a whole vector at a multiple of 8
- * channels), and nb_row takes it. */
+ * channels), and the backward's AVX2 rows take it. */
 static int nt_whole(int64_t hd, int64_t half, int interleaved)
 {
     return (interleaved ? (2 * half) % 16 == 0 : half % 8 == 0) && (hd - 2 * half) % 8 == 0;
@@ -1291,18 +1292,18 @@ FR_AVX2_INLINE void nb_chan8(__m256 g, __m256 xs, int64_t c, const float *wf, __
     _mm256_storeu_ps(nn + c, n);
 }
 
-FR_AVX2_INLINE void nb_row(const void *dy, const void *sv, void *out, const float *wf,
-                           const float *cs, const float *sn, float *acc, float r, int64_t hd,
-                           int64_t half, float *dn, float *nn, int dt, int interleaved,
-                           int saved_y)
+/* Pass A of a row: g = R^T dy, n, the dw partial, dn and n stored; returns
+ * the dot of dn and n (row_dot's order). */
+FR_AVX2_INLINE float nb_pass_a(const void *dy, const void *sv, const float *wf, const float *cs,
+                               const float *sn, float *acc, float r, int64_t hd, int64_t half,
+                               float *dn, float *nn, int dt, int interleaved, int saved_y)
 {
     const int64_t es = dt == 0 ? 4 : 2, rot = 2 * half;
     const char *db = dy, *sb = sv;
     const __m256 vr = _mm256_set1_ps(r);
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, vm;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t c = 0, i;
 
-    /* pass A */
     if (interleaved) {
         for (i = 0; 2 * i < rot; i += 8) {
             __m256 ga, gb, xa, xb, g0, g1, x0 = nv_widen8(sb + 2 * i * es, dt),
@@ -1332,7 +1333,6 @@ FR_AVX2_INLINE void nb_row(const void *dy, const void *sv, void *out, const floa
     for (c = rot; c < hd; c += 8)
         nb_chan8(nv_widen8(db + c * es, dt), nv_widen8(sb + c * es, dt), c, wf, vr, acc, dn, nn,
                  saved_y);
-    /* the mean of dn * n (row_dot's order) */
     for (c = 0; c + 32 <= hd; c += 32) {
         s0 = _mm256_add_ps(s0, _mm256_mul_ps(_mm256_loadu_ps(dn + c), _mm256_loadu_ps(nn + c)));
         s1 = _mm256_add_ps(s1, _mm256_mul_ps(_mm256_loadu_ps(dn + c + 8), _mm256_loadu_ps(nn + c + 8)));
@@ -1352,48 +1352,90 @@ FR_AVX2_INLINE void nb_row(const void *dy, const void *sv, void *out, const floa
         s2 = _mm256_loadu_ps(p + 16);
         s3 = _mm256_loadu_ps(p + 24);
     }
-    vm = _mm256_set1_ps(fr_norm_mean(nv_tree(s0, s1, s2, s3), hd));
-    /* pass B */
-    for (c = 0; c < hd; c += 8)
+    return nv_tree(s0, s1, s2, s3);
+}
+
+/* Pass B of a row: dx = rstd * (dn - n * mean), narrowed (with the NaN case). */
+FR_AVX2_INLINE void nb_pass_b(void *out, const float *dn, const float *nn, float r, float mean,
+                              int64_t hd, int dt)
+{
+    const int64_t es = dt == 0 ? 4 : 2;
+    const __m256 vr = _mm256_set1_ps(r), vm = _mm256_set1_ps(mean);
+    for (int64_t c = 0; c < hd; c += 8)
         nv_store8((char *)out + c * es,
                   _mm256_mul_ps(vr, _mm256_sub_ps(_mm256_loadu_ps(dn + c),
                                                   _mm256_mul_ps(_mm256_loadu_ps(nn + c), vm))),
                   dt, 0, 0);
 }
 
-typedef void (*nb_row_fn)(const void *, const void *, void *, const float *, const float *,
-                          const float *, float *, float, int64_t, int64_t, float *, float *);
-#define DEFINE_NB_ROW(D, I, Y)                                                                \
-    FR_AVX2_TARGET static void nb_row_##D##I##Y(const void *dy, const void *sv, void *out,    \
-                                                const float *wf, const float *cs,             \
-                                                const float *sn, float *acc, float r,         \
-                                                int64_t hd, int64_t half, float *dn,          \
-                                                float *nn)                                    \
-    {                                                                                         \
-        nb_row(dy, sv, out, wf, cs, sn, acc, r, hd, half, dn, nn, D, I, Y);                   \
-    }
-#define DEFINE_NB_ROWS(D)                                                                     \
-    DEFINE_NB_ROW(D, 0, 0) DEFINE_NB_ROW(D, 0, 1) DEFINE_NB_ROW(D, 1, 0) DEFINE_NB_ROW(D, 1, 1)
-DEFINE_NB_ROWS(0) DEFINE_NB_ROWS(1) DEFINE_NB_ROWS(2)
-#undef DEFINE_NB_ROWS
-#undef DEFINE_NB_ROW
+/* The rows of one token of one io slot (a run), for the vector rows. */
+typedef struct {
+    const char *dy, *sv;       /* the run's first row of dy and of the saved tensor */
+    char *dx;                  /* ... and of dx */
+    int64_t dy_step, sv_step, dx_step; /* bytes from a head's row to the next's */
+    const float *rstd;         /* the run's rstd */
+    int64_t heads;
+    const float *wf, *cs, *sn; /* weight factors, the token's angles */
+    float *acc;                /* the chunk's dw partial, or NULL */
+    int64_t hd, half;
+    float *rows;               /* the thread's scratch: 2 rows of dn and n (4 hd floats) */
+} nb_run_args;
 
-static nb_row_fn nb_pick_row(int dt, int interleaved, int saved_y)
+/*
+ * NAME: a run's rows with the passes PASS_A and PASS_B.  Row h's pass A
+ * comes before row h - 1's pass B, whose mean waits on the dot's tree, the
+ * mean's division and the pass A stores of dn and n: one row after the
+ * other left that chain exposed (bench/RESULTS.md).  Pass A keeps the row
+ * order, so the dw partial's sums are the same.
+ */
+#define FR_DEFINE_BRUN(ATTR, NAME, PASS_A, PASS_B)                                               \
+ATTR void NAME(const nb_run_args *ra, int D, int I, int Y)                                       \
+{                                                                                                \
+    const int64_t hd = ra->hd;                                                                   \
+    float *dn[2] = { ra->rows, ra->rows + 2 * hd }, *nn[2] = { ra->rows + hd, ra->rows + 3 * hd }; \
+    float mean = 0.0f;                                                                           \
+    for (int64_t h = 0; h <= ra->heads; h++) {                                                   \
+        float next = 0.0f;                                                                       \
+        if (h < ra->heads)                                                                       \
+            next = fr_norm_mean(PASS_A(ra->dy + h * ra->dy_step, ra->sv + h * ra->sv_step, ra->wf, \
+                                       ra->cs, ra->sn, ra->acc, ra->rstd[h], hd, ra->half,       \
+                                       dn[h & 1], nn[h & 1], D, I, Y), hd);                      \
+        if (h > 0)                                                                               \
+            PASS_B(ra->dx + (h - 1) * ra->dx_step, dn[(h - 1) & 1], nn[(h - 1) & 1],             \
+                   ra->rstd[h - 1], mean, hd, D);                                                \
+        mean = next;                                                                             \
+    }                                                                                            \
+}
+FR_DEFINE_BRUN(FR_AVX2_INLINE, nb_run, nb_pass_a, nb_pass_b)
+
+typedef void (*nb_run_fn)(const nb_run_args *);
+#define DEFINE_NB_RUN(D, I, Y)                                                                \
+    FR_AVX2_TARGET static void nb_run_##D##I##Y(const nb_run_args *ra)                        \
+    {                                                                                         \
+        nb_run(ra, D, I, Y);                                                                  \
+    }
+#define DEFINE_NB_RUNS(D)                                                                     \
+    DEFINE_NB_RUN(D, 0, 0) DEFINE_NB_RUN(D, 0, 1) DEFINE_NB_RUN(D, 1, 0) DEFINE_NB_RUN(D, 1, 1)
+DEFINE_NB_RUNS(0) DEFINE_NB_RUNS(1) DEFINE_NB_RUNS(2)
+#undef DEFINE_NB_RUNS
+#undef DEFINE_NB_RUN
+
+static nb_run_fn nb_pick_run(int dt, int interleaved, int saved_y)
 {
-#define ROWS(D) { { nb_row_##D##00, nb_row_##D##01 }, { nb_row_##D##10, nb_row_##D##11 } }
-    static const nb_row_fn fns[3][2][2] = { ROWS(0), ROWS(1), ROWS(2) };
-#undef ROWS
+#define RUNS(D) { { nb_run_##D##00, nb_run_##D##01 }, { nb_run_##D##10, nb_run_##D##11 } }
+    static const nb_run_fn fns[3][2][2] = { RUNS(0), RUNS(1), RUNS(2) };
+#undef RUNS
     return fns[dt][!!interleaved][!!saved_y];
 }
 #endif /* FR_HAVE_AVX2 */
 
 #ifdef FR_HAVE_AVX512
 /*
- * nb_row with 512-bit vectors, for CPUs with AVX-512 F, BW and VL
- * (fr_avx512_usable), on rows whose rotation pairs and other channels come
- * in whole 16-channel vectors (n5_whole; the others of such a call take the
- * AVX2 rows).  The same operations in the same order, lane by lane, as
- * nb_row: the same bits.  The dot of dn and n keeps norm_math.h's 32
+ * The backward's AVX2 passes with 512-bit vectors, for CPUs with AVX-512 F,
+ * BW and VL (fr_avx512_usable), on rows whose rotation pairs and other
+ * channels come in whole 16-channel vectors (n5_whole; the others of such a
+ * call take the AVX2 rows).  The same operations in the same order, lane by
+ * lane, as nb_pass_a and nb_pass_b: the same bits.  The dot of dn and n keeps norm_math.h's 32
  * partial sums as n5_sum does (partial l is lane l % 16 of accumulator
  * l / 16) and adds them with n5_tree.
  */
@@ -1431,18 +1473,17 @@ FR_N5_INLINE void nb5_chan16(__m512 g, __m512 xs, int64_t c, const float *wf, __
     _mm512_storeu_ps(nn + c, n);
 }
 
-FR_N5_INLINE void nb5_row(const void *dy, const void *sv, void *out, const float *wf,
-                          const float *cs, const float *sn, float *acc, float r, int64_t hd,
-                          int64_t half, float *dn, float *nn, int dt, int interleaved,
-                          int saved_y)
+/* nb_pass_a with 16-channel vectors. */
+FR_N5_INLINE float nb5_pass_a(const void *dy, const void *sv, const float *wf, const float *cs,
+                              const float *sn, float *acc, float r, int64_t hd, int64_t half,
+                              float *dn, float *nn, int dt, int interleaved, int saved_y)
 {
     const int64_t es = dt == 0 ? 4 : 2, rot = 2 * half;
     const char *db = dy, *sb = sv;
     const __m512 vr = _mm512_set1_ps(r);
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, vm;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
     int64_t c = 0, i;
 
-    /* pass A */
     if (interleaved) {
         for (i = 0; 2 * i < rot; i += 16) {
             __m512 g0 = n5_widen16(db + 2 * i * es, dt), g1 = n5_widen16(db + (2 * i + 16) * es, dt);
@@ -1467,7 +1508,6 @@ FR_N5_INLINE void nb5_row(const void *dy, const void *sv, void *out, const float
     for (c = rot; c < hd; c += 16)
         nb5_chan16(n5_widen16(db + c * es, dt), n5_widen16(sb + c * es, dt), c, wf, vr, acc, dn,
                    nn, saved_y);
-    /* the mean of dn * n (row_dot's order) */
     for (c = 0; c + 32 <= hd; c += 32) {
         s0 = _mm512_add_ps(s0, _mm512_mul_ps(_mm512_loadu_ps(dn + c), _mm512_loadu_ps(nn + c)));
         s1 = _mm512_add_ps(s1, _mm512_mul_ps(_mm512_loadu_ps(dn + c + 16), _mm512_loadu_ps(nn + c + 16)));
@@ -1481,35 +1521,40 @@ FR_N5_INLINE void nb5_row(const void *dy, const void *sv, void *out, const float
         s0 = _mm512_loadu_ps(p);
         s1 = _mm512_loadu_ps(p + 16);
     }
-    vm = _mm512_set1_ps(fr_norm_mean(n5_tree(s0, s1), hd));
-    /* pass B */
-    for (c = 0; c < hd; c += 16)
+    return n5_tree(s0, s1);
+}
+
+/* nb_pass_b with 16-channel vectors. */
+FR_N5_INLINE void nb5_pass_b(void *out, const float *dn, const float *nn, float r, float mean,
+                             int64_t hd, int dt)
+{
+    const int64_t es = dt == 0 ? 4 : 2;
+    const __m512 vr = _mm512_set1_ps(r), vm = _mm512_set1_ps(mean);
+    for (int64_t c = 0; c < hd; c += 16)
         n5_store16((char *)out + c * es,
                    _mm512_mul_ps(vr, _mm512_sub_ps(_mm512_loadu_ps(dn + c),
                                                    _mm512_mul_ps(_mm512_loadu_ps(nn + c), vm))),
                    dt, 0, 0);
 }
 
-#define DEFINE_NB5_ROW(D, I, Y)                                                               \
-    FR_N5_TARGET static void nb5_row_##D##I##Y(const void *dy, const void *sv, void *out,     \
-                                               const float *wf, const float *cs,              \
-                                               const float *sn, float *acc, float r,          \
-                                               int64_t hd, int64_t half, float *dn,           \
-                                               float *nn)                                     \
-    {                                                                                         \
-        nb5_row(dy, sv, out, wf, cs, sn, acc, r, hd, half, dn, nn, D, I, Y);                  \
-    }
-#define DEFINE_NB5_ROWS(D)                                                                    \
-    DEFINE_NB5_ROW(D, 0, 0) DEFINE_NB5_ROW(D, 0, 1) DEFINE_NB5_ROW(D, 1, 0) DEFINE_NB5_ROW(D, 1, 1)
-DEFINE_NB5_ROWS(0) DEFINE_NB5_ROWS(1) DEFINE_NB5_ROWS(2)
-#undef DEFINE_NB5_ROWS
-#undef DEFINE_NB5_ROW
+FR_DEFINE_BRUN(FR_N5_INLINE, nb5_run, nb5_pass_a, nb5_pass_b)
 
-static nb_row_fn nb5_pick_row(int dt, int interleaved, int saved_y)
+#define DEFINE_NB5_RUN(D, I, Y)                                                               \
+    FR_N5_TARGET static void nb5_run_##D##I##Y(const nb_run_args *ra)                         \
+    {                                                                                         \
+        nb5_run(ra, D, I, Y);                                                                 \
+    }
+#define DEFINE_NB5_RUNS(D)                                                                    \
+    DEFINE_NB5_RUN(D, 0, 0) DEFINE_NB5_RUN(D, 0, 1) DEFINE_NB5_RUN(D, 1, 0) DEFINE_NB5_RUN(D, 1, 1)
+DEFINE_NB5_RUNS(0) DEFINE_NB5_RUNS(1) DEFINE_NB5_RUNS(2)
+#undef DEFINE_NB5_RUNS
+#undef DEFINE_NB5_RUN
+
+static nb_run_fn nb5_pick_run(int dt, int interleaved, int saved_y)
 {
-#define ROWS(D) { { nb5_row_##D##00, nb5_row_##D##01 }, { nb5_row_##D##10, nb5_row_##D##11 } }
-    static const nb_row_fn fns[3][2][2] = { ROWS(0), ROWS(1), ROWS(2) };
-#undef ROWS
+#define RUNS(D) { { nb5_run_##D##00, nb5_run_##D##01 }, { nb5_run_##D##10, nb5_run_##D##11 } }
+    static const nb_run_fn fns[3][2][2] = { RUNS(0), RUNS(1), RUNS(2) };
+#undef RUNS
     return fns[dt][!!interleaved][!!saved_y];
 }
 #endif /* FR_HAVE_AVX512 */
@@ -1530,13 +1575,13 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     void *block;
     size_t per, total;
 #ifdef FR_HAVE_AVX2
-    const nb_row_fn avx2_row =
-        fr_avx2_usable() ? nb_pick_row((int)a->dtype, a->interleaved, na->saved_y) : NULL;
-    nb_row_fn vrow[2] = { NULL, NULL }; /* slot k's rows' vector function, or NULL */
+    const nb_run_fn avx2_run =
+        fr_avx2_usable() ? nb_pick_run((int)a->dtype, a->interleaved, na->saved_y) : NULL;
+    nb_run_fn vrun[2] = { NULL, NULL }; /* slot k's runs' vector function, or NULL */
 #endif
 #ifdef FR_HAVE_AVX512
-    const nb_row_fn avx512_row =
-        fr_avx512_usable() ? nb5_pick_row((int)a->dtype, a->interleaved, na->saved_y) : NULL;
+    const nb_run_fn avx512_run =
+        fr_avx512_usable() ? nb5_pick_run((int)a->dtype, a->interleaved, na->saved_y) : NULL;
 #endif
 
     for (int k = 0; k < 2; k++)
@@ -1552,21 +1597,22 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
         if (na->dw[k])
             ptotal += chunks * pstride[k];
 #ifdef FR_HAVE_AVX2
-        if (avx2_row && nt_whole(a->io[k].head_dim, half, a->interleaved))
-            vrow[k] = avx2_row;
+        if (avx2_run && nt_whole(a->io[k].head_dim, half, a->interleaved))
+            vrun[k] = avx2_run;
 #endif
 #ifdef FR_HAVE_AVX512
-        if (avx512_row && n5_whole(a->io[k].head_dim, half, a->interleaved))
-            vrow[k] = avx512_row;
+        if (avx512_run && n5_whole(a->io[k].head_dim, half, a->interleaved))
+            vrun[k] = avx512_run;
 #endif
     }
-    /* per thread: g, n (then dx), the saved row, a table-less token's cos/sin.
+    /* per thread: g, n (then dx), the saved row and one more (the vector
+     * runs' two rows of dn and n), a table-less token's cos/sin.
      * Each thread's rows and each chunk's partial start on a cache line of
      * their own: chunks next to each other are summed by different threads,
      * and a line they shared made two threads slower than one (a bf16 q+k
      * backward 4.7 ms on two threads against 3.9 on one, bench/RESULTS.md). */
     nth = fr_cpu_team_size(cache, elems);
-    per = (size_t)fr_line_floats(3 * hdmax + cache->rot_dim);
+    per = (size_t)fr_line_floats(4 * hdmax + cache->rot_dim);
     total = (size_t)nth * per + 2 * (size_t)fr_line_floats(hdmax) + (size_t)ptotal;
     block = malloc(total * sizeof(float) + FR_LINE_BYTES);
     if (!block)
@@ -1589,7 +1635,7 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
         const fr_io *io = &a->io[k];
         const int64_t hd = io->head_dim, rot = cache->rot_dim;
         float *g = scratch + (size_t)thread_id() * per, *nv = g + hdmax, *xs = nv + hdmax;
-        float *row_c = xs + hdmax, *row_s = row_c + half;
+        float *row_c = xs + 2 * hdmax, *row_s = row_c + half;
         float *acc = na->dw[k] ? partial + pbase[k] + ch * pstride[k] : NULL;
         const int64_t t1 = (ch + 1) * C < tokens ? (ch + 1) * C : tokens;
 
@@ -1600,21 +1646,31 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
             const int64_t b = t / a->seq_len, s = t % a->seq_len;
             const float *cs, *sn;
             token_angles(cache, &a->pos, b, s, row_c, row_s, &cs, &sn);
+#ifdef FR_HAVE_AVX2
+            if (vrun[k]) {
+                nb_run_args ra;
+                ra.dy = (const char *)io->in + (size_t)(s * io->in_ss + b * io->in_sb) * es;
+                ra.sv = (const char *)na->x[k] + (size_t)(s * na->x_ss[k] + b * na->x_sb[k]) * es;
+                ra.dx = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb) * es;
+                ra.dy_step = io->in_sh * (int64_t)es;
+                ra.sv_step = na->x_sh[k] * (int64_t)es;
+                ra.dx_step = io->out_sh * (int64_t)es;
+                ra.rstd = na->rstd[k] + t * io->heads;
+                ra.heads = io->heads;
+                ra.wf = wf[k];
+                ra.cs = cs;
+                ra.sn = sn;
+                ra.acc = acc;
+                ra.hd = hd;
+                ra.half = half;
+                ra.rows = g;
+                vrun[k](&ra);
+                continue;
+            }
+#endif
             for (int64_t h = 0; h < io->heads; h++) {
                 const float r = na->rstd[k][t * io->heads + h];
                 float m;
-#ifdef FR_HAVE_AVX2
-                if (vrow[k]) {
-                    vrow[k]((const char *)io->in +
-                                 (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es,
-                             (const char *)na->x[k] +
-                                 (size_t)(s * na->x_ss[k] + b * na->x_sb[k] + h * na->x_sh[k]) * es,
-                             (char *)io->out +
-                                 (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es,
-                             wf[k], cs, sn, acc, r, hd, half, g, nv);
-                    continue;
-                }
-#endif
                 /* g = R^T dy */
                 widen((const char *)io->in +
                           (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es,

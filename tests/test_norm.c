@@ -962,7 +962,8 @@ END_TEST
  * where the CPU has them), through the AVX2 rows (fr_avx512_off) and
  * through the portable loops (fr_avx2_off): the same bytes for dx and dw (a
  * NaN need only be NaN in each), over every dtype, style and weight kind,
- * from saved x and from saved y, out of place and in place; head_dim with
+ * from saved x and from saved y, out of place, in place over dy and over
+ * the saved tensor; head_dim with
  * and without whole 8- and 16-channel vectors (the AVX2 and AVX-512 rows'
  * conditions; the others take the portable loops or the AVX2 rows),
  * partial rotary, several dw chunks, and
@@ -1014,7 +1015,7 @@ START_TEST(test_avx2_backward_rows_match_portable)
         }
         for (int weight = 0; weight < 3; weight++)
             for (int saved_y = 0; saved_y < 2; saved_y++)
-                for (int in_place = 0; in_place < 2; in_place++) {
+                for (int in_place = 0; in_place < 3; in_place++) { /* 2: dx over the saved */
                     fusedrope_norm nm;
                     for (int64_t c = 0; c < D; c++)
                         ref_store(w, dt, c,
@@ -1033,9 +1034,9 @@ START_TEST(test_avx2_backward_rows_match_portable)
                         memset(dx[off], 0xa5, (size_t)n * es);
                         memset(dw[off], 0xa5, sizeof(float) * (size_t)D);
                         if (in_place)
-                            memcpy(dx[off], dy, (size_t)n * es);
-                        ts = fusedrope_tensor_bshd(sv, dt, S, 1, H, D);
-                        tdy = fusedrope_tensor_bshd(in_place ? dx[off] : dy, dt, S, 1, H, D);
+                            memcpy(dx[off], in_place == 1 ? dy : sv, (size_t)n * es);
+                        ts = fusedrope_tensor_bshd(in_place == 2 ? dx[off] : sv, dt, S, 1, H, D);
+                        tdy = fusedrope_tensor_bshd(in_place == 1 ? dx[off] : dy, dt, S, 1, H, D);
                         tdx = fusedrope_tensor_bshd(dx[off], dt, S, 1, H, D);
                         __atomic_store_n(&fr_avx512_off, off == 1, __ATOMIC_RELAXED);
                         __atomic_store_n(&fr_avx2_off, off == 2, __ATOMIC_RELAXED);
