@@ -1241,7 +1241,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
 
 #ifdef FR_HAVE_AVX2
 /*
- * The backward of one row with AVX2 and F16C (fr_avx2_usable), for rows
+ * The backward's rows with AVX2 and F16C (fr_avx2_usable), for rows
  * whose rotation pairs and other channels come in whole vectors (nt_whole):
  * pass A widens dy and the saved row, rotates them back (fr_rotate with sgn
  * -1: its s * -1.0f, then the same products and sums), forms n, adds g * n
@@ -1252,16 +1252,18 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
  * FMA: the same bits (tests/test_norm.c compares the two).
  */
 
-/* fr_rotate with sgn -1 on 8 pairs. */
-FR_AVX2_INLINE void nb_rotate8(__m256 *a, __m256 *b, const float *cs, const float *sn)
-{
-    const __m256 c = _mm256_loadu_ps(cs);
-    const __m256 ss = _mm256_mul_ps(_mm256_loadu_ps(sn), _mm256_set1_ps(-1.0f));
-    const __m256 ra = _mm256_sub_ps(_mm256_mul_ps(*a, c), _mm256_mul_ps(*b, ss));
-    const __m256 rb = _mm256_add_ps(_mm256_mul_ps(*b, c), _mm256_mul_ps(*a, ss));
-    *a = ra;
-    *b = rb;
-}
+/* NAME: fr_rotate with sgn -1 (its s * -1.0f, then the same products and
+ * sums) on the pairs (a, b) of vectors of type V, with GCC's vector
+ * operators (FMA contraction off). */
+#define FR_DEFINE_NB_ROTATE(ATTR, NAME, V, LOAD, SET1)                                        \
+    ATTR void NAME(V *a, V *b, const float *cs, const float *sn)                              \
+    {                                                                                         \
+        const V c = LOAD(cs), ss = LOAD(sn) * SET1(-1.0f);                                    \
+        const V ra = *a * c - *b * ss, rb = *b * c + *a * ss;                                 \
+        *a = ra;                                                                              \
+        *b = rb;                                                                              \
+    }
+FR_DEFINE_NB_ROTATE(FR_AVX2_INLINE, nb_rotate8, __m256, _mm256_loadu_ps, _mm256_set1_ps)
 
 /* 16 interleaved channels (lo: 0-7, hi: 8-15) to pair order (a even, b
  * odd), and back. */
@@ -1280,59 +1282,22 @@ FR_AVX2_INLINE void nb_join(__m256 a, __m256 b, __m256 *lo, __m256 *hi)
     *hi = _mm256_permute2f128_ps(l, h, 0x31);
 }
 
-/* Channels c..c+7 of pass A from g = R^T dy and xs (the saved x, or R^T y). */
-FR_AVX2_INLINE void nb_chan8(__m256 g, __m256 xs, int64_t c, const float *wf, __m256 vr,
-                             float *acc, float *dn, float *nn, int saved_y)
+/* nb_split, nb_rotate8 and nb_join: 16 interleaved channels rotated back in
+ * place. */
+FR_AVX2_INLINE void nb_rotate_il8(__m256 *lo, __m256 *hi, const float *cs, const float *sn)
 {
-    const __m256 w = _mm256_loadu_ps(wf + c);
-    const __m256 n = saved_y ? _mm256_div_ps(xs, w) : _mm256_mul_ps(xs, vr);
-    if (acc)
-        _mm256_storeu_ps(acc + c, _mm256_add_ps(_mm256_loadu_ps(acc + c), _mm256_mul_ps(g, n)));
-    _mm256_storeu_ps(dn + c, _mm256_mul_ps(g, w));
-    _mm256_storeu_ps(nn + c, n);
+    __m256 a, b;
+    nb_split(*lo, *hi, &a, &b);
+    nb_rotate8(&a, &b, cs, sn);
+    nb_join(a, b, lo, hi);
 }
 
-/* Pass A of a row: g = R^T dy, n, the dw partial, dn and n stored; returns
- * the dot of dn and n (row_dot's order). */
-FR_AVX2_INLINE float nb_pass_a(const void *dy, const void *sv, const float *wf, const float *cs,
-                               const float *sn, float *acc, float r, int64_t hd, int64_t half,
-                               float *dn, float *nn, int dt, int interleaved, int saved_y)
+/* The dot of dn and n over a row (row_dot's order: partial l is lane l % 8
+ * of accumulator l / 8; nv_tree). */
+FR_AVX2_INLINE float nb_dot8(const float *dn, const float *nn, int64_t hd)
 {
-    const int64_t es = dt == 0 ? 4 : 2, rot = 2 * half;
-    const char *db = dy, *sb = sv;
-    const __m256 vr = _mm256_set1_ps(r);
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    int64_t c = 0, i;
-
-    if (interleaved) {
-        for (i = 0; 2 * i < rot; i += 8) {
-            __m256 ga, gb, xa, xb, g0, g1, x0 = nv_widen8(sb + 2 * i * es, dt),
-                                           x1 = nv_widen8(sb + (2 * i + 8) * es, dt);
-            nb_split(nv_widen8(db + 2 * i * es, dt), nv_widen8(db + (2 * i + 8) * es, dt), &ga, &gb);
-            nb_rotate8(&ga, &gb, cs + i, sn + i);
-            nb_join(ga, gb, &g0, &g1);
-            if (saved_y) {
-                nb_split(x0, x1, &xa, &xb);
-                nb_rotate8(&xa, &xb, cs + i, sn + i);
-                nb_join(xa, xb, &x0, &x1);
-            }
-            nb_chan8(g0, x0, 2 * i, wf, vr, acc, dn, nn, saved_y);
-            nb_chan8(g1, x1, 2 * i + 8, wf, vr, acc, dn, nn, saved_y);
-        }
-    } else {
-        for (i = 0; i < half; i += 8) {
-            __m256 ga = nv_widen8(db + i * es, dt), gb = nv_widen8(db + (half + i) * es, dt);
-            __m256 xa = nv_widen8(sb + i * es, dt), xb = nv_widen8(sb + (half + i) * es, dt);
-            nb_rotate8(&ga, &gb, cs + i, sn + i);
-            if (saved_y)
-                nb_rotate8(&xa, &xb, cs + i, sn + i);
-            nb_chan8(ga, xa, i, wf, vr, acc, dn, nn, saved_y);
-            nb_chan8(gb, xb, half + i, wf, vr, acc, dn, nn, saved_y);
-        }
-    }
-    for (c = rot; c < hd; c += 8)
-        nb_chan8(nv_widen8(db + c * es, dt), nv_widen8(sb + c * es, dt), c, wf, vr, acc, dn, nn,
-                 saved_y);
+    int64_t c;
     for (c = 0; c + 32 <= hd; c += 32) {
         s0 = _mm256_add_ps(s0, _mm256_mul_ps(_mm256_loadu_ps(dn + c), _mm256_loadu_ps(nn + c)));
         s1 = _mm256_add_ps(s1, _mm256_mul_ps(_mm256_loadu_ps(dn + c + 8), _mm256_loadu_ps(nn + c + 8)));
@@ -1355,18 +1320,82 @@ FR_AVX2_INLINE float nb_pass_a(const void *dy, const void *sv, const float *wf, 
     return nv_tree(s0, s1, s2, s3);
 }
 
-/* Pass B of a row: dx = rstd * (dn - n * mean), narrowed (with the NaN case). */
-FR_AVX2_INLINE void nb_pass_b(void *out, const float *dn, const float *nn, float r, float mean,
-                              int64_t hd, int dt)
+FR_AVX2_INLINE void nb_store8(void *p, __m256 v, int dt)
 {
-    const int64_t es = dt == 0 ? 4 : 2;
-    const __m256 vr = _mm256_set1_ps(r), vm = _mm256_set1_ps(mean);
-    for (int64_t c = 0; c < hd; c += 8)
-        nv_store8((char *)out + c * es,
-                  _mm256_mul_ps(vr, _mm256_sub_ps(_mm256_loadu_ps(dn + c),
-                                                  _mm256_mul_ps(_mm256_loadu_ps(nn + c), vm))),
-                  dt, 0, 0);
+    nv_store8(p, v, dt, 0, 0);
 }
+
+/*
+ * The backward's passes for a vector unit of W floats (type V), written once
+ * for the AVX2 rows (nb_*, W 8) and the AVX-512 rows (nb5_*, W 16) from the
+ * width's helpers: LOAD and STORE of floats, SET1, WIDEN (W channels of dt
+ * as floats), NARROW (W floats stored as dt, with the NaN case), ROT
+ * (fr_rotate with sgn -1 on W NeoX pairs), ROT_IL (2W interleaved channels
+ * rotated back in place) and DOT (row_dot's order).  The arithmetic is
+ * GCC's vector operators, lane by lane the portable loops' operations in
+ * their order (FMA contraction off): the same bits.
+ *
+ * PFX##_pass_a: g = R^T dy, n (x * rstd, or R^T y / w'), the dw partial's
+ * g * n, dn = g * w' and n stored as floats; returns the dot of dn and n.
+ * PFX##_pass_b: dx = rstd * (dn - n * mean), narrowed.
+ */
+#define FR_DEFINE_NB_PASSES(ATTR, PFX, V, W, LOAD, STORE, SET1, WIDEN, NARROW, ROT, ROT_IL, DOT) \
+ATTR void PFX##_chan(V g, V xs, int64_t c, const float *wf, V vr, float *acc, float *dn,         \
+                     float *nn, int saved_y)                                                     \
+{                                                                                                \
+    const V w = LOAD(wf + c);                                                                    \
+    const V n = saved_y ? xs / w : xs * vr;                                                      \
+    if (acc)                                                                                     \
+        STORE(acc + c, LOAD(acc + c) + g * n);                                                   \
+    STORE(dn + c, g * w);                                                                        \
+    STORE(nn + c, n);                                                                            \
+}                                                                                                \
+                                                                                                 \
+ATTR float PFX##_pass_a(const void *dy, const void *sv, const float *wf, const float *cs,        \
+                        const float *sn, float *acc, float r, int64_t hd, int64_t half,          \
+                        float *dn, float *nn, int dt, int interleaved, int saved_y)              \
+{                                                                                                \
+    const int64_t es = dt == 0 ? 4 : 2, rot = 2 * half;                                          \
+    const char *db = dy, *sb = sv;                                                               \
+    const V vr = SET1(r);                                                                        \
+    int64_t c, i;                                                                                \
+    if (interleaved) {                                                                           \
+        for (i = 0; 2 * i < rot; i += W) {                                                       \
+            V g0 = WIDEN(db + 2 * i * es, dt), g1 = WIDEN(db + (2 * i + W) * es, dt);            \
+            V x0 = WIDEN(sb + 2 * i * es, dt), x1 = WIDEN(sb + (2 * i + W) * es, dt);            \
+            ROT_IL(&g0, &g1, cs + i, sn + i);                                                    \
+            if (saved_y)                                                                         \
+                ROT_IL(&x0, &x1, cs + i, sn + i);                                                \
+            PFX##_chan(g0, x0, 2 * i, wf, vr, acc, dn, nn, saved_y);                             \
+            PFX##_chan(g1, x1, 2 * i + W, wf, vr, acc, dn, nn, saved_y);                         \
+        }                                                                                        \
+    } else {                                                                                     \
+        for (i = 0; i < half; i += W) {                                                          \
+            V ga = WIDEN(db + i * es, dt), gb = WIDEN(db + (half + i) * es, dt);                 \
+            V xa = WIDEN(sb + i * es, dt), xb = WIDEN(sb + (half + i) * es, dt);                 \
+            ROT(&ga, &gb, cs + i, sn + i);                                                       \
+            if (saved_y)                                                                         \
+                ROT(&xa, &xb, cs + i, sn + i);                                                   \
+            PFX##_chan(ga, xa, i, wf, vr, acc, dn, nn, saved_y);                                 \
+            PFX##_chan(gb, xb, half + i, wf, vr, acc, dn, nn, saved_y);                          \
+        }                                                                                        \
+    }                                                                                            \
+    for (c = rot; c < hd; c += W)                                                                \
+        PFX##_chan(WIDEN(db + c * es, dt), WIDEN(sb + c * es, dt), c, wf, vr, acc, dn, nn,       \
+                   saved_y);                                                                     \
+    return DOT(dn, nn, hd);                                                                      \
+}                                                                                                \
+                                                                                                 \
+ATTR void PFX##_pass_b(void *out, const float *dn, const float *nn, float r, float mean,         \
+                       int64_t hd, int dt)                                                       \
+{                                                                                                \
+    const int64_t es = dt == 0 ? 4 : 2;                                                          \
+    const V vr = SET1(r), vm = SET1(mean);                                                       \
+    for (int64_t c = 0; c < hd; c += W)                                                          \
+        NARROW((char *)out + c * es, vr * (LOAD(dn + c) - LOAD(nn + c) * vm), dt);               \
+}
+FR_DEFINE_NB_PASSES(FR_AVX2_INLINE, nb, __m256, 8, _mm256_loadu_ps, _mm256_storeu_ps,
+                    _mm256_set1_ps, nv_widen8, nb_store8, nb_rotate8, nb_rotate_il8, nb_dot8)
 
 /* The rows of one token of one io slot (a run), for the vector rows. */
 typedef struct {
@@ -1409,47 +1438,39 @@ ATTR void NAME(const nb_run_args *ra, int D, int I, int Y)                      
 FR_DEFINE_BRUN(FR_AVX2_INLINE, nb_run, nb_pass_a, nb_pass_b)
 
 typedef void (*nb_run_fn)(const nb_run_args *);
-#define DEFINE_NB_RUN(D, I, Y)                                                                \
-    FR_AVX2_TARGET static void nb_run_##D##I##Y(const nb_run_args *ra)                        \
-    {                                                                                         \
-        nb_run(ra, D, I, Y);                                                                  \
-    }
-#define DEFINE_NB_RUNS(D)                                                                     \
-    DEFINE_NB_RUN(D, 0, 0) DEFINE_NB_RUN(D, 0, 1) DEFINE_NB_RUN(D, 1, 0) DEFINE_NB_RUN(D, 1, 1)
-DEFINE_NB_RUNS(0) DEFINE_NB_RUNS(1) DEFINE_NB_RUNS(2)
-#undef DEFINE_NB_RUNS
-#undef DEFINE_NB_RUN
 
-static nb_run_fn nb_pick_run(int dt, int interleaved, int saved_y)
-{
-#define RUNS(D) { { nb_run_##D##00, nb_run_##D##01 }, { nb_run_##D##10, nb_run_##D##11 } }
-    static const nb_run_fn fns[3][2][2] = { RUNS(0), RUNS(1), RUNS(2) };
-#undef RUNS
-    return fns[dt][!!interleaved][!!saved_y];
-}
+/* PFX##_run_DIY (dtype D, interleaved I, saved y Y), PFX##_run with TARGET
+ * and its modes constants, and PFX##_pick_run, which picks one. */
+#define FR_NB_RUN1(TARGET, PFX, D, I, Y)                                                      \
+    TARGET static void PFX##_run_##D##I##Y(const nb_run_args *ra)                             \
+    {                                                                                         \
+        PFX##_run(ra, D, I, Y);                                                               \
+    }
+#define FR_NB_RUN4(TARGET, PFX, D)                                                            \
+    FR_NB_RUN1(TARGET, PFX, D, 0, 0) FR_NB_RUN1(TARGET, PFX, D, 0, 1)                         \
+    FR_NB_RUN1(TARGET, PFX, D, 1, 0) FR_NB_RUN1(TARGET, PFX, D, 1, 1)
+#define FR_NB_FNS4(PFX, D)                                                                    \
+    { { PFX##_run_##D##00, PFX##_run_##D##01 }, { PFX##_run_##D##10, PFX##_run_##D##11 } }
+#define FR_DEFINE_NB_PICK(TARGET, PFX)                                                        \
+    FR_NB_RUN4(TARGET, PFX, 0) FR_NB_RUN4(TARGET, PFX, 1) FR_NB_RUN4(TARGET, PFX, 2)          \
+    static nb_run_fn PFX##_pick_run(int dt, int interleaved, int saved_y)                     \
+    {                                                                                         \
+        static const nb_run_fn fns[3][2][2] = { FR_NB_FNS4(PFX, 0), FR_NB_FNS4(PFX, 1),       \
+                                                FR_NB_FNS4(PFX, 2) };                         \
+        return fns[dt][!!interleaved][!!saved_y];                                             \
+    }
+FR_DEFINE_NB_PICK(FR_AVX2_TARGET, nb)
 #endif /* FR_HAVE_AVX2 */
 
 #ifdef FR_HAVE_AVX512
 /*
- * The backward's AVX2 passes with 512-bit vectors, for CPUs with AVX-512 F,
- * BW and VL (fr_avx512_usable), on rows whose rotation pairs and other
- * channels come in whole 16-channel vectors (n5_whole; the others of such a
- * call take the AVX2 rows).  The same operations in the same order, lane by
- * lane, as nb_pass_a and nb_pass_b: the same bits.  The dot of dn and n keeps norm_math.h's 32
- * partial sums as n5_sum does (partial l is lane l % 16 of accumulator
- * l / 16) and adds them with n5_tree.
+ * The backward's passes (FR_DEFINE_NB_PASSES) with 512-bit vectors, for
+ * CPUs with AVX-512 F, BW and VL (fr_avx512_usable), on rows whose rotation
+ * pairs and other channels come in whole 16-channel vectors (n5_whole; the
+ * others of such a call take the AVX2 rows).
  */
 
-/* nb_rotate8 on 16 pairs. */
-FR_N5_INLINE void nb5_rotate16(__m512 *a, __m512 *b, const float *cs, const float *sn)
-{
-    const __m512 c = _mm512_loadu_ps(cs);
-    const __m512 ss = _mm512_mul_ps(_mm512_loadu_ps(sn), _mm512_set1_ps(-1.0f));
-    const __m512 ra = _mm512_sub_ps(_mm512_mul_ps(*a, c), _mm512_mul_ps(*b, ss));
-    const __m512 rb = _mm512_add_ps(_mm512_mul_ps(*b, c), _mm512_mul_ps(*a, ss));
-    *a = ra;
-    *b = rb;
-}
+FR_DEFINE_NB_ROTATE(FR_N5_INLINE, nb5_rotate16, __m512, _mm512_loadu_ps, _mm512_set1_ps)
 
 /* 32 interleaved channels (lo: 0-15, hi: 16-31) rotated back in place. */
 FR_N5_INLINE void nb5_rotate32(__m512 *lo, __m512 *hi, const float *cs, const float *sn)
@@ -1461,53 +1482,12 @@ FR_N5_INLINE void nb5_rotate32(__m512 *lo, __m512 *hi, const float *cs, const fl
     *hi = _mm512_permutex2var_ps(a, _mm512_loadu_si512(n5_zip_hi), b);
 }
 
-/* nb_chan8 on channels c..c+15. */
-FR_N5_INLINE void nb5_chan16(__m512 g, __m512 xs, int64_t c, const float *wf, __m512 vr,
-                             float *acc, float *dn, float *nn, int saved_y)
+/* nb_dot8 with 16-channel vectors (partial l is lane l % 16 of accumulator
+ * l / 16, as n5_sum's; n5_tree). */
+FR_N5_INLINE float nb5_dot16(const float *dn, const float *nn, int64_t hd)
 {
-    const __m512 w = _mm512_loadu_ps(wf + c);
-    const __m512 n = saved_y ? _mm512_div_ps(xs, w) : _mm512_mul_ps(xs, vr);
-    if (acc)
-        _mm512_storeu_ps(acc + c, _mm512_add_ps(_mm512_loadu_ps(acc + c), _mm512_mul_ps(g, n)));
-    _mm512_storeu_ps(dn + c, _mm512_mul_ps(g, w));
-    _mm512_storeu_ps(nn + c, n);
-}
-
-/* nb_pass_a with 16-channel vectors. */
-FR_N5_INLINE float nb5_pass_a(const void *dy, const void *sv, const float *wf, const float *cs,
-                              const float *sn, float *acc, float r, int64_t hd, int64_t half,
-                              float *dn, float *nn, int dt, int interleaved, int saved_y)
-{
-    const int64_t es = dt == 0 ? 4 : 2, rot = 2 * half;
-    const char *db = dy, *sb = sv;
-    const __m512 vr = _mm512_set1_ps(r);
     __m512 s0 = _mm512_setzero_ps(), s1 = s0;
-    int64_t c = 0, i;
-
-    if (interleaved) {
-        for (i = 0; 2 * i < rot; i += 16) {
-            __m512 g0 = n5_widen16(db + 2 * i * es, dt), g1 = n5_widen16(db + (2 * i + 16) * es, dt);
-            __m512 x0 = n5_widen16(sb + 2 * i * es, dt), x1 = n5_widen16(sb + (2 * i + 16) * es, dt);
-            nb5_rotate32(&g0, &g1, cs + i, sn + i);
-            if (saved_y)
-                nb5_rotate32(&x0, &x1, cs + i, sn + i);
-            nb5_chan16(g0, x0, 2 * i, wf, vr, acc, dn, nn, saved_y);
-            nb5_chan16(g1, x1, 2 * i + 16, wf, vr, acc, dn, nn, saved_y);
-        }
-    } else {
-        for (i = 0; i < half; i += 16) {
-            __m512 ga = n5_widen16(db + i * es, dt), gb = n5_widen16(db + (half + i) * es, dt);
-            __m512 xa = n5_widen16(sb + i * es, dt), xb = n5_widen16(sb + (half + i) * es, dt);
-            nb5_rotate16(&ga, &gb, cs + i, sn + i);
-            if (saved_y)
-                nb5_rotate16(&xa, &xb, cs + i, sn + i);
-            nb5_chan16(ga, xa, i, wf, vr, acc, dn, nn, saved_y);
-            nb5_chan16(gb, xb, half + i, wf, vr, acc, dn, nn, saved_y);
-        }
-    }
-    for (c = rot; c < hd; c += 16)
-        nb5_chan16(n5_widen16(db + c * es, dt), n5_widen16(sb + c * es, dt), c, wf, vr, acc, dn,
-                   nn, saved_y);
+    int64_t c;
     for (c = 0; c + 32 <= hd; c += 32) {
         s0 = _mm512_add_ps(s0, _mm512_mul_ps(_mm512_loadu_ps(dn + c), _mm512_loadu_ps(nn + c)));
         s1 = _mm512_add_ps(s1, _mm512_mul_ps(_mm512_loadu_ps(dn + c + 16), _mm512_loadu_ps(nn + c + 16)));
@@ -1524,39 +1504,17 @@ FR_N5_INLINE float nb5_pass_a(const void *dy, const void *sv, const float *wf, c
     return n5_tree(s0, s1);
 }
 
-/* nb_pass_b with 16-channel vectors. */
-FR_N5_INLINE void nb5_pass_b(void *out, const float *dn, const float *nn, float r, float mean,
-                             int64_t hd, int dt)
+FR_N5_INLINE void nb5_store16(void *p, __m512 v, int dt)
 {
-    const int64_t es = dt == 0 ? 4 : 2;
-    const __m512 vr = _mm512_set1_ps(r), vm = _mm512_set1_ps(mean);
-    for (int64_t c = 0; c < hd; c += 16)
-        n5_store16((char *)out + c * es,
-                   _mm512_mul_ps(vr, _mm512_sub_ps(_mm512_loadu_ps(dn + c),
-                                                   _mm512_mul_ps(_mm512_loadu_ps(nn + c), vm))),
-                   dt, 0, 0);
+    n5_store16(p, v, dt, 0, 0);
 }
+
+FR_DEFINE_NB_PASSES(FR_N5_INLINE, nb5, __m512, 16, _mm512_loadu_ps, _mm512_storeu_ps,
+                    _mm512_set1_ps, n5_widen16, nb5_store16, nb5_rotate16, nb5_rotate32, nb5_dot16)
 
 FR_DEFINE_BRUN(FR_N5_INLINE, nb5_run, nb5_pass_a, nb5_pass_b)
 
-#define DEFINE_NB5_RUN(D, I, Y)                                                               \
-    FR_N5_TARGET static void nb5_run_##D##I##Y(const nb_run_args *ra)                         \
-    {                                                                                         \
-        nb5_run(ra, D, I, Y);                                                                 \
-    }
-#define DEFINE_NB5_RUNS(D)                                                                    \
-    DEFINE_NB5_RUN(D, 0, 0) DEFINE_NB5_RUN(D, 0, 1) DEFINE_NB5_RUN(D, 1, 0) DEFINE_NB5_RUN(D, 1, 1)
-DEFINE_NB5_RUNS(0) DEFINE_NB5_RUNS(1) DEFINE_NB5_RUNS(2)
-#undef DEFINE_NB5_RUNS
-#undef DEFINE_NB5_RUN
-
-static nb_run_fn nb5_pick_run(int dt, int interleaved, int saved_y)
-{
-#define RUNS(D) { { nb5_run_##D##00, nb5_run_##D##01 }, { nb5_run_##D##10, nb5_run_##D##11 } }
-    static const nb_run_fn fns[3][2][2] = { RUNS(0), RUNS(1), RUNS(2) };
-#undef RUNS
-    return fns[dt][!!interleaved][!!saved_y];
-}
+FR_DEFINE_NB_PICK(FR_N5_TARGET, nb5)
 #endif /* FR_HAVE_AVX512 */
 
 
