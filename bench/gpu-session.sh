@@ -150,30 +150,39 @@ section_sweep() {
   grep -E '^(==|forward|backward)' "${OUT:-/tmp/out}/sweep.txt" | tee -a "$summary"
 }
 
-# norm_variant SECTION A:B KNOB_A KNOB_B (in the build tree): the library,
-# the bench and test_norm_gpu rebuilt with NVCCFLAGS="-DKNOB_A=A -DKNOB_B=B"
-# (A:B "default": none), then test_norm_gpu run and noted; fails on a failed
-# build, and after rebuilding the default (the caller's last variant)
+# norm_variant SECTION A:B[:C] KNOB_A KNOB_B [KNOB_C] (in the build tree): the
+# library, the bench and test_norm_gpu rebuilt with NVCCFLAGS="-DKNOB_A=A
+# -DKNOB_B=B ..." (the variant "default": none), then test_norm_gpu run and
+# noted; fails on a failed build, and after rebuilding the default (the
+# caller's last variant)
 norm_variant() {
-  local sec=$1 v=$2 log="$out/$1-${2/:/-}" flags=
+  local sec=$1 v=$2 log="$out/$1-${2//:/-}" flags= vals knobs i
+  shift 2; knobs=("$@")
   rm -f kernels/cuda_norm.o kernels/cuda_norm.lo libfusedrope_core.la tools/fusedrope-bench tests/test_norm_gpu
-  [ $v = default ] || flags="-D$3=${v%:*} -D$4=${v#*:}"
+  if [ $v != default ]; then
+    IFS=: read -r -a vals <<< "$v"
+    for i in "${!vals[@]}"; do flags="$flags -D${knobs[$i]}=${vals[$i]}"; done
+  fi
   make -j16 NVCCFLAGS="$flags" libfusedrope_core.la tools/fusedrope-bench \
     tests/test_norm_gpu > "$log-build.log" 2>&1 || { note "$sec: build $v failed"; return 1; }
   [ $v = default ] && return 1
   timeout 120 ./tests/test_norm_gpu > "$log-test.log" 2>&1
-  note "$3:$4=$v: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$log-test.log")"
+  note "$(IFS=:; echo "${knobs[*]}")=$v: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$log-test.log")"
 }
 
 section_normwarp() {
   # the norm forward's row kernels at the sizes where the choice between them
   # (FR_CUDA_NORM_WARP_ROWS) falls: rebuilt to take only one (ROWS 0: a thread
-  # per row; huge: a warp per row, RPW rows a warp at a time), test_norm_gpu
-  # on each, then the same norm lines on each; the default build comes back last
+  # per row; huge: a warp per row, RPW rows a warp at a time, items of at
+  # most HEADS rows of a token), test_norm_gpu on each, then the same norm
+  # lines on each; the default build comes back last (NORMWARP_VARIANTS
+  # chooses ROWS:RPW:HEADS)
   ( cd "$src" && b=./tools/fusedrope-bench
-    for v in 0:1 1000000000:1 1000000000:2 1000000000:4 default; do
-      norm_variant normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW || break
-      { echo "== FR_CUDA_NORM_WARP_ROWS:RPW=$v"
+    for v in ${NORMWARP_VARIANTS:-0:1:8 1000000000:1:1 1000000000:1:8 1000000000:2:8 \
+              1000000000:4:8 1000000000:2:40} default; do
+      norm_variant normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW \
+        FR_CUDA_NORM_WARP_HEADS || break
+      { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS=$v"
         for tokens in 64 256 1024 4096; do
           $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_fwd|FAIL)'
         done

@@ -32,7 +32,8 @@
  * kernels that hold a row in registers: the forward's norm_forward_rows (a
  * thread per row, 16-byte loads; bench/RESULTS.md: the H200 measurements,
  * 0.25-0.31 of a copy) or, in a call of at most FR_CUDA_NORM_WARP_ROWS rows,
- * norm_forward_warp (a row over a warp's lanes; the same bytes), and the
+ * norm_forward_warp (a row over a warp's lanes, a warp taking up to
+ * FR_CUDA_NORM_WARP_HEADS rows of a token; the same bytes), and the
  * backward's norm_backward_items (a row over a warp's lanes).
  *
  * With FR_CUDA_EMULATE (kernels/cuda_norm_emu.cc) the host C++ compiler
@@ -67,7 +68,7 @@
 #define FR_NOINLINE __noinline__
 #endif
 
-/* The forward's common rows take norm_forward_warp, a warp per row, in a
+/* The forward's common rows take norm_forward_warp, rows over a warp, in a
  * call of at most this many rows, and norm_forward_rows, a thread per row,
  * in a larger one.  8192 warps are one wave of the warp kernel on a Hopper
  * (16 blocks of 4 warps on each of 132 SMs), where the thread-per-row kernel
@@ -76,9 +77,11 @@
  * by the warp kernel and 19.5 by the row kernel, while at 4096 tokens
  * (163840 rows) the warp kernel took as long (bf16 qwen3) or 12-20% longer
  * (bf16 gemma, once, interleaved), though 26% less in fp16 qwen3
- * (bench/RESULTS.md, 2026-11-26).  Where between the two they cross is not
- * measured.  NVCCFLAGS=-DFR_CUDA_NORM_WARP_ROWS=0 never takes the warp
- * kernel; a huge value always does. */
+ * (bench/RESULTS.md, 2026-11-26).  Those times are of a warp kernel whose
+ * every row found its position, angles and weights itself; with items of
+ * several rows (FR_CUDA_NORM_WARP_HEADS) it is not yet measured, nor where
+ * the two kernels cross.  NVCCFLAGS=-DFR_CUDA_NORM_WARP_ROWS=0 never takes
+ * the warp kernel; a huge value always does. */
 #ifndef FR_CUDA_NORM_WARP_ROWS
 #define FR_CUDA_NORM_WARP_ROWS 8192
 #endif
@@ -91,16 +94,28 @@
 static_assert(FR_CUDA_NORM_WARP_RPW >= 1 && FR_CUDA_NORM_WARP_RPW <= 4,
               "FR_CUDA_NORM_WARP_RPW: 1 to 4 rows a warp");
 
+/* The most rows (heads of one token) a warp of norm_forward_warp takes as
+ * one item: the token's position, cos/sin and the weights are found once an
+ * item, so the rows after the first cost only their own loads, sums and
+ * rotations.  A call of few rows takes fewer a warp (warp_heads), so that
+ * its warps still fill the device. */
+#ifndef FR_CUDA_NORM_WARP_HEADS
+#define FR_CUDA_NORM_WARP_HEADS 8
+#endif
+static_assert(FR_CUDA_NORM_WARP_HEADS >= 1, "FR_CUDA_NORM_WARP_HEADS: at least 1 row an item");
+
 #ifdef FR_CUDA_EMULATE
 /* Emulated, a test chooses: the forward's row kernel (1: the warp's, 0: the
  * thread's, -1: FR_CUDA_NORM_WARP_ROWS decides) and the warp's rows at a time
- * (0: FR_CUDA_NORM_WARP_RPW), the backward's segment (chunks of tokens;
+ * (0: FR_CUDA_NORM_WARP_RPW) and its items' rows (0: warp_heads decides),
+ * the backward's segment (chunks of tokens;
  * 0: TERMS_BYTES decides), so that the small calls of the tests run in
  * several segments too, and norm_backward_items' rows a warp at a time (0:
  * FR_CUDA_NORM_BWD_RPW; 3 is built too). */
 extern "C" {
 int fr_emu_norm_warp = -1;
 int fr_emu_norm_warp_rpw = 0;
+int fr_emu_norm_warp_heads = 0;
 int fr_emu_norm_seg_chunks = 0;
 int fr_emu_norm_bwd_rpw = 0;
 }
@@ -155,6 +170,7 @@ struct NParams {
     int *flag;
     int64_t tokens, seq_len, max_positions, half, rot_dim, heads0, heads, chunks;
     int64_t t0, t1; /* the row kernels' tokens: t0 <= t < t1 */
+    int64_t warp_heads; /* norm_forward_warp: the rows (heads of a token) of a warp's item */
     int interleaved, dt, wdt, weight, rounding, saved_y;
     float eps;
 };
@@ -531,95 +547,141 @@ __global__ void __launch_bounds__(128) norm_forward_rows(const __grid_constant__
  * are rotate_row's.  The shuffles come before any store, so a row in place
  * is read whole first.  kernels/cuda_emu.h runs it as 32 fibers per warp.
  */
+/* The lane's cos/sin of a warp row kernel's pairs: NeoX pair lane + 32 k
+ * (k < HD / 64: the lane's channels lane + 32 k and HD / 2 + lane + 32 k),
+ * interleaved pair (lane + 32 k) / 2 (k < HD / 32: the lane's channel
+ * lane + 32 k, whose partner is in lane ^ 1); NaN without a position. */
+template <int HD, bool IL> struct LaneAngles {
+    static constexpr int N = IL ? HD / 32 : HD / 64;
+    float c[N], sn[N];
+
+    __device__ __forceinline__ void load(const RowAngles &a, int lane)
+    {
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            pair_angle(a, IL ? (lane + 32 * k) / 2 : lane + 32 * k, &c[k], &sn[k]);
+    }
+};
+
+/* A row's pairs over a warp, from the lane's channels v, weight factors wf
+ * (channel lane + 32 k) and angles: normalised as RND says, rotated, stored
+ * at y. */
 template <int DT, int HD, bool IL, int RND>
-__device__ __forceinline__ void warp_pairs(const NParams &P, const NIo &io, const RowAngles &a,
-                                           float rstd, int lane, const float *v, uint16_t *y)
+__device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v, const float *wf,
+                                           const LaneAngles<HD, IL> &an, uint16_t *y)
 {
     constexpr int K = HD / 32;
     if constexpr (IL) {
 #pragma unroll
         for (int k = 0; k < K; k++) {
             const int ch = lane + 32 * k;
-            const float mine = fr_norm_value(v[k], rstd, row_weight<DT>(P, io, ch), RND, DT);
+            const float mine = fr_norm_value(v[k], rstd, wf[k], RND, DT);
             const float other = __shfl_xor_sync(0xffffffffu, mine, 1);
             const bool first = (lane & 1) == 0;
-            float c, sn, ya, yb;
-            pair_angle(a, ch / 2, &c, &sn);
-            fr_rotate(first ? mine : other, first ? other : mine, c, sn, 1.0f, &ya, &yb);
+            float ya, yb;
+            fr_rotate(first ? mine : other, first ? other : mine, an.c[k], an.sn[k], 1.0f, &ya,
+                      &yb);
             y[ch] = (uint16_t)Elem<DT>::from_f(first ? ya : yb);
         }
     } else {
 #pragma unroll
         for (int k = 0; k < K / 2; k++) {
             const int ca = lane + 32 * k, cb = ca + HD / 2;
-            float c, sn, ya, yb;
-            pair_angle(a, ca, &c, &sn);
-            const float va = fr_norm_value(v[k], rstd, row_weight<DT>(P, io, ca), RND, DT);
-            const float vb = fr_norm_value(v[k + K / 2], rstd, row_weight<DT>(P, io, cb), RND, DT);
-            fr_rotate(va, vb, c, sn, 1.0f, &ya, &yb);
+            float ya, yb;
+            const float va = fr_norm_value(v[k], rstd, wf[k], RND, DT);
+            const float vb = fr_norm_value(v[k + K / 2], rstd, wf[k + K / 2], RND, DT);
+            fr_rotate(va, vb, an.c[k], an.sn[k], 1.0f, &ya, &yb);
             y[ca] = (uint16_t)Elem<DT>::from_f(ya);
             y[cb] = (uint16_t)Elem<DT>::from_f(yb);
         }
     }
 }
 
-/* R rows a warp at a time: row r0 + j * (the grid's warps) for j < R, all
+/* A warp's item is P.warp_heads rows of one token (the token's last item
+ * fewer), q's heads then k's; the items grid-stride.  Per item the token's
+ * position, the lane's cos/sin and, per tensor, its weights are found once
+ * (found per row, they made the warp kernel's rows several hundred
+ * instructions each: bench/RESULTS.md); its rows are taken R at a time, all
  * R rows' loads issued before any row's sum, so that a warp has R rows in
  * flight (a row alone is one dependent chain of load, butterfly, rotation
- * and store; bench/RESULTS.md, the H100 entry of 2026-11-26). */
+ * and store).  Each row's operations are the same whatever the item and R:
+ * no launch shape changes a result. */
 template <int DT, int HD, bool IL, int R>
 __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__ NParams P)
 {
     constexpr int K = HD / 32;
     const int lane = (int)(threadIdx.x & 31);
-    const int64_t rows = P.t1 * P.heads, warps = (int64_t)gridDim.x * blockDim.x / 32;
-    for (int64_t r0 = P.t0 * P.heads + ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-         r0 < rows; r0 += warps * R) {
-        float v[R][K], p[R];
+    const int64_t G = P.warp_heads, groups = (P.heads + G - 1) / G;
+    const int64_t items = (P.t1 - P.t0) * groups, warps = (int64_t)gridDim.x * blockDim.x / 32;
+    for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items;
+         it += warps) {
+        const int64_t t = P.t0 + it / groups, hh0 = (it % groups) * G;
+        const int64_t hh1 = hh0 + G < P.heads ? hh0 + G : P.heads;
+        const int64_t b = t / P.seq_len, s = t % P.seq_len;
+        int bad = 0, xslot = -1, slot = -1;
+        const int64_t pos = row_position(P, b, s, &bad);
+        LaneAngles<HD, IL> an;
+        float wf[K];
+        const uint16_t *x0 = nullptr; /* the item's tensors' head 0 at (b, s), per tensor */
+        uint16_t *y0 = nullptr;
+        float *r0 = nullptr;
+        an.load(row_angles<HD>(P, pos, bad), lane);
+        for (int64_t hh = hh0; hh < hh1; hh += R) {
+            float v[R][K], p[R];
 #pragma unroll
-        for (int j = 0; j < R; j++) {
-            int64_t t, h, b, s;
-            if (r0 + j * warps >= rows)
-                break;
-            const NIo &io = row_io(P, r0 + j * warps, &t, &h, &b, &s);
-            const uint16_t *x =
-                (const uint16_t *)row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT);
+            for (int j = 0; j < R; j++) {
+                if (hh + j >= hh1)
+                    break;
+                const int k = hh + j >= P.heads0;
+                const NIo &io = P.io[k];
+                const int64_t h = hh + j - (k ? P.heads0 : 0);
+                if (k != xslot) {
+                    xslot = k;
+                    x0 = (const uint16_t *)row_ptr(io.in, s, b, 0, io.in_ss, io.in_sb, 0, DT);
+                }
+                const uint16_t *x = x0 + h * io.in_sh;
 #pragma unroll
-            for (int k = 0; k < K; k++)
-                v[j][k] = Elem<DT>::to_f(x[lane + 32 * k]);
-        }
+                for (int c = 0; c < K; c++)
+                    v[j][c] = Elem<DT>::to_f(x[lane + 32 * c]);
+            }
 #pragma unroll
-        for (int j = 0; j < R; j++) {
-            if (r0 + j * warps >= rows)
-                break;
-            p[j] = 0.0f;
+            for (int j = 0; j < R; j++) {
+                if (hh + j >= hh1)
+                    break;
+                p[j] = 0.0f;
 #pragma unroll
-            for (int k = 0; k < K; k++)
-                p[j] = p[j] + v[j][k] * v[j][k];
+                for (int c = 0; c < K; c++)
+                    p[j] = p[j] + v[j][c] * v[j][c];
 #pragma unroll
-            for (int off = 16; off >= 1; off /= 2)
-                p[j] = p[j] + __shfl_xor_sync(0xffffffffu, p[j], off);
-        }
+                for (int off = 16; off >= 1; off /= 2)
+                    p[j] = p[j] + __shfl_xor_sync(0xffffffffu, p[j], off);
+            }
 #pragma unroll
-        for (int j = 0; j < R; j++) {
-            int64_t t, h, b, s;
-            if (r0 + j * warps >= rows)
-                break;
-            const NIo &io = row_io(P, r0 + j * warps, &t, &h, &b, &s);
-            uint16_t *y =
-                (uint16_t *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, DT);
-            const float rstd = fr_norm_rstd(p[j], HD, P.eps);
-            if (lane == 0 && io.rstd != nullptr)
-                io.rstd[t * io.heads + h] = rstd;
-            int bad = 0;
-            const int64_t pos = row_position(P, b, s, &bad);
-            const RowAngles a = row_angles<HD>(P, pos, bad);
-            if (P.rounding == FR_ROUND_LLAMA)
-                warp_pairs<DT, HD, IL, FR_ROUND_LLAMA>(P, io, a, rstd, lane, v[j], y);
-            else if (P.rounding == FR_ROUND_GEMMA)
-                warp_pairs<DT, HD, IL, FR_ROUND_GEMMA>(P, io, a, rstd, lane, v[j], y);
-            else
-                warp_pairs<DT, HD, IL, FR_ROUND_ONCE>(P, io, a, rstd, lane, v[j], y);
+            for (int j = 0; j < R; j++) {
+                if (hh + j >= hh1)
+                    break;
+                const int k = hh + j >= P.heads0;
+                const NIo &io = P.io[k];
+                const int64_t h = hh + j - (k ? P.heads0 : 0);
+                if (k != slot) { /* the item's first row of this tensor */
+                    slot = k;
+                    y0 = (uint16_t *)row_ptr(io.out, s, b, 0, io.out_ss, io.out_sb, 0, DT);
+                    r0 = io.rstd != nullptr ? io.rstd + t * io.heads : nullptr;
+#pragma unroll
+                    for (int c = 0; c < K; c++)
+                        wf[c] = row_weight<DT>(P, io, lane + 32 * c);
+                }
+                uint16_t *y = y0 + h * io.out_sh;
+                const float rstd = fr_norm_rstd(p[j], HD, P.eps);
+                if (lane == 0 && r0 != nullptr)
+                    r0[h] = rstd;
+                if (P.rounding == FR_ROUND_LLAMA)
+                    warp_pairs<DT, HD, IL, FR_ROUND_LLAMA>(rstd, lane, v[j], wf, an, y);
+                else if (P.rounding == FR_ROUND_GEMMA)
+                    warp_pairs<DT, HD, IL, FR_ROUND_GEMMA>(rstd, lane, v[j], wf, an, y);
+                else
+                    warp_pairs<DT, HD, IL, FR_ROUND_ONCE>(rstd, lane, v[j], wf, an, y);
+            }
         }
     }
 }
@@ -1112,12 +1174,29 @@ int64_t rows_hd(const NParams &P, int count, bool backward)
     return hd;
 }
 
-template <int DT, int HD> cudaError_t launch_rows(const NParams &P, cudaStream_t stream)
+/* The rows of norm_forward_warp's items: FR_CUDA_NORM_WARP_HEADS, fewer
+ * where the call has less than that many rows for each warp of one wave (16
+ * blocks of 4 warps an SM), at most a token's heads. */
+int64_t warp_heads(const NParams &P, int64_t rows)
 {
-    const int64_t n = (P.t1 - P.t0) * P.heads;
+    int64_t g = rows / (64 * (int64_t)sms());
+    g = g < FR_CUDA_NORM_WARP_HEADS ? g : FR_CUDA_NORM_WARP_HEADS;
+#ifdef FR_CUDA_EMULATE
+    if (fr_emu_norm_warp_heads > 0)
+        g = fr_emu_norm_warp_heads;
+#endif
+    g = g < P.heads ? g : P.heads;
+    return g > 1 ? g : 1;
+}
+
+template <int DT, int HD> cudaError_t launch_rows(const NParams &P0, cudaStream_t stream)
+{
+    const int64_t n = (P0.t1 - P0.t0) * P0.heads;
     if (warp_rows(n)) {
+        NParams P = P0;
+        P.warp_heads = warp_heads(P, n);
+        const int64_t warps = (P.t1 - P.t0) * ((P.heads + P.warp_heads - 1) / P.warp_heads);
         const int r = warp_rpw();
-        const int64_t warps = (n + r - 1) / r;
 #define FR_WARP_RPW(R)                                                                    \
     (P.interleaved ? launch_warps(norm_forward_warp<DT, HD, true, R>, warps, P, stream)    \
                    : launch_warps(norm_forward_warp<DT, HD, false, R>, warps, P, stream))
@@ -1130,8 +1209,8 @@ template <int DT, int HD> cudaError_t launch_rows(const NParams &P, cudaStream_t
 #endif
 #undef FR_WARP_RPW
     }
-    return P.interleaved ? launch(norm_forward_rows<DT, HD, true>, n, P, stream)
-                         : launch(norm_forward_rows<DT, HD, false>, n, P, stream);
+    return P0.interleaved ? launch(norm_forward_rows<DT, HD, true>, n, P0, stream)
+                          : launch(norm_forward_rows<DT, HD, false>, n, P0, stream);
 }
 
 /* The forward's row kernel: a register-row kernel where one takes the call,

@@ -9,7 +9,8 @@
  * grids: the kernels are grid-stride), the last three with the backward's
  * tokens in segments of 1, 2 and 3 chunks (kernels/cuda_norm.cu,
  * segment_tokens), the last with the forward's rows spread over warps
- * (norm_forward_warp, its lanes in lockstep, 3 rows a warp at a time) and
+ * (norm_forward_warp, its lanes in lockstep, items of 4 rows taken 3 a warp
+ * at a time) and
  * the backward's rows 3 a warp at a time (norm_backward_items), from
  * the same starting bytes, which must give the same output bytes (y and
  * rstd; dx and dw); then the real OpenMP backend runs from the same bytes,
@@ -36,7 +37,8 @@ fusedrope_status __wrap_fusedrope__cpu_norm_backward(const fr_norm_args *a);
 
 int fr_emu_sms = 132;
 /* kernels/cuda_norm.cu, emulated */
-extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp, fr_emu_norm_warp_rpw, fr_emu_norm_bwd_rpw;
+extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp, fr_emu_norm_warp_rpw, fr_emu_norm_warp_heads,
+    fr_emu_norm_bwd_rpw;
 
 /* The call's outputs as (pointer, bytes, element size) pieces. */
 typedef struct { unsigned char *p; size_t n, es; } piece;
@@ -99,7 +101,7 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
 {
     static const int sms[] = { 132, 1, 5, 3 }, seg_chunks[] = { 0, 1, 2, 3 },
                      warp[] = { 0, 0, 0, 1 }, warp_rpw[] = { 0, 0, 0, 3 },
-                     bwd_rpw[] = { 0, 0, 0, 3 };
+                     warp_heads[] = { 0, 0, 0, 4 }, bwd_rpw[] = { 0, 0, 0, 3 };
     const int max = 4 + 2 * (int)(na->a.seq_len * na->a.batch *
                                   (na->a.io[0].heads + (na->a.count > 1 ? na->a.io[1].heads : 0)));
     piece *pc = malloc(sizeof *pc * (size_t)max);
@@ -135,6 +137,7 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         fr_emu_norm_seg_chunks = seg_chunks[i];
         fr_emu_norm_warp = warp[i];
         fr_emu_norm_warp_rpw = warp_rpw[i];
+        fr_emu_norm_warp_heads = warp_heads[i];
         fr_emu_norm_bwd_rpw = bwd_rpw[i];
         st = backward ? fr_emu_cuda_norm_backward(&e) : fr_emu_cuda_norm_forward(&e);
         if (st != FUSEDROPE_OK || flag) {
@@ -146,8 +149,9 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         save(pc, n, i == 0 ? first : now, 1);
         if (i > 0 && memcmp(first, now, total) != 0) {
             fprintf(stderr, "emulated CUDA norm: %d SMs and %d SMs (segments of %d chunks, warp "
-                            "rows %d, %d at a time, backward %d a warp) differ\n",
-                    sms[0], sms[i], seg_chunks[i], warp[i], warp_rpw[i], bwd_rpw[i]);
+                            "rows %d, %d at a time, %d an item, backward %d a warp) differ\n",
+                    sms[0], sms[i], seg_chunks[i], warp[i], warp_rpw[i], warp_heads[i],
+                    bwd_rpw[i]);
             abort();
         }
     }
