@@ -829,7 +829,10 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * to global scratch and sums them in a second kernel: 8 more bytes an
  * element).  A tensor without dw takes items of a few tokens (one batch of
  * rows).  Every lane reads only its own channels (a partner's come by
- * shuffle), so a row in place is safe.
+ * shuffle), so a row in place is safe.  The lane's weights are loaded once
+ * an item and its angles once a token (a warp's rows of one token share
+ * them), not per row (bench/RESULTS.md: per-row work that is the same for
+ * a token's rows bound the forward's warp kernel).
  */
 #ifndef FR_CUDA_NORM_BWD_WARPS
 #define FR_CUDA_NORM_BWD_WARPS 8
@@ -843,24 +846,21 @@ static_assert(FR_CUDA_NORM_BWD_RPW >= 1 && FR_CUDA_NORM_BWD_RPW <= 4,
               "FR_CUDA_NORM_BWD_RPW: 1 to 4 rows a warp");
 
 /* One row's dx over a warp (dy and the saved row: this lane's channels,
- * widened), its terms g * n into tr[HD] where tr is not NULL. */
+ * widened; wf: their weight factors; an: the token's angles), its terms
+ * g * n into tr[HD] where tr is not NULL. */
 template <int DT, int HD, bool IL, bool SY>
-__device__ __forceinline__ void warp_dx(const NParams &P, const NIo &io, const RowAngles &a,
+__device__ __forceinline__ void warp_dx(const float *wf, const LaneAngles<HD, IL> &an,
                                         float rstd, int lane, const float *dy, const float *xs,
                                         float *tr, uint16_t *dx)
 {
     constexpr int K = HD / 32;
-    float g[K], n[K], wf[K];
-#pragma unroll
-    for (int k = 0; k < K; k++)
-        wf[k] = row_weight<DT>(P, io, lane + 32 * k);
+    float g[K], n[K];
     if constexpr (IL) {
         const bool first = (lane & 1) == 0;
 #pragma unroll
         for (int k = 0; k < K; k++) {
-            const int ch = lane + 32 * k;
-            float c, sn, ga, gb;
-            pair_angle(a, ch / 2, &c, &sn);
+            const float c = an.c[k], sn = an.sn[k];
+            float ga, gb;
             const float od = __shfl_xor_sync(0xffffffffu, dy[k], 1);
             fr_rotate(first ? dy[k] : od, first ? od : dy[k], c, sn, -1.0f, &ga, &gb);
             g[k] = first ? ga : gb;
@@ -876,8 +876,7 @@ __device__ __forceinline__ void warp_dx(const NParams &P, const NIo &io, const R
     } else {
 #pragma unroll
         for (int k = 0; k < K / 2; k++) {
-            float c, sn;
-            pair_angle(a, lane + 32 * k, &c, &sn);
+            const float c = an.c[k], sn = an.sn[k];
             fr_rotate(dy[k], dy[k + K / 2], c, sn, -1.0f, &g[k], &g[k + K / 2]);
             if (SY) {
                 float ta, tb;
@@ -935,9 +934,15 @@ __device__ __forceinline__ void backward_items(const NParams &P, Terms<HD, R> &t
     const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x / 32);
     const int64_t n0 = P.io[0].items, n = n0 + P.io[1].items;
     int par = 0;
+    int64_t at = -1; /* the token whose angles are in an */
+    LaneAngles<HD, IL> an;
     for (int64_t it = blockIdx.x; it < n; it += gridDim.x) {
         const int q = it >= n0;
         const NIo &io = P.io[q];
+        float wf[K]; /* the lane's weight factors, once an item (of one tensor) */
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            wf[k] = row_weight<DT>(P, io, lane + 32 * k);
         const int64_t ta = (it - (q ? n0 : 0)) * io.item_tokens;
         const int64_t tb = ta + io.item_tokens < P.tokens ? ta + io.item_tokens : P.tokens;
         const int64_t rows = (tb - ta) * io.heads;
@@ -965,13 +970,16 @@ __device__ __forceinline__ void backward_items(const NParams &P, Terms<HD, R> &t
                 int64_t t, h, b, s;
                 if (!item_row(P, io, ta, base + j * NW + warp, rows, &t, &h, &b, &s))
                     break;
-                int bad = 0;
-                const int64_t pos = row_position(P, b, s, &bad);
-                const RowAngles a = row_angles<HD>(P, pos, bad);
+                if (t != at) { /* the warp's first row of token t */
+                    int bad = 0;
+                    const int64_t pos = row_position(P, b, s, &bad);
+                    an.load(row_angles<HD>(P, pos, bad), lane);
+                    at = t;
+                }
                 uint16_t *dx =
                     (uint16_t *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, DT);
                 float *tr = io.part != nullptr ? terms[par][j * NW + warp] : nullptr;
-                warp_dx<DT, HD, IL, SY>(P, io, a, rstd[j], lane, dy[j], xs[j], tr, dx);
+                warp_dx<DT, HD, IL, SY>(wf, an, rstd[j], lane, dy[j], xs[j], tr, dx);
             }
             if (io.part != nullptr) {
                 /* two sets of slots: a batch's writes to one are behind the
