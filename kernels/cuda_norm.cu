@@ -466,6 +466,21 @@ __device__ __forceinline__ float row_weight(const NParams &P, const NIo &io, int
     return fr_norm_wf(P.weight, w);
 }
 
+/* fr_norm_value for the register-row kernels: the rounding to the dtype DT
+ * by cuda_elem.cuh's conversions there and back (the hardware's on a GPU,
+ * one instruction each way instead of fr_norm_round's integer steps; the
+ * same bits for every non-NaN value, and NaN for NaN). */
+template <int DT> __device__ __forceinline__ float elem_round(float v, int)
+{
+    return Elem<DT>::to_f(Elem<DT>::from_f(v));
+}
+
+template <int DT>
+__device__ __forceinline__ float norm_value(float x, float rstd, float wf, int rounding)
+{
+    return FR_NORM_VALUE(x, rstd, wf, rounding, DT, elem_round<DT>);
+}
+
 /* Pair i's channels in a row of HD channels, all rotated (rope_math.h's
  * rules; constants once the loops are unrolled). */
 template <int HD, bool IL> __device__ __forceinline__ void pair_ab(int i, int *ca, int *cb)
@@ -488,8 +503,8 @@ __device__ __forceinline__ void rotate_row(const NParams &P, const NIo &io, cons
         pair_ab<HD, IL>(i, &ca, &cb);
         float c, sn, ya, yb;
         pair_angle(a, i, &c, &sn);
-        const float va = fr_norm_value(v.get(ca), rstd, row_weight<DT>(P, io, ca), RND, DT);
-        const float vb = fr_norm_value(v.get(cb), rstd, row_weight<DT>(P, io, cb), RND, DT);
+        const float va = norm_value<DT>(v.get(ca), rstd, row_weight<DT>(P, io, ca), RND);
+        const float vb = norm_value<DT>(v.get(cb), rstd, row_weight<DT>(P, io, cb), RND);
         fr_rotate(va, vb, c, sn, 1.0f, &ya, &yb);
         v.set(ca, ya);
         v.set(cb, yb);
@@ -575,7 +590,7 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
 #pragma unroll
         for (int k = 0; k < K; k++) {
             const int ch = lane + 32 * k;
-            const float mine = fr_norm_value(v[k], rstd, wf[k], RND, DT);
+            const float mine = norm_value<DT>(v[k], rstd, wf[k], RND);
             const float other = __shfl_xor_sync(0xffffffffu, mine, 1);
             const bool first = (lane & 1) == 0;
             float ya, yb;
@@ -588,8 +603,8 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
         for (int k = 0; k < K / 2; k++) {
             const int ca = lane + 32 * k, cb = ca + HD / 2;
             float ya, yb;
-            const float va = fr_norm_value(v[k], rstd, wf[k], RND, DT);
-            const float vb = fr_norm_value(v[k + K / 2], rstd, wf[k + K / 2], RND, DT);
+            const float va = norm_value<DT>(v[k], rstd, wf[k], RND);
+            const float vb = norm_value<DT>(v[k + K / 2], rstd, wf[k + K / 2], RND);
             fr_rotate(va, vb, an.c[k], an.sn[k], 1.0f, &ya, &yb);
             y[ca] = (uint16_t)Elem<DT>::from_f(ya);
             y[cb] = (uint16_t)Elem<DT>::from_f(yb);

@@ -70,15 +70,18 @@ FR_HD float fr_norm_round(float v, int dt)
 }
 
 /* The value a channel enters the rotation with: n = x * rstd, then the
- * weight wf (w, 1 + w, or 1) as the rounding mode says. */
+ * weight wf (w, 1 + w, or 1) as the rounding mode says; ROUND(v, dt) is v
+ * rounded to dtype dt as a float: fr_norm_round, or a backend's exact
+ * equivalent (the CUDA kernels' hardware conversions, kernels/cuda_norm.cu
+ * norm_value).  x and the others are evaluated more than once. */
+#define FR_NORM_VALUE(x, rstd, wf, rounding, dt, ROUND)                                   \
+    ((rounding) == FR_ROUND_LLAMA ? ROUND(ROUND((x) * (rstd), dt) * (wf), dt)             \
+     : (rounding) == FR_ROUND_GEMMA ? ROUND((x) * (rstd) * (wf), dt)                      \
+                                    : (x) * (rstd) * (wf))
+
 FR_HD float fr_norm_value(float x, float rstd, float wf, int rounding, int dt)
 {
-    const float n = x * rstd;
-    if (rounding == FR_ROUND_LLAMA)
-        return fr_norm_round(fr_norm_round(n, dt) * wf, dt);
-    if (rounding == FR_ROUND_GEMMA)
-        return fr_norm_round(n * wf, dt);
-    return n * wf;
+    return FR_NORM_VALUE(x, rstd, wf, rounding, dt, fr_norm_round);
 }
 
 /* The weight factor w' of channel c: weight kind 0 (none) 1, 1 (w) w, 2 (1 + w) 1 + w. */
