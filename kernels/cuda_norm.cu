@@ -235,16 +235,22 @@ __device__ __forceinline__ void angle(const NParams &P, int64_t b, int64_t s, in
         angle_from_freq(P, p, fr_map_col(e), c, sn);
 }
 
+/* Head hh of q's then k's heads: its tensor (0 q, 1 k) and its head h there. */
+__device__ __forceinline__ int head_of(const NParams &P, int64_t hh, int64_t *h)
+{
+    const int k = hh >= P.heads0;
+    *h = hh - (k ? P.heads0 : 0);
+    return k;
+}
+
 /* Row r = (token t, head hh of q's then k's heads). */
 __device__ __forceinline__ const NIo &row_io(const NParams &P, int64_t r, int64_t *t, int64_t *h,
                                              int64_t *b, int64_t *s)
 {
-    const int64_t hh = r % P.heads;
     *t = r / P.heads;
     *b = *t / P.seq_len;
     *s = *t % P.seq_len;
-    *h = hh < P.heads0 ? hh : hh - P.heads0;
-    return P.io[hh < P.heads0 ? 0 : 1];
+    return P.io[head_of(P, r % P.heads, h)];
 }
 
 /* Row (s, b, h) of a tensor at base with element strides ss, sb, sh. */
@@ -645,11 +651,11 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
             float v[R][K], p[R];
 #pragma unroll
             for (int j = 0; j < R; j++) {
+                int64_t h;
                 if (hh + j >= hh1)
                     break;
-                const int k = hh + j >= P.heads0;
+                const int k = head_of(P, hh + j, &h);
                 const NIo &io = P.io[k];
-                const int64_t h = hh + j - (k ? P.heads0 : 0);
                 if (k != xslot) {
                     xslot = k;
                     x0 = (const uint16_t *)row_ptr(io.in, s, b, 0, io.in_ss, io.in_sb, 0, DT);
@@ -673,11 +679,11 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
             }
 #pragma unroll
             for (int j = 0; j < R; j++) {
+                int64_t h;
                 if (hh + j >= hh1)
                     break;
-                const int k = hh + j >= P.heads0;
+                const int k = head_of(P, hh + j, &h);
                 const NIo &io = P.io[k];
-                const int64_t h = hh + j - (k ? P.heads0 : 0);
                 if (k != slot) { /* the item's first row of this tensor */
                     slot = k;
                     y0 = (uint16_t *)row_ptr(io.out, s, b, 0, io.out_ss, io.out_sb, 0, DT);
