@@ -1193,8 +1193,11 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
                        "allocated", bytes);
     fc.scratch = fr_line_start(block);
     for (int k = 0; k < a->count; k++) {
+        fr_fpenv fpenv; /* 1 + w rounds as the default environment says */
         wf[k] = fc.scratch + (size_t)nth * fc.per + (size_t)k * (size_t)fr_line_floats(fc.hdmax);
+        fr_fpenv_enter(&fpenv);
         weight_factors(na, k, a->io[k].head_dim, wf[k]);
+        fr_fpenv_leave(&fpenv);
         fc.wf[k] = wf[k];
         fc.wf_ok[k] = 1;
         for (int64_t c = 0; c < a->io[k].head_dim; c++)
@@ -1578,100 +1581,117 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
                        "be allocated", total * sizeof(float) + FR_LINE_BYTES);
     scratch = fr_line_start(block);
     partial = scratch + (size_t)nth * per + 2 * (size_t)fr_line_floats(hdmax);
-    for (int k = 0; k < a->count; k++) {
-        wf[k] = scratch + (size_t)nth * per + (size_t)k * (size_t)fr_line_floats(hdmax);
-        weight_factors(na, k, a->io[k].head_dim, wf[k]);
-    }
     items = chunks * a->count;
 
+    /* every thread's part, and the caller's weight factors and dw sums, in
+     * the default floating-point environment (internal.h) */
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nth) if (nth > 1)
+#pragma omp parallel num_threads(nth) if (nth > 1)
 #endif
-    for (int64_t it = 0; it < items; it++) {
-        const int k = (int)(it / chunks);
-        const int64_t ch = it % chunks;
-        const fr_io *io = &a->io[k];
-        const int64_t hd = io->head_dim, rot = cache->rot_dim;
-        float *g = scratch + (size_t)thread_id() * per, *nv = g + hdmax, *xs = nv + hdmax;
-        float *row_c = xs + 2 * hdmax, *row_s = row_c + half;
-        float *acc = na->dw[k] ? partial + pbase[k] + ch * pstride[k] : NULL;
-        const int64_t t1 = (ch + 1) * C < tokens ? (ch + 1) * C : tokens;
+    {
+        fr_fpenv fpenv;
+        fr_fpenv_enter(&fpenv);
+#ifdef _OPENMP
+#pragma omp master
+#endif
+        for (int k = 0; k < a->count; k++) {
+            wf[k] = scratch + (size_t)nth * per + (size_t)k * (size_t)fr_line_floats(hdmax);
+            weight_factors(na, k, a->io[k].head_dim, wf[k]);
+        }
+#ifdef _OPENMP
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1)
+#endif
+        for (int64_t it = 0; it < items; it++) {
+            const int k = (int)(it / chunks);
+            const int64_t ch = it % chunks;
+            const fr_io *io = &a->io[k];
+            const int64_t hd = io->head_dim, rot = cache->rot_dim;
+            float *g = scratch + (size_t)thread_id() * per, *nv = g + hdmax, *xs = nv + hdmax;
+            float *row_c = xs + 2 * hdmax, *row_s = row_c + half;
+            float *acc = na->dw[k] ? partial + pbase[k] + ch * pstride[k] : NULL;
+            const int64_t t1 = (ch + 1) * C < tokens ? (ch + 1) * C : tokens;
 
-        if (acc)
-            for (int64_t c = 0; c < hd; c++)
-                acc[c] = 0.0f;
-        for (int64_t t = ch * C; t < t1; t++) {
-            const int64_t b = t / a->seq_len, s = t % a->seq_len;
-            const float *cs, *sn;
-            token_angles(cache, &a->pos, b, s, row_c, row_s, &cs, &sn);
+            if (acc)
+                for (int64_t c = 0; c < hd; c++)
+                    acc[c] = 0.0f;
+            for (int64_t t = ch * C; t < t1; t++) {
+                const int64_t b = t / a->seq_len, s = t % a->seq_len;
+                const float *cs, *sn;
+                token_angles(cache, &a->pos, b, s, row_c, row_s, &cs, &sn);
 #ifdef FR_HAVE_AVX2
-            if (vrun[k]) {
-                nb_run_args ra;
-                ra.dy = (const char *)io->in + (size_t)(s * io->in_ss + b * io->in_sb) * es;
-                ra.sv = (const char *)na->x[k] + (size_t)(s * na->x_ss[k] + b * na->x_sb[k]) * es;
-                ra.dx = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb) * es;
-                ra.dy_step = io->in_sh * (int64_t)es;
-                ra.sv_step = na->x_sh[k] * (int64_t)es;
-                ra.dx_step = io->out_sh * (int64_t)es;
-                ra.rstd = na->rstd[k] + t * io->heads;
-                ra.heads = io->heads;
-                ra.wf = wf[k];
-                ra.cs = cs;
-                ra.sn = sn;
-                ra.acc = acc;
-                ra.hd = hd;
-                ra.half = half;
-                ra.rows = g;
-                vrun[k](&ra);
-                continue;
-            }
-#endif
-            for (int64_t h = 0; h < io->heads; h++) {
-                const float r = na->rstd[k][t * io->heads + h];
-                float m;
-                /* g = R^T dy */
-                widen((const char *)io->in +
-                          (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es,
-                      a->dtype, g, hd);
-                row_rotate(g, cs, sn, half, a->interleaved, -1.0f);
-                /* n = x * rstd, or R^T y / w' */
-                widen((const char *)na->x[k] +
-                          (size_t)(s * na->x_ss[k] + b * na->x_sb[k] + h * na->x_sh[k]) * es,
-                      a->dtype, xs, hd);
-                if (na->saved_y) {
-                    row_rotate(xs, cs, sn, half, a->interleaved, -1.0f);
-                    for (int64_t c = 0; c < hd; c++)
-                        nv[c] = xs[c] / wf[k][c];
-                } else {
-                    for (int64_t c = 0; c < hd; c++)
-                        nv[c] = xs[c] * r;
+                if (vrun[k]) {
+                    nb_run_args ra;
+                    ra.dy = (const char *)io->in + (size_t)(s * io->in_ss + b * io->in_sb) * es;
+                    ra.sv = (const char *)na->x[k] + (size_t)(s * na->x_ss[k] + b * na->x_sb[k]) * es;
+                    ra.dx = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb) * es;
+                    ra.dy_step = io->in_sh * (int64_t)es;
+                    ra.sv_step = na->x_sh[k] * (int64_t)es;
+                    ra.dx_step = io->out_sh * (int64_t)es;
+                    ra.rstd = na->rstd[k] + t * io->heads;
+                    ra.heads = io->heads;
+                    ra.wf = wf[k];
+                    ra.cs = cs;
+                    ra.sn = sn;
+                    ra.acc = acc;
+                    ra.hd = hd;
+                    ra.half = half;
+                    ra.rows = g;
+                    vrun[k](&ra);
+                    continue;
                 }
-                if (acc)
+#endif
+                for (int64_t h = 0; h < io->heads; h++) {
+                    const float r = na->rstd[k][t * io->heads + h];
+                    float m;
+                    /* g = R^T dy */
+                    widen((const char *)io->in +
+                              (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es,
+                          a->dtype, g, hd);
+                    row_rotate(g, cs, sn, half, a->interleaved, -1.0f);
+                    /* n = x * rstd, or R^T y / w' */
+                    widen((const char *)na->x[k] +
+                              (size_t)(s * na->x_ss[k] + b * na->x_sb[k] + h * na->x_sh[k]) * es,
+                          a->dtype, xs, hd);
+                    if (na->saved_y) {
+                        row_rotate(xs, cs, sn, half, a->interleaved, -1.0f);
+                        for (int64_t c = 0; c < hd; c++)
+                            nv[c] = xs[c] / wf[k][c];
+                    } else {
+                        for (int64_t c = 0; c < hd; c++)
+                            nv[c] = xs[c] * r;
+                    }
+                    if (acc)
+                        for (int64_t c = 0; c < hd; c++)
+                            acc[c] = acc[c] + g[c] * nv[c];
+                    /* dn = g * w' (in g); dx = rstd * (dn - n * mean(dn * n)) */
                     for (int64_t c = 0; c < hd; c++)
-                        acc[c] = acc[c] + g[c] * nv[c];
-                /* dn = g * w' (in g); dx = rstd * (dn - n * mean(dn * n)) */
-                for (int64_t c = 0; c < hd; c++)
-                    g[c] = g[c] * wf[k][c];
-                m = fr_norm_mean(row_dot(g, nv, hd), hd);
-                for (int64_t c = 0; c < hd; c++)
-                    nv[c] = r * (g[c] - nv[c] * m);
-                narrow(nv, (char *)io->out +
-                               (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es,
-                       a->dtype, hd);
+                        g[c] = g[c] * wf[k][c];
+                    m = fr_norm_mean(row_dot(g, nv, hd), hd);
+                    for (int64_t c = 0; c < hd; c++)
+                        nv[c] = r * (g[c] - nv[c] * m);
+                    narrow(nv, (char *)io->out +
+                                   (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es,
+                           a->dtype, hd);
+                }
+            }
+            (void)rot;
+        }
+        /* dw[c]: the chunks' partials in chunk order (after the loop's barrier) */
+#ifdef _OPENMP
+#pragma omp master
+#endif
+        for (int k = 0; k < a->count; k++) {
+            if (!na->dw[k])
+                continue;
+            for (int64_t c = 0; c < a->io[k].head_dim; c++) {
+                float sum = 0.0f;
+                for (int64_t ch = 0; ch < chunks; ch++)
+                    sum = sum + partial[pbase[k] + ch * pstride[k] + c];
+                na->dw[k][c] = sum;
             }
         }
-        (void)rot;
-    }
-    /* dw[c]: the chunks' partials in chunk order */
-    for (int k = 0; k < a->count; k++) {
-        if (!na->dw[k])
-            continue;
-        for (int64_t c = 0; c < a->io[k].head_dim; c++) {
-            float sum = 0.0f;
-            for (int64_t ch = 0; ch < chunks; ch++)
-                sum = sum + partial[pbase[k] + ch * pstride[k] + c];
-            na->dw[k][c] = sum;
-        }
+        fr_fpenv_leave(&fpenv);
     }
     free(block);
     return FUSEDROPE_OK;

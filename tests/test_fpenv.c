@@ -4,7 +4,8 @@
  * (subnormals flushed, as some inference engines run) and rounding upward
  * (fesetround) must get the bytes of a caller in the default environment,
  * within DESIGN's bound of the float64 reference, from the apply calls and
- * from the cache build; and must find its environment as it left it.
+ * from the cache build, and the same bytes from the fused norm's forward
+ * and backward; and must find its environment as it left it.
  *
  * The OpenMP workers have their own MXCSR, inherited when the runtime
  * starts them, at a process's first parallel region: each test runs in
@@ -253,6 +254,83 @@ START_TEST(test_cache_fpenv)
 }
 END_TEST
 
+/* The fused norm: y and rstd of the forward, dx and dw of the backward, of
+ * a hostile caller (workers born hostile or not) are the default caller's
+ * bytes.  _i: order, dtype, rounding mode; weights 1 + w (1 + w rounds
+ * differently upward), tiny rows (their sums, n and products subnormal). */
+START_TEST(test_norm_fpenv)
+{
+    const int hostile_first = _i % 2;
+    const fusedrope_dtype dt = dtypes[_i / 2 % 3];
+    const fusedrope_norm_rounding rounding = (fusedrope_norm_rounding)(_i / 6);
+    const int64_t S = 131, H = 5, D = 128; /* 83840 elements: the threaded path */
+    const size_t es = ref_dtype_size(dt), n = (size_t)(S * H * D);
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    void *x = tu_alloc(n * es), *dy = tu_alloc(n * es), *w = tu_alloc((size_t)D * es);
+    void *y[2], *dx[2];
+    float *rs[2], *dw[2];
+    tu_rng r;
+
+    tu_threads(3);
+    tu_rng_init(&r, 700 + (uint64_t)_i);
+    for (size_t j = 0; j < n; j++) {
+        const double scale = (j / (size_t)D) % 3 == 0 ? 0x1p-120 : 1.0; /* a tiny row in 3 */
+        ref_store(x, dt, (int64_t)j, dt == FUSEDROPE_FLOAT16 ? tu_uniform(&r, -3.0, 3.0)
+                                                             : scale * tu_uniform(&r, -3.0, 3.0));
+        ref_store(dy, dt, (int64_t)j, tu_uniform(&r, -2.0, 2.0));
+    }
+    for (int64_t c = 0; c < D; c++)
+        ref_store(w, dt, c, tu_uniform(&r, -0.3, 0.3));
+    tiny_config(&cfg, (int)D, S + 3);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+    tu_track(cache);
+    for (int k = 0; k < 2; k++) {
+        y[k] = tu_alloc(n * es);
+        dx[k] = tu_alloc(n * es);
+        rs[k] = tu_alloc(sizeof(float) * (size_t)(S * H));
+        dw[k] = tu_alloc(sizeof(float) * (size_t)D);
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        const int hostile = pass == 0 ? hostile_first : !hostile_first;
+        const fusedrope_tensor tx = fusedrope_tensor_bshd(x, dt, 1, S, H, D);
+        const fusedrope_tensor ty = fusedrope_tensor_bshd(y[hostile], dt, 1, S, H, D);
+        const fusedrope_tensor tdy = fusedrope_tensor_bshd(dy, dt, 1, S, H, D);
+        const fusedrope_tensor tdx = fusedrope_tensor_bshd(dx[hostile], dt, 1, S, H, D);
+        fusedrope_norm nm;
+        fusedrope_status st;
+        unsigned int mxcsr = 0;
+        fusedrope_norm_init(&nm);
+        nm.weight = FUSEDROPE_NORM_WEIGHT_PLUS_ONE;
+        nm.rounding = rounding;
+        nm.weight_dtype = dt;
+        nm.eps = 1e-6;
+        nm.q_weight = w;
+        nm.q_rstd = rs[hostile];
+        nm.dq_weight = dw[hostile];
+        if (hostile)
+            mxcsr = set_hostile();
+        st = fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &tx, &ty, NULL, NULL,
+                                       NULL);
+        if (st == FUSEDROPE_OK)
+            st = fusedrope_norm_backward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &tx, &tdy, &tdx,
+                                            NULL, NULL, NULL, NULL);
+        if (hostile) {
+            check_restored("norm", mxcsr);
+            set_default();
+        }
+        ck_assert_msg(st == FUSEDROPE_OK, "%s", fusedrope_last_error());
+    }
+    ck_assert_msg(memcmp(y[0], y[1], n * es) == 0 && memcmp(rs[0], rs[1], sizeof(float) * (size_t)(S * H)) == 0,
+                  "%s rounding %d: the forward's y or rstd differ between the default and the "
+                  "FTZ/DAZ/upward caller", ref_dtype_name(dt), (int)rounding);
+    ck_assert_msg(memcmp(dx[0], dx[1], n * es) == 0 && memcmp(dw[0], dw[1], sizeof(float) * (size_t)D) == 0,
+                  "%s rounding %d: the backward's dx or dw differ between the default and the "
+                  "FTZ/DAZ/upward caller", ref_dtype_name(dt), (int)rounding);
+    tu_free_all();
+}
+END_TEST
+
 static Suite *fpenv_suite(void)
 {
     Suite *s = suite_create("fpenv");
@@ -260,6 +338,7 @@ static Suite *fpenv_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_apply_fpenv, 0, 96 / 4);
     tcase_add_loop_test(tc, test_cache_fpenv, 0, 2);
+    tcase_add_loop_test(tc, test_norm_fpenv, 0, 18);
     suite_add_tcase(s, tc);
     return s;
 }
