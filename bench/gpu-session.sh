@@ -173,8 +173,8 @@ norm_variant() {
 section_normwarp() {
   # the norm forward's row kernels at the sizes where the choice between them
   # (FR_CUDA_NORM_WARP_ROWS) falls: rebuilt to take only one (ROWS 0: a thread
-  # per row; huge: a warp per row, RPW rows a warp at a time, items of at
-  # most HEADS rows of a token), test_norm_gpu on each, then the same norm
+  # per row; huge: rows over warps, items of at most HEADS rows of a token,
+  # RPW of them at a time), test_norm_gpu on each, then the same norm
   # lines on each; the default build comes back last (NORMWARP_VARIANTS
   # chooses ROWS:RPW:HEADS)
   ( cd "$src" && b=./tools/fusedrope-bench

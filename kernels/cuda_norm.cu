@@ -86,8 +86,9 @@
 #define FR_CUDA_NORM_WARP_ROWS 8192
 #endif
 
-/* Rows a warp of norm_forward_warp holds at a time (1, 2, 3 or 4): 1 until
- * a device measures more (bench/gpu-session.sh's normwarp section). */
+/* Rows a warp of norm_forward_warp holds at a time (1, 2, 3 or 4; at most
+ * its item's rows): 1 until a device measures more (bench/gpu-session.sh's
+ * normwarp section). */
 #ifndef FR_CUDA_NORM_WARP_RPW
 #define FR_CUDA_NORM_WARP_RPW 1
 #endif
@@ -553,21 +554,6 @@ __global__ void __launch_bounds__(128) norm_forward_rows(const __grid_constant__
     });
 }
 
-/*
- * The forward's rows spread over a warp (calls of at most
- * FR_CUDA_NORM_WARP_ROWS rows).  Lane l holds channels l, l + 32, ...
- * of the row, which are the contract's partial sum l, so the lane adds its
- * own in order, and the tree of the 32 partials is a butterfly of shuffles:
- * fr_norm_tree32 adds p[l] + p[l + off] for off 16, 8, 4, 2, 1, and after
- * each xor-shuffle every lane holds one of those sums (a + b and b + a are
- * the same float), so all end with the total.  A NeoX pair (i, i + HD/2)
- * lies in one lane; an interleaved pair (2i, 2i + 1) in lanes l and l ^ 1,
- * which trade their normalised values and each rotate the pair whole (the
- * same operations in both) and keep their own member.  The row's loads are
- * 64 contiguous bytes a warp instruction, its stores too; the operations
- * are rotate_row's.  The shuffles come before any store, so a row in place
- * is read whole first.  kernels/cuda_emu.h runs it as 32 fibers per warp.
- */
 /* The lane's cos/sin of a warp row kernel's pairs: NeoX pair lane + 32 k
  * (k < HD / 64: the lane's channels lane + 32 k and HD / 2 + lane + 32 k),
  * interleaved pair (lane + 32 k) / 2 (k < HD / 32: the lane's channel
@@ -618,6 +604,21 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
     }
 }
 
+/*
+ * The forward's rows spread over a warp (calls of at most
+ * FR_CUDA_NORM_WARP_ROWS rows).  Lane l holds channels l, l + 32, ...
+ * of the row, which are the contract's partial sum l, so the lane adds its
+ * own in order, and the tree of the 32 partials is a butterfly of shuffles:
+ * fr_norm_tree32 adds p[l] + p[l + off] for off 16, 8, 4, 2, 1, and after
+ * each xor-shuffle every lane holds one of those sums (a + b and b + a are
+ * the same float), so all end with the total.  A NeoX pair (i, i + HD/2)
+ * lies in one lane; an interleaved pair (2i, 2i + 1) in lanes l and l ^ 1,
+ * which trade their normalised values and each rotate the pair whole (the
+ * same operations in both) and keep their own member.  The row's loads are
+ * 64 contiguous bytes a warp instruction, its stores too; the operations
+ * are rotate_row's.  The shuffles come before any store, so a row in place
+ * is read whole first.  kernels/cuda_emu.h runs it as 32 fibers per warp.
+ */
 /* A warp's item is P.warp_heads rows of one token (the token's last item
  * fewer), q's heads then k's; the items grid-stride.  Per item the token's
  * position, the lane's cos/sin and, per tensor, its weights are found once
@@ -1076,15 +1077,18 @@ cudaError_t launch(K kernel, int64_t n, const NParams &P, cudaStream_t stream)
     return cudaLaunchKernelEx(&cfg, kernel, P);
 }
 
-/* A grid-stride launch of `warps` warps, at most 16 blocks per SM (a warp's
- * lanes hold a few channels each, so an SM holds 2048 threads); emulated,
- * each warp's lanes run in lockstep. */
+/* launch_warps' blocks an SM at most (a warp's lanes hold a few channels
+ * each, so an SM holds 2048 threads), and so its warps an SM. */
+enum { WARP_BLOCKS_PER_SM = 16, WARPS_PER_SM = WARP_BLOCKS_PER_SM * 128 / 32 };
+
+/* A grid-stride launch of `warps` warps, at most WARP_BLOCKS_PER_SM blocks
+ * of 128 threads an SM; emulated, each warp's lanes run in lockstep. */
 template <typename K>
 cudaError_t launch_warps(K kernel, int64_t warps, const NParams &P, cudaStream_t stream)
 {
     if (warps <= 0)
         return cudaSuccess;
-    const cudaLaunchConfig_t cfg = grid_of(32 * warps, 16, stream);
+    const cudaLaunchConfig_t cfg = grid_of(32 * warps, WARP_BLOCKS_PER_SM, stream);
 #ifdef FR_CUDA_EMULATE
     return fr_emu_launch_lockstep(&cfg, kernel, P);
 #else
@@ -1204,11 +1208,12 @@ int64_t rows_hd(const NParams &P, int count, bool backward)
 }
 
 /* The rows of norm_forward_warp's items: FR_CUDA_NORM_WARP_HEADS, fewer
- * where the call has less than that many rows for each warp of one wave (16
- * blocks of 4 warps an SM), at most a token's heads. */
+ * where the call has less than that many rows for each warp of one wave
+ * (WARPS_PER_SM an SM), at most a token's heads.  Under FR_CUDA_NORM_WARP_ROWS'
+ * default (8192 rows, one wave on a Hopper) that is one row an item. */
 int64_t warp_heads(const NParams &P, int64_t rows)
 {
-    int64_t g = rows / (64 * (int64_t)sms());
+    int64_t g = rows / (WARPS_PER_SM * (int64_t)sms());
     g = g < FR_CUDA_NORM_WARP_HEADS ? g : FR_CUDA_NORM_WARP_HEADS;
 #ifdef FR_CUDA_EMULATE
     if (fr_emu_norm_warp_heads > 0)

@@ -1470,7 +1470,8 @@ FR_DEFINE_NB_PICK(FR_AVX2_TARGET, nb)
  * The backward's passes (FR_DEFINE_NB_PASSES) with 512-bit vectors, for
  * CPUs with AVX-512 F, BW and VL (fr_avx512_usable), on rows whose rotation
  * pairs and other channels come in whole 16-channel vectors (n5_whole; the
- * others of such a call take the AVX2 rows).
+ * others of such a call take the AVX2 rows where nt_whole, else the portable
+ * loops).
  */
 
 FR_DEFINE_NB_ROTATE(FR_N5_INLINE, nb5_rotate16, __m512, _mm512_loadu_ps, _mm512_set1_ps)

@@ -73,7 +73,7 @@ FR_HD float fr_norm_round(float v, int dt)
  * weight wf (w, 1 + w, or 1) as the rounding mode says; ROUND(v, dt) is v
  * rounded to dtype dt as a float: fr_norm_round, or a backend's exact
  * equivalent (the CUDA kernels' hardware conversions, kernels/cuda_norm.cu
- * norm_value).  x and the others are evaluated more than once. */
+ * norm_value).  rounding and dt are evaluated more than once. */
 #define FR_NORM_VALUE(x, rstd, wf, rounding, dt, ROUND)                                   \
     ((rounding) == FR_ROUND_LLAMA ? ROUND(ROUND((x) * (rstd), dt) * (wf), dt)             \
      : (rounding) == FR_ROUND_GEMMA ? ROUND((x) * (rstd) * (wf), dt)                      \

@@ -14,10 +14,11 @@
  *
  * Each case (q with 3 heads and k with 2; dtype, head_dim, rot_dim, head
  * stride and positions as the table below says) runs on the register-row
- * kernels (norm_forward_rows, norm_dx_rows: 16-bit, head_dim 64/128, full
- * rotary, rows on 16 bytes; the forward also on norm_forward_warp, a warp
- * per row) or the generic ones (norm_forward, norm_dx), and the backward's
- * dw kernels (the rows' terms, norm_dw_chunks, norm_dw_sum), in both
+ * kernels (norm_forward_rows, norm_backward_items: 16-bit, head_dim 64/128,
+ * full rotary, rows on 16 bytes; the forward also on norm_forward_warp, in
+ * items of 4 rows across q and k, 2 at a time) or the generic ones
+ * (norm_forward, norm_dx, and the backward's dw kernels: the rows' terms,
+ * norm_dw_chunks, norm_dw_sum), in both
  * styles, in and out of place, from x or from the saved y, in each rounding
  * mode (WEIGHT, or PLUS_ONE with the Gemma rounding), with and without dw.
  * Each call runs twice: with the case's positions, and with every bad
@@ -63,7 +64,9 @@
 fusedrope_status fr_emu_cuda_norm_forward(const fr_norm_args *a);
 fusedrope_status fr_emu_cuda_norm_backward(const fr_norm_args *a);
 int fr_emu_sms = 132;
-extern int fr_emu_norm_warp; /* kernels/cuda_norm.cu, emulated: norm_forward_warp */
+/* kernels/cuda_norm.cu, emulated: norm_forward_warp, its items' rows and its
+ * rows at a time */
+extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw;
 
 enum { M = 32, MAXT = 64 }; /* table rows; most tokens of a case */
 static const int64_t heads[2] = { 3, 2 }; /* q, k */
@@ -417,8 +420,12 @@ static void run_case(int c, int vi, int status)
     call(&x, 0, 0, status, "with valid ids");
     if (cases[c].rows) { /* the register-row cases also with a warp per row */
         fr_emu_norm_warp = 1;
-        call(&x, 0, 1, status, "with the case's positions, a warp per row");
+        fr_emu_norm_warp_heads = 4;
+        fr_emu_norm_warp_rpw = 2;
+        call(&x, 0, 1, status, "with the case's positions, rows over warps");
         fr_emu_norm_warp = 0;
+        fr_emu_norm_warp_heads = 0;
+        fr_emu_norm_warp_rpw = 0;
         check_rows(&x, 0, bad);
     }
     call(&x, 0, 1, status, "with the case's positions");
