@@ -485,7 +485,9 @@ template <int DT> __device__ __forceinline__ float elem_round(float v, int)
 template <int DT>
 __device__ __forceinline__ float norm_value(float x, float rstd, float wf, int rounding)
 {
-    return FR_NORM_VALUE(x, rstd, wf, rounding, DT, elem_round<DT>);
+    float y;
+    FR_NORM_VALUE(y, x, rstd, wf, rounding, DT, elem_round<DT>);
+    return y;
 }
 
 /* Pair i's channels in a row of HD channels, all rotated (rope_math.h's

@@ -304,12 +304,9 @@ FR_AVX2_INLINE void nv_store8(void *p, __m256 v, int dt, int nt, int fin)
  * The roundings need no NaN case. */
 FR_AVX2_INLINE __m256 nv_value8(__m256 x, __m256 rstd, __m256 wf, int rounding, int dt)
 {
-    const __m256 n = _mm256_mul_ps(x, rstd);
-    if (rounding == FR_ROUND_LLAMA)
-        return nv_round8(_mm256_mul_ps(nv_round8(n, dt), wf), dt);
-    if (rounding == FR_ROUND_GEMMA)
-        return nv_round8(_mm256_mul_ps(n, wf), dt);
-    return _mm256_mul_ps(n, wf);
+    __m256 y;
+    FR_NORM_VALUE(y, x, rstd, wf, rounding, dt, nv_round8);
+    return y;
 }
 
 /* fr_rotate on 8 pairs, forward (sgn +1: fr_rotate's s * 1.0f is s, but
@@ -578,12 +575,10 @@ FR_N5_INLINE __m512 n5_round16(__m512 v, int dt)
 /* nv_value8 on 16 channels. */
 FR_N5_INLINE __m512 n5_value16(const float *v, __m512 rstd, const float *wf, int rounding, int dt)
 {
-    const __m512 n = _mm512_mul_ps(_mm512_loadu_ps(v), rstd), w = _mm512_loadu_ps(wf);
-    if (rounding == FR_ROUND_LLAMA)
-        return n5_round16(_mm512_mul_ps(n5_round16(n, dt), w), dt);
-    if (rounding == FR_ROUND_GEMMA)
-        return n5_round16(_mm512_mul_ps(n, w), dt);
-    return _mm512_mul_ps(n, w);
+    const __m512 x = _mm512_loadu_ps(v), w = _mm512_loadu_ps(wf);
+    __m512 y;
+    FR_NORM_VALUE(y, x, rstd, w, rounding, dt, n5_round16);
+    return y;
 }
 
 /* nv_rotate8 on 16 pairs. */

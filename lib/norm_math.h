@@ -69,19 +69,28 @@ FR_HD float fr_norm_round(float v, int dt)
          : dt == 2 ? fr_norm_round_bf16(v) : v;
 }
 
-/* The value a channel enters the rotation with: n = x * rstd, then the
- * weight wf (w, 1 + w, or 1) as the rounding mode says; ROUND(v, dt) is v
- * rounded to dtype dt as a float: fr_norm_round, or a backend's exact
- * equivalent (the CUDA kernels' hardware conversions, kernels/cuda_norm.cu
- * norm_value).  rounding and dt are evaluated more than once. */
-#define FR_NORM_VALUE(x, rstd, wf, rounding, dt, ROUND)                                   \
-    ((rounding) == FR_ROUND_LLAMA ? ROUND(ROUND((x) * (rstd), dt) * (wf), dt)             \
-     : (rounding) == FR_ROUND_GEMMA ? ROUND((x) * (rstd) * (wf), dt)                      \
-                                    : (x) * (rstd) * (wf))
+/* The value a channel enters the rotation with, into y: n = x * rstd, then
+ * the weight wf (w, 1 + w, or 1) as the rounding mode says; ROUND(v, dt)
+ * is v rounded to dtype dt as a float: fr_norm_round, or a backend's exact
+ * equivalent (the CPU's vector rows, lib/cpu_norm.c nv_value8 and
+ * n5_value16; the CUDA kernels' conversions, kernels/cuda_norm.cu
+ * norm_value).  x, rstd and wf may be floats or vectors of floats (GCC's
+ * vector operators). */
+#define FR_NORM_VALUE(y, x, rstd, wf, rounding, dt, ROUND)                                \
+    do {                                                                                  \
+        if ((rounding) == FR_ROUND_LLAMA)                                                 \
+            (y) = ROUND(ROUND((x) * (rstd), dt) * (wf), dt);                              \
+        else if ((rounding) == FR_ROUND_GEMMA)                                            \
+            (y) = ROUND((x) * (rstd) * (wf), dt);                                         \
+        else                                                                              \
+            (y) = (x) * (rstd) * (wf);                                                    \
+    } while (0)
 
 FR_HD float fr_norm_value(float x, float rstd, float wf, int rounding, int dt)
 {
-    return FR_NORM_VALUE(x, rstd, wf, rounding, dt, fr_norm_round);
+    float y;
+    FR_NORM_VALUE(y, x, rstd, wf, rounding, dt, fr_norm_round);
+    return y;
 }
 
 /* The weight factor w' of channel c: weight kind 0 (none) 1, 1 (w) w, 2 (1 + w) 1 + w. */
