@@ -309,18 +309,24 @@ FR_AVX2_INLINE __m256 nv_value8(__m256 x, __m256 rstd, __m256 wf, int rounding, 
     return y;
 }
 
-/* fr_rotate on 8 pairs, forward (sgn +1: fr_rotate's s * 1.0f is s, but
- * for a signalling NaN, which the products it enters quieten just the
- * same). */
-FR_AVX2_INLINE void nv_rotate8(__m256 *a, __m256 *b, const float *cs, const float *sn)
-{
-    const __m256 c = _mm256_loadu_ps(cs);
-    const __m256 ss = _mm256_loadu_ps(sn);
-    const __m256 ra = _mm256_sub_ps(_mm256_mul_ps(*a, c), _mm256_mul_ps(*b, ss));
-    const __m256 rb = _mm256_add_ps(_mm256_mul_ps(*b, c), _mm256_mul_ps(*a, ss));
-    *a = ra;
-    *b = rb;
-}
+/* NAME: fr_rotate with sgn SGN on the pairs (a, b) of vectors of type V:
+ * -1 (the backward) multiplies s by -1.0f as fr_rotate does; 1 (the
+ * forward) leaves s as it is (fr_rotate's s * 1.0f is s, but for a
+ * signalling NaN, which the products it enters quieten just the same).
+ * The same products and sums, with GCC's vector operators (FMA contraction
+ * off), for the forward's and the backward's rows at either width. */
+#define FR_DEFINE_ROTATE(ATTR, NAME, V, LOAD, SET1, SGN)                                      \
+    ATTR void NAME(V *a, V *b, const float *cs, const float *sn)                              \
+    {                                                                                         \
+        const V c = LOAD(cs);                                                                 \
+        V ss = LOAD(sn);                                                                      \
+        if ((SGN) < 0)                                                                        \
+            ss = ss * SET1(-1.0f);                                                            \
+        const V ra = *a * c - *b * ss, rb = *b * c + *a * ss;                                 \
+        *a = ra;                                                                              \
+        *b = rb;                                                                              \
+    }
+FR_DEFINE_ROTATE(FR_AVX2_INLINE, nv_rotate8, __m256, _mm256_loadu_ps, _mm256_set1_ps, 1)
 
 /* Scalar tails: channel c's value, narrowed and stored. */
 FR_AVX2_INLINE void nv_store1(void *y, int64_t c, float v, int dt)
@@ -582,14 +588,7 @@ FR_N5_INLINE __m512 n5_value16(const float *v, __m512 rstd, const float *wf, int
 }
 
 /* nv_rotate8 on 16 pairs. */
-FR_N5_INLINE void n5_rotate16(__m512 *a, __m512 *b, const float *cs, const float *sn)
-{
-    const __m512 c = _mm512_loadu_ps(cs), ss = _mm512_loadu_ps(sn);
-    const __m512 ra = _mm512_sub_ps(_mm512_mul_ps(*a, c), _mm512_mul_ps(*b, ss));
-    const __m512 rb = _mm512_add_ps(_mm512_mul_ps(*b, c), _mm512_mul_ps(*a, ss));
-    *a = ra;
-    *b = rb;
-}
+FR_DEFINE_ROTATE(FR_N5_INLINE, n5_rotate16, __m512, _mm512_loadu_ps, _mm512_set1_ps, 1)
 
 /* 32 or 64 bytes stored at p: unaligned, or with nt non-temporal in
  * 16-byte pieces (p 16-byte aligned). */
@@ -1250,18 +1249,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
  * FMA: the same bits (tests/test_norm.c compares the two).
  */
 
-/* NAME: fr_rotate with sgn -1 (its s * -1.0f, then the same products and
- * sums) on the pairs (a, b) of vectors of type V, with GCC's vector
- * operators (FMA contraction off). */
-#define FR_DEFINE_NB_ROTATE(ATTR, NAME, V, LOAD, SET1)                                        \
-    ATTR void NAME(V *a, V *b, const float *cs, const float *sn)                              \
-    {                                                                                         \
-        const V c = LOAD(cs), ss = LOAD(sn) * SET1(-1.0f);                                    \
-        const V ra = *a * c - *b * ss, rb = *b * c + *a * ss;                                 \
-        *a = ra;                                                                              \
-        *b = rb;                                                                              \
-    }
-FR_DEFINE_NB_ROTATE(FR_AVX2_INLINE, nb_rotate8, __m256, _mm256_loadu_ps, _mm256_set1_ps)
+FR_DEFINE_ROTATE(FR_AVX2_INLINE, nb_rotate8, __m256, _mm256_loadu_ps, _mm256_set1_ps, -1)
 
 /* 16 interleaved channels (lo: 0-7, hi: 8-15) to pair order (a even, b
  * odd), and back. */
@@ -1469,7 +1457,7 @@ FR_DEFINE_NB_PICK(FR_AVX2_TARGET, nb)
  * loops).
  */
 
-FR_DEFINE_NB_ROTATE(FR_N5_INLINE, nb5_rotate16, __m512, _mm512_loadu_ps, _mm512_set1_ps)
+FR_DEFINE_ROTATE(FR_N5_INLINE, nb5_rotate16, __m512, _mm512_loadu_ps, _mm512_set1_ps, -1)
 
 /* 32 interleaved channels (lo: 0-15, hi: 16-31) rotated back in place. */
 FR_N5_INLINE void nb5_rotate32(__m512 *lo, __m512 *hi, const float *cs, const float *sn)
