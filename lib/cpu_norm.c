@@ -63,47 +63,60 @@ FR_CLONES static void narrow(const float *f, void *y, fusedrope_dtype dt, int64_
     }
 }
 
-/* Sum of a[c] * b[c] over n channels in norm_math.h's order: partial sum
- * l is lane l % 8 of accumulator l / 8, which stay in registers (as an
- * array of 32 floats gcc keeps them in memory, and the loop waits on it). */
+/*
+ * The row sums' partial sums in norm_math.h's order, with vectors of L
+ * floats (L 1: floats): s is an array of 32 / L of them (zeroed by the
+ * caller), partial sum l is lane l % L of s[l / L], and it adds the terms
+ * of channels l, l + 32, l + 64, ... in that order.  VTERM(c) is the vector
+ * of the terms of channels c .. c + L - 1, STERM(c) the term of channel c
+ * (for the row's last hd % 32).  Every CPU row sum comes through here
+ * (row_dot, nv_sum, n5_sum, nb_dot8, nb5_dot16); the tree over s is the
+ * caller's (fr_norm_tree32, nv_tree, n5_tree).  The partials stay in
+ * registers (as an array of 32 floats gcc keeps them in memory, and the
+ * loop waits on it).
+ */
+#define FR_ROW_PARTIALS(L, s, n, VTERM, STERM)                                                 \
+    do {                                                                                       \
+        int64_t c_ = 0;                                                                        \
+        for (; c_ + 32 <= (n); c_ += 32)                                                       \
+            for (int j_ = 0; j_ < 32 / (L); j_++)                                              \
+                (s)[j_] = (s)[j_] + VTERM(c_ + j_ * (L));                                      \
+        if (c_ < (n)) {                                                                        \
+            float p_[32];                                                                      \
+            memcpy(p_, (s), sizeof p_);                                                        \
+            for (int l_ = 0; c_ + l_ < (n); l_++)                                              \
+                p_[l_] = p_[l_] + STERM(c_ + l_);                                              \
+            memcpy((s), p_, sizeof p_);                                                        \
+        }                                                                                      \
+    } while (0)
+
+/* Sum of a[c] * b[c] over n channels in norm_math.h's order. */
 #if defined(__GNUC__)
 typedef float v8f __attribute__((vector_size(32)));
+/* 8 floats at p (unaligned) as a v8f. */
+#define V8F_LOAD(p) ({ v8f r_; memcpy(&r_, (p), sizeof r_); r_; })
+
 FR_CLONES static float row_dot(const float *a, const float *b, int64_t n)
 {
-    v8f s0 = { 0 }, s1 = { 0 }, s2 = { 0 }, s3 = { 0 }, x[4], y[4];
+    v8f s[4] = { { 0 } };
     float p[32];
-    int64_t c = 0;
-    for (; c + 32 <= n; c += 32) {
-        memcpy(x, a + c, sizeof x);
-        memcpy(y, b + c, sizeof y);
-        s0 = s0 + x[0] * y[0];
-        s1 = s1 + x[1] * y[1];
-        s2 = s2 + x[2] * y[2];
-        s3 = s3 + x[3] * y[3];
-    }
-    memcpy(p, &s0, sizeof s0);
-    memcpy(p + 8, &s1, sizeof s1);
-    memcpy(p + 16, &s2, sizeof s2);
-    memcpy(p + 24, &s3, sizeof s3);
-    for (int l = 0; c + l < n; l++)
-        p[l] = p[l] + a[c + l] * b[c + l];
+#define ROW_DOT_V(c) (V8F_LOAD(a + (c)) * V8F_LOAD(b + (c)))
+#define ROW_DOT_S(c) (a[c] * b[c])
+    FR_ROW_PARTIALS(8, s, n, ROW_DOT_V, ROW_DOT_S);
+    memcpy(p, s, sizeof p);
     return fr_norm_tree32(p);
 }
 #else
 static float row_dot(const float *a, const float *b, int64_t n)
 {
-    float p[32];
-    int64_t c = 0;
-    for (int l = 0; l < 32; l++)
-        p[l] = 0.0f;
-    for (; c + 32 <= n; c += 32)
-        for (int l = 0; l < 32; l++)
-            p[l] = p[l] + a[c + l] * b[c + l];
-    for (int l = 0; c + l < n; l++)
-        p[l] = p[l] + a[c + l] * b[c + l];
+    float p[32] = { 0 };
+#define ROW_DOT_S(c) (a[c] * b[c])
+    FR_ROW_PARTIALS(1, p, n, ROW_DOT_S, ROW_DOT_S);
     return fr_norm_tree32(p);
 }
 #endif
+#undef ROW_DOT_V
+#undef ROW_DOT_S
 
 /* v[c] = the rotation's input of channel c (in place over the widened x). */
 FR_CLONES static void row_values(float *v, const float *wf, float rstd, int rounding, int dt,
@@ -364,38 +377,15 @@ FR_AVX2_INLINE float nv_sum(const void *x, float *v, int64_t hd, int dt)
 {
     const int64_t es = dt == 0 ? 4 : 2;
     const char *xb = x;
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    int64_t c = 0;
-
-    for (; c + 32 <= hd; c += 32) {
-        const __m256 x0 = nv_widen8(xb + c * es, dt), x1 = nv_widen8(xb + (c + 8) * es, dt),
-                     x2 = nv_widen8(xb + (c + 16) * es, dt), x3 = nv_widen8(xb + (c + 24) * es, dt);
-        _mm256_storeu_ps(v + c, x0);
-        _mm256_storeu_ps(v + c + 8, x1);
-        _mm256_storeu_ps(v + c + 16, x2);
-        _mm256_storeu_ps(v + c + 24, x3);
-        s0 = _mm256_add_ps(s0, _mm256_mul_ps(x0, x0));
-        s1 = _mm256_add_ps(s1, _mm256_mul_ps(x1, x1));
-        s2 = _mm256_add_ps(s2, _mm256_mul_ps(x2, x2));
-        s3 = _mm256_add_ps(s3, _mm256_mul_ps(x3, x3));
-    }
-    if (c < hd) {
-        float p[32];
-        _mm256_storeu_ps(p, s0);
-        _mm256_storeu_ps(p + 8, s1);
-        _mm256_storeu_ps(p + 16, s2);
-        _mm256_storeu_ps(p + 24, s3);
-        for (int l = 0; c + l < hd; l++) {
-            const float f = nv_widen1(x, c + l, dt);
-            v[c + l] = f;
-            p[l] = p[l] + f * f;
-        }
-        s0 = _mm256_loadu_ps(p);
-        s1 = _mm256_loadu_ps(p + 8);
-        s2 = _mm256_loadu_ps(p + 16);
-        s3 = _mm256_loadu_ps(p + 24);
-    }
-    return nv_tree(s0, s1, s2, s3);
+    __m256 s[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                    _mm256_setzero_ps() };
+#define NV_SQ(c) ({ const __m256 x_ = nv_widen8(xb + (c) * es, dt); \
+                    _mm256_storeu_ps(v + (c), x_);                  \
+                    _mm256_mul_ps(x_, x_); })
+#define NV_SQ1(c) ({ const float f_ = nv_widen1(x, c, dt); v[c] = f_; f_ * f_; })
+    FR_ROW_PARTIALS(8, s, hd, NV_SQ, NV_SQ1);
+#undef NV_SQ
+    return nv_tree(s[0], s[1], s[2], s[3]);
 }
 
 /* Pass 2 of a row: the values of v's channels for rstd, the first 2 * half
@@ -643,29 +633,13 @@ FR_N5_INLINE float n5_sum(const void *x, float *v, int64_t hd, int dt)
 {
     const int64_t es = dt == 0 ? 4 : 2;
     const char *xb = x;
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
-    int64_t c = 0;
-
-    for (; c + 32 <= hd; c += 32) {
-        const __m512 x0 = n5_widen16(xb + c * es, dt), x1 = n5_widen16(xb + (c + 16) * es, dt);
-        _mm512_storeu_ps(v + c, x0);
-        _mm512_storeu_ps(v + c + 16, x1);
-        s0 = _mm512_add_ps(s0, _mm512_mul_ps(x0, x0));
-        s1 = _mm512_add_ps(s1, _mm512_mul_ps(x1, x1));
-    }
-    if (c < hd) {
-        float p[32];
-        _mm512_storeu_ps(p, s0);
-        _mm512_storeu_ps(p + 16, s1);
-        for (int l = 0; c + l < hd; l++) {
-            const float f = nv_widen1(x, c + l, dt);
-            v[c + l] = f;
-            p[l] = p[l] + f * f;
-        }
-        s0 = _mm512_loadu_ps(p);
-        s1 = _mm512_loadu_ps(p + 16);
-    }
-    return n5_tree(s0, s1);
+    __m512 s[2] = { _mm512_setzero_ps(), _mm512_setzero_ps() };
+#define N5_SQ(c) ({ const __m512 x_ = n5_widen16(xb + (c) * es, dt); \
+                    _mm512_storeu_ps(v + (c), x_);                   \
+                    _mm512_mul_ps(x_, x_); })
+    FR_ROW_PARTIALS(16, s, hd, N5_SQ, NV_SQ1);
+#undef N5_SQ
+    return n5_tree(s[0], s[1]);
 }
 
 /* nv_out with 16-channel vectors, for n5_whole rows (no tails). */
@@ -1282,28 +1256,13 @@ FR_AVX2_INLINE void nb_rotate_il8(__m256 *lo, __m256 *hi, const float *cs, const
  * of accumulator l / 8; nv_tree). */
 FR_AVX2_INLINE float nb_dot8(const float *dn, const float *nn, int64_t hd)
 {
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    int64_t c;
-    for (c = 0; c + 32 <= hd; c += 32) {
-        s0 = _mm256_add_ps(s0, _mm256_mul_ps(_mm256_loadu_ps(dn + c), _mm256_loadu_ps(nn + c)));
-        s1 = _mm256_add_ps(s1, _mm256_mul_ps(_mm256_loadu_ps(dn + c + 8), _mm256_loadu_ps(nn + c + 8)));
-        s2 = _mm256_add_ps(s2, _mm256_mul_ps(_mm256_loadu_ps(dn + c + 16), _mm256_loadu_ps(nn + c + 16)));
-        s3 = _mm256_add_ps(s3, _mm256_mul_ps(_mm256_loadu_ps(dn + c + 24), _mm256_loadu_ps(nn + c + 24)));
-    }
-    if (c < hd) {
-        float p[32];
-        _mm256_storeu_ps(p, s0);
-        _mm256_storeu_ps(p + 8, s1);
-        _mm256_storeu_ps(p + 16, s2);
-        _mm256_storeu_ps(p + 24, s3);
-        for (int l = 0; c + l < hd; l++)
-            p[l] = p[l] + dn[c + l] * nn[c + l];
-        s0 = _mm256_loadu_ps(p);
-        s1 = _mm256_loadu_ps(p + 8);
-        s2 = _mm256_loadu_ps(p + 16);
-        s3 = _mm256_loadu_ps(p + 24);
-    }
-    return nv_tree(s0, s1, s2, s3);
+    __m256 s[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                    _mm256_setzero_ps() };
+#define NB_DOT(c) _mm256_mul_ps(_mm256_loadu_ps(dn + (c)), _mm256_loadu_ps(nn + (c)))
+#define NB_DOT1(c) (dn[c] * nn[c])
+    FR_ROW_PARTIALS(8, s, hd, NB_DOT, NB_DOT1);
+#undef NB_DOT
+    return nv_tree(s[0], s[1], s[2], s[3]);
 }
 
 FR_AVX2_INLINE void nb_store8(void *p, __m256 v, int dt)
@@ -1473,22 +1432,11 @@ FR_N5_INLINE void nb5_rotate32(__m512 *lo, __m512 *hi, const float *cs, const fl
  * l / 16, as n5_sum's; n5_tree). */
 FR_N5_INLINE float nb5_dot16(const float *dn, const float *nn, int64_t hd)
 {
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0;
-    int64_t c;
-    for (c = 0; c + 32 <= hd; c += 32) {
-        s0 = _mm512_add_ps(s0, _mm512_mul_ps(_mm512_loadu_ps(dn + c), _mm512_loadu_ps(nn + c)));
-        s1 = _mm512_add_ps(s1, _mm512_mul_ps(_mm512_loadu_ps(dn + c + 16), _mm512_loadu_ps(nn + c + 16)));
-    }
-    if (c < hd) {
-        float p[32];
-        _mm512_storeu_ps(p, s0);
-        _mm512_storeu_ps(p + 16, s1);
-        for (int l = 0; c + l < hd; l++)
-            p[l] = p[l] + dn[c + l] * nn[c + l];
-        s0 = _mm512_loadu_ps(p);
-        s1 = _mm512_loadu_ps(p + 16);
-    }
-    return n5_tree(s0, s1);
+    __m512 s[2] = { _mm512_setzero_ps(), _mm512_setzero_ps() };
+#define NB5_DOT(c) _mm512_mul_ps(_mm512_loadu_ps(dn + (c)), _mm512_loadu_ps(nn + (c)))
+    FR_ROW_PARTIALS(16, s, hd, NB5_DOT, NB_DOT1);
+#undef NB5_DOT
+    return n5_tree(s[0], s[1]);
 }
 
 FR_N5_INLINE void nb5_store16(void *p, __m512 v, int dt)
