@@ -1011,30 +1011,31 @@ ATTR void NAME(const fwd_call *fc, fwd_walk *w, int64_t n0, int64_t n1, int R, i
 FR_DEFINE_ROWS(FR_AVX2_INLINE, nv_rows, nv_run)
 
 typedef void (*nv_rows_fn)(const fwd_call *, fwd_walk *, int64_t, int64_t);
-#define DEFINE_NV_ROWS(R, D, I)                                                               \
-    FR_AVX2_TARGET static void nv_rows_##R##D##I(const fwd_call *fc, fwd_walk *w, int64_t n0, \
-                                                 int64_t n1)                                  \
-    {                                                                                         \
-        nv_rows(fc, w, n0, n1, R, D, I);                                                      \
-    }
-#define DEFINE_NV_ROWS2(R, D) DEFINE_NV_ROWS(R, D, 0) DEFINE_NV_ROWS(R, D, 1)
-DEFINE_NV_ROWS2(0, 0) DEFINE_NV_ROWS2(0, 1) DEFINE_NV_ROWS2(0, 2)
-DEFINE_NV_ROWS2(1, 0) DEFINE_NV_ROWS2(1, 1) DEFINE_NV_ROWS2(1, 2)
-DEFINE_NV_ROWS2(2, 0) DEFINE_NV_ROWS2(2, 1) DEFINE_NV_ROWS2(2, 2)
-#undef DEFINE_NV_ROWS2
-#undef DEFINE_NV_ROWS
 
-static nv_rows_fn nv_pick_rows(int rounding, int dt, int interleaved)
-{
-#define ROWS(R, D) { nv_rows_##R##D##0, nv_rows_##R##D##1 }
-    static const nv_rows_fn fns[3][3][2] = {
-        { ROWS(0, 0), ROWS(0, 1), ROWS(0, 2) },
-        { ROWS(1, 0), ROWS(1, 1), ROWS(1, 2) },
-        { ROWS(2, 0), ROWS(2, 1), ROWS(2, 2) },
-    };
-#undef ROWS
-    return fns[rounding][dt][!!interleaved];
-}
+/* PFX##_rows_RDI (rounding R, dtype D, interleaved I): PFX##_rows with
+ * TARGET and its modes constants, and PFX##_pick_rows, which picks one. */
+#define FR_FWD_ROWS1(TARGET, PFX, R, D, I)                                                    \
+    TARGET static void PFX##_rows_##R##D##I(const fwd_call *fc, fwd_walk *w, int64_t n0,      \
+                                            int64_t n1)                                       \
+    {                                                                                         \
+        PFX##_rows(fc, w, n0, n1, R, D, I);                                                   \
+    }
+#define FR_FWD_ROWS2(TARGET, PFX, R, D)                                                       \
+    FR_FWD_ROWS1(TARGET, PFX, R, D, 0) FR_FWD_ROWS1(TARGET, PFX, R, D, 1)
+#define FR_FWD_ROWS6(TARGET, PFX, R)                                                          \
+    FR_FWD_ROWS2(TARGET, PFX, R, 0) FR_FWD_ROWS2(TARGET, PFX, R, 1)                           \
+    FR_FWD_ROWS2(TARGET, PFX, R, 2)
+#define FR_FWD_FNS2(PFX, R, D) { PFX##_rows_##R##D##0, PFX##_rows_##R##D##1 }
+#define FR_FWD_FNS6(PFX, R) { FR_FWD_FNS2(PFX, R, 0), FR_FWD_FNS2(PFX, R, 1), FR_FWD_FNS2(PFX, R, 2) }
+#define FR_DEFINE_FWD_PICK(TARGET, PFX)                                                       \
+    FR_FWD_ROWS6(TARGET, PFX, 0) FR_FWD_ROWS6(TARGET, PFX, 1) FR_FWD_ROWS6(TARGET, PFX, 2)    \
+    static nv_rows_fn PFX##_pick_rows(int rounding, int dt, int interleaved)                  \
+    {                                                                                         \
+        static const nv_rows_fn fns[3][3][2] = { FR_FWD_FNS6(PFX, 0), FR_FWD_FNS6(PFX, 1),    \
+                                                 FR_FWD_FNS6(PFX, 2) };                       \
+        return fns[rounding][dt][!!interleaved];                                              \
+    }
+FR_DEFINE_FWD_PICK(FR_AVX2_TARGET, nv)
 #endif /* FR_HAVE_AVX2 */
 
 #ifdef FR_HAVE_AVX512
@@ -1047,30 +1048,7 @@ FR_DEFINE_RUN(FR_N5_INLINE, n5_run, n5_sum, n5_out)
 FR_DEFINE_ROWS(FR_N5_INLINE, n5_rows, N5_RUN)
 #undef N5_RUN
 
-#define DEFINE_N5_ROWS(R, D, I)                                                               \
-    FR_N5_TARGET static void n5_rows_##R##D##I(const fwd_call *fc, fwd_walk *w, int64_t n0,   \
-                                               int64_t n1)                                    \
-    {                                                                                         \
-        n5_rows(fc, w, n0, n1, R, D, I);                                                      \
-    }
-#define DEFINE_N5_ROWS2(R, D) DEFINE_N5_ROWS(R, D, 0) DEFINE_N5_ROWS(R, D, 1)
-DEFINE_N5_ROWS2(0, 0) DEFINE_N5_ROWS2(0, 1) DEFINE_N5_ROWS2(0, 2)
-DEFINE_N5_ROWS2(1, 0) DEFINE_N5_ROWS2(1, 1) DEFINE_N5_ROWS2(1, 2)
-DEFINE_N5_ROWS2(2, 0) DEFINE_N5_ROWS2(2, 1) DEFINE_N5_ROWS2(2, 2)
-#undef DEFINE_N5_ROWS2
-#undef DEFINE_N5_ROWS
-
-static nv_rows_fn n5_pick_rows(int rounding, int dt, int interleaved)
-{
-#define ROWS(R, D) { n5_rows_##R##D##0, n5_rows_##R##D##1 }
-    static const nv_rows_fn fns[3][3][2] = {
-        { ROWS(0, 0), ROWS(0, 1), ROWS(0, 2) },
-        { ROWS(1, 0), ROWS(1, 1), ROWS(1, 2) },
-        { ROWS(2, 0), ROWS(2, 1), ROWS(2, 2) },
-    };
-#undef ROWS
-    return fns[rounding][dt][!!interleaved];
-}
+FR_DEFINE_FWD_PICK(FR_N5_TARGET, n5)
 #endif /* FR_HAVE_AVX512 */
 
 /* Whether no AVX2 row of slot k can rotate to a NaN, so that nv_out's
