@@ -244,6 +244,14 @@ __device__ __forceinline__ int head_of(const NParams &P, int64_t hh, int64_t *h)
     return k;
 }
 
+/* norm_forward_warp's items a token: the token's heads in groups of
+ * P.warp_heads, the last fewer (the launcher sizes its grid by them, the
+ * kernel walks them). */
+FR_HD int64_t warp_groups(const NParams &P)
+{
+    return (P.heads + P.warp_heads - 1) / P.warp_heads;
+}
+
 /* Row r = (token t, head hh of q's then k's heads). */
 __device__ __forceinline__ const NIo &row_io(const NParams &P, int64_t r, int64_t *t, int64_t *h,
                                              int64_t *b, int64_t *s)
@@ -635,7 +643,7 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
 {
     constexpr int K = HD / 32;
     const int lane = (int)(threadIdx.x & 31);
-    const int64_t G = P.warp_heads, groups = (P.heads + G - 1) / G;
+    const int64_t G = P.warp_heads, groups = warp_groups(P);
     const int64_t items = (P.t1 - P.t0) * groups, warps = (int64_t)gridDim.x * blockDim.x / 32;
     for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items;
          it += warps) {
@@ -1231,7 +1239,7 @@ template <int DT, int HD> cudaError_t launch_rows(const NParams &P0, cudaStream_
     if (warp_rows(n)) {
         NParams P = P0;
         P.warp_heads = warp_heads(P, n);
-        const int64_t warps = (P.t1 - P.t0) * ((P.heads + P.warp_heads - 1) / P.warp_heads);
+        const int64_t warps = (P.t1 - P.t0) * warp_groups(P);
         const int r = warp_rpw();
 #define FR_WARP_RPW(R)                                                                    \
     (P.interleaved ? launch_warps(norm_forward_warp<DT, HD, true, R>, warps, P, stream)    \
