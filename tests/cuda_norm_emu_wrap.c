@@ -17,10 +17,10 @@
  * runs from the same bytes, and its output must be the kernels' to the bit
  * (a NaN need only be NaN).  The kernels' output stays.  The CPU cache
  * serves as the device's, as in cuda_emu_wrap.c.  Under valgrind a call
- * runs the first configuration and one of the other four, in turn
- * (tests/emu_config.h).
+ * runs one of the five configurations, in turn (tests/emu_config.h).
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,10 +129,10 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
     c.pair_map_dev = c.pair_map;
     c.range_flag = c.range_flag_dev = &flag;
     e.a.cache = &c;
-    for (size_t i = 0; i < sizeof sms / sizeof sms[0]; i++) {
+    for (size_t i = 0, f = SIZE_MAX; i < sizeof sms / sizeof sms[0]; i++) {
         if (!emu_config_runs(i, sizeof sms / sizeof sms[0], &na->a))
             continue;
-        if (i > 0)
+        if (f != SIZE_MAX) /* f: the first that ran */
             save(pc, n, start, 0);
         fr_emu_sms = sms[i];
         fr_emu_norm_seg_chunks = seg_chunks[i];
@@ -147,14 +147,17 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
                     fusedrope_last_error());
             abort();
         }
-        save(pc, n, i == 0 ? first : now, 1);
-        if (i > 0 && memcmp(first, now, total) != 0) {
-            fprintf(stderr, "emulated CUDA norm: %d SMs and %d SMs (segments of %d chunks, warp "
-                            "rows %d, %d at a time, %d an item, backward %d a warp) differ\n",
-                    sms[0], sms[i], seg_chunks[i], warp[i], warp_rpw[i], warp_heads[i],
+        save(pc, n, f == SIZE_MAX ? first : now, 1);
+        if (f != SIZE_MAX && memcmp(first, now, total) != 0) {
+            fprintf(stderr, "emulated CUDA norm: configurations %zu and %zu (%d SMs, segments of "
+                            "%d chunks, warp rows %d, %d at a time, %d an item, backward %d a "
+                            "warp) differ\n",
+                    f, i, sms[i], seg_chunks[i], warp[i], warp_rpw[i], warp_heads[i],
                     bwd_rpw[i]);
             abort();
         }
+        if (f == SIZE_MAX)
+            f = i;
     }
     save(pc, n, start, 0);
     st = backward ? __real_fusedrope__cpu_norm_backward(na) : __real_fusedrope__cpu_norm_forward(na);
