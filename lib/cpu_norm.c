@@ -1431,6 +1431,14 @@ FR_DEFINE_NB_PICK(FR_N5_TARGET, nb5)
 #endif /* FR_HAVE_AVX512 */
 
 
+/* dw of a tensor without rows: zero (its gradient is an empty sum). */
+static void zero_empty_dw(const fr_norm_args *na)
+{
+    for (int k = 0; k < 2; k++)
+        if (na->dw_zero[k])
+            memset(na->dw_zero[k], 0, (size_t)na->dw_zero_n[k] * sizeof(float));
+}
+
 fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
 {
     const fr_apply_args *a = &na->a;
@@ -1455,11 +1463,10 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
         fr_avx512_usable() ? nb5_pick_run((int)a->dtype, a->interleaved, na->saved_y) : NULL;
 #endif
 
-    for (int k = 0; k < 2; k++)
-        if (na->dw_zero[k])
-            memset(na->dw_zero[k], 0, (size_t)na->dw_zero_n[k] * sizeof(float));
-    if (a->count == 0)
+    if (a->count == 0) {
+        zero_empty_dw(na);
         return FUSEDROPE_OK;
+    }
     for (int k = 0; k < a->count; k++) {
         hdmax = a->io[k].head_dim > hdmax ? a->io[k].head_dim : hdmax;
         elems += tokens * a->io[k].heads * a->io[k].head_dim;
@@ -1489,6 +1496,7 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     if (!block)
         return fr_fail(FUSEDROPE_ERR_NOMEM, "the norm backward's scratch (%zu bytes) could not "
                        "be allocated", total * sizeof(float) + FR_LINE_BYTES);
+    zero_empty_dw(na); /* after the one thing that can fail: a failed call writes nothing */
     scratch = fr_line_start(block);
     partial = scratch + (size_t)nth * per + 2 * (size_t)fr_line_floats(hdmax);
     items = chunks * a->count;

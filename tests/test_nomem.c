@@ -1,5 +1,6 @@
 /*
- * test_nomem.c - allocation failure inside the cache constructors.
+ * test_nomem.c - allocation failure inside the cache constructors and the
+ * fused norm's calls.
  *
  * Linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free
  * (tests/hardening.mk), so every allocation the static library makes goes
@@ -197,6 +198,141 @@ static void run_case(const nm_case *c)
            failures ? "see above" : "NOMEM, *out NULL, nothing leaked");
 }
 
+/* ------------------------------------------------------------ norm calls */
+
+/* The fused norm's calls allocate their scratch: each allocation failing in
+ * turn must give NOMEM, a detail, no block live and not one byte written
+ * (fusedrope(3), Errors: on the CPU nothing is written when a call fails).
+ * q_heads 0 makes q empty, whose dw the backward zeroes: after the scratch,
+ * so that a failed call leaves it as it was. */
+enum { CT = 3, CKH = 2, CD = 32 }; /* tokens, k's heads, head_dim */
+static float c_x[2][CT * 4 * CD], c_y[2][CT * 4 * CD], c_dy[2][CT * 4 * CD], c_w[2][CD],
+    c_rstd[2][CT * 4], c_dw[2][CD];
+
+typedef struct {
+    const char *name;
+    int backward, q_heads;
+} call_case;
+
+static fusedrope_status norm_call(fusedrope_cache *cache, const call_case *c)
+{
+    fusedrope_tensor q_in = fusedrope_tensor_bshd(c_x[0], FUSEDROPE_FLOAT32, 1, CT, c->q_heads, CD);
+    fusedrope_tensor q_out = fusedrope_tensor_bshd(c->backward ? c_dy[0] : c_y[0], FUSEDROPE_FLOAT32,
+                                                   1, CT, c->q_heads, CD);
+    fusedrope_tensor q_dx = fusedrope_tensor_bshd(c_y[0], FUSEDROPE_FLOAT32, 1, CT, c->q_heads, CD);
+    fusedrope_tensor k_in = fusedrope_tensor_bshd(c_x[1], FUSEDROPE_FLOAT32, 1, CT, CKH, CD);
+    fusedrope_tensor k_out = fusedrope_tensor_bshd(c->backward ? c_dy[1] : c_y[1], FUSEDROPE_FLOAT32,
+                                                   1, CT, CKH, CD);
+    fusedrope_tensor k_dx = fusedrope_tensor_bshd(c_y[1], FUSEDROPE_FLOAT32, 1, CT, CKH, CD);
+    fusedrope_norm nm;
+
+    fusedrope_norm_init(&nm);
+    nm.weight = FUSEDROPE_NORM_WEIGHT;
+    nm.q_weight = c_w[0];
+    nm.k_weight = c_w[1];
+    nm.q_rstd = c_rstd[0];
+    nm.k_rstd = c_rstd[1];
+    if (!c->backward)
+        return fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q_in, &q_out,
+                                         &k_in, &k_out, NULL);
+    nm.dq_weight = c_dw[0];
+    nm.dk_weight = c_dw[1];
+    return fusedrope_norm_backward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q_in, &q_out, &q_dx,
+                                      &k_in, &k_out, &k_dx, NULL);
+}
+
+static void rstd_ones(void)
+{
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < CT * 4; i++)
+            c_rstd[k][i] = 1.0f;
+}
+
+/* Every array the calls may write, as they are now. */
+static void snapshot(unsigned char *buf)
+{
+    memcpy(buf, c_y, sizeof c_y);
+    memcpy(buf + sizeof c_y, c_rstd, sizeof c_rstd);
+    memcpy(buf + sizeof c_y + sizeof c_rstd, c_dw, sizeof c_dw);
+}
+
+static void run_call(fusedrope_cache *cache, const call_case *c)
+{
+    static unsigned char before[sizeof c_y + sizeof c_rstd + sizeof c_dw],
+        after[sizeof c_y + sizeof c_rstd + sizeof c_dw];
+    fusedrope_status st;
+    long n_alloc;
+
+    armed = 1, fail_at = 0, count = 0, nlive = 0, overflow = 0;
+    st = norm_call(cache, c);
+    armed = 0;
+    n_alloc = count;
+    if (st != FUSEDROPE_OK) {
+        FAIL("%s: a clean call failed: %s", c->name, fusedrope_last_error());
+        return;
+    }
+    if (n_alloc == 0) {
+        FAIL("%s: the call made no allocation through malloc/calloc/realloc", c->name);
+        return;
+    }
+    if (nlive != 0 || overflow)
+        FAIL("%s: %d block(s) live after a clean call", c->name, nlive);
+    for (long n = 1; n <= n_alloc; n++) {
+        /* poison what the call may write, so that any write shows */
+        memset(c_y, 0x5a, sizeof c_y);
+        memset(c_dw, 0x5a, sizeof c_dw);
+        if (!c->backward)
+            memset(c_rstd, 0x5a, sizeof c_rstd);
+        snapshot(before);
+        armed = 1, fail_at = n, count = 0, nlive = 0;
+        st = norm_call(cache, c);
+        armed = 0;
+        snapshot(after);
+        if (st != FUSEDROPE_ERR_NOMEM)
+            FAIL("%s: allocation %ld of %ld failing gave status %d (%s), not NOMEM", c->name, n,
+                 n_alloc, st, fusedrope_status_string(st));
+        if (!fusedrope_last_error()[0])
+            FAIL("%s: allocation %ld failing left no error detail", c->name, n);
+        if (nlive != 0)
+            FAIL("%s: allocation %ld failing leaked %d block(s)", c->name, n, nlive);
+        if (memcmp(before, after, sizeof before) != 0)
+            FAIL("%s: allocation %ld failing, the call wrote to its outputs", c->name, n);
+        if (!c->backward)
+            rstd_ones(); /* the backward's input */
+    }
+    printf("%-40s %ld allocation(s), each failing in turn: %s\n", c->name, n_alloc,
+           failures ? "see above" : "NOMEM, nothing written, nothing leaked");
+}
+
+static void run_calls(void)
+{
+    static const call_case calls[] = {
+        { "norm forward, q and k", 0, 4 },
+        { "norm backward, q and k, dw", 1, 4 },
+        { "norm backward, q empty (its dw zeroed)", 1, 0 },
+    };
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache = NULL;
+
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < CT * 4 * CD; i++) {
+            c_x[k][i] = (float)((i * 37 + k) % 101) / 50.0f - 1.0f;
+            c_dy[k][i] = (float)((i * 53 + k) % 97) / 48.0f - 1.0f;
+        }
+        for (int i = 0; i < CD; i++)
+            c_w[k][i] = 1.0f + (float)i / CD;
+    }
+    rstd_ones();
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, CD, 16, 10000.0);
+    if (fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache) != FUSEDROPE_OK) {
+        FAIL("norm calls: the cache: %s", fusedrope_last_error());
+        return;
+    }
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++)
+        run_call(cache, &calls[i]);
+    fusedrope_cache_destroy(cache);
+}
+
 int main(void)
 {
     nm_case cases[8];
@@ -281,6 +417,8 @@ int main(void)
         (void)cfg, (void)c, (void)st;
 #endif
     }
+
+    run_calls();
 
     if (failures) {
         fprintf(stderr, "%d failure(s)\n", failures);
