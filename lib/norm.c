@@ -30,14 +30,15 @@ typedef struct {
     uintptr_t lo, hi; /* [lo, hi); empty when lo == hi */
     const char *name;
     int tensor;       /* a tensor view: its overlaps with other views are fr_apply_prepare's */
-    int written;
+    int alone;        /* written by the call, or an rstd array (read by the backward): shares
+                         no byte with anything else the call touches */
 } range;
 
 /* Bytes from a validated (fr_apply_prepare) tensor's data to one past its
  * last element; nothing for an empty one. */
-static range tensor_range(const fusedrope_tensor *t, const char *name, int written)
+static range tensor_range(const fusedrope_tensor *t, const char *name, int alone)
 {
-    range r = { 0, 0, name, 1, written };
+    range r = { 0, 0, name, 1, alone };
     if (t && t->data && t->seq_len > 0 && t->batch > 0 && t->heads > 0) {
         const int64_t last = (t->seq_len - 1) * t->stride_seq + (t->batch - 1) * t->stride_batch +
                              (t->heads - 1) * t->stride_head + t->head_dim;
@@ -50,13 +51,13 @@ static range tensor_range(const fusedrope_tensor *t, const char *name, int writt
 /* A float/weight/position array of n elements of es bytes: aligned, its
  * extent addressable, living on the cache's device. */
 static fusedrope_status array_range(const void *p, int64_t n, size_t es, const char *name,
-                                    int written, fusedrope_device dev, range *r)
+                                    int alone, fusedrope_device dev, range *r)
 {
     int64_t bytes;
     r->lo = r->hi = 0;
     r->name = name;
     r->tensor = 0;
-    r->written = written;
+    r->alone = alone;
     if (!p || n <= 0)
         return FUSEDROPE_OK;
     TRY(fr_check_array(p, n, es, name, &bytes));
@@ -66,20 +67,21 @@ static fusedrope_status array_range(const void *p, int64_t n, size_t es, const c
     return FUSEDROPE_OK;
 }
 
-/* Nothing written may share a byte with anything else the call touches
- * (two tensor views: fr_apply_prepare's rules, in place included). */
+/* Nothing written, and no rstd array, may share a byte with anything else
+ * the call touches (two tensor views: fr_apply_prepare's rules, in place
+ * included). */
 static fusedrope_status check_overlaps(const range *r, int n)
 {
     for (int i = 0; i < n; i++)
         for (int j = 0; j < n; j++) {
-            if (i == j || !r[i].written || (r[i].tensor && r[j].tensor) ||
-                (r[j].written && j < i))
+            if (i == j || !r[i].alone || (r[i].tensor && r[j].tensor) ||
+                (r[j].alone && j < i))
                 continue;
             if (r[i].lo < r[i].hi && r[j].lo < r[j].hi && r[i].lo < r[j].hi &&
                 r[j].lo < r[i].hi)
-                return fr_fail(FUSEDROPE_ERR_INVALID, "%s overlaps %s; an output of the norm "
-                               "call must share no memory with anything else it reads or writes",
-                               r[i].name, r[j].name);
+                return fr_fail(FUSEDROPE_ERR_INVALID, "%s overlaps %s; the norm call's outputs, "
+                               "rstd arrays and range word must share no memory with anything "
+                               "else it reads or writes", r[i].name, r[j].name);
         }
     return FUSEDROPE_OK;
 }
@@ -133,7 +135,7 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
     static const char *const wname[2] = { "norm->q_weight", "norm->k_weight" };
     static const char *const rname[2] = { "norm->q_rstd", "norm->k_rstd" };
     static const char *const dwname[2] = { "norm->dq_weight", "norm->dk_weight" };
-    range r[16];
+    range r[16]; /* per tensor weight, rstd, dw, in, out, saved; 3 position arrays; the range word */
     int nr = 0, slot = 0;
     fusedrope_dtype dt;
     fusedrope_device dev;
@@ -162,8 +164,8 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
     dt = tin[0]->dtype;
     if (nm->weight_dtype != dt && nm->weight_dtype != FUSEDROPE_FLOAT32)
         return fr_fail(FUSEDROPE_ERR_INVALID,
-                       "norm->weight_dtype is %d; it must be the tensors' dtype (%d) or "
-                       "FUSEDROPE_FLOAT32", (int)nm->weight_dtype, (int)dt);
+                       "norm->weight_dtype is %s; it must be the tensors' dtype (%s) or float32",
+                       fr_dtype_name(nm->weight_dtype), fr_dtype_name(dt));
 
     weights[0] = nm->q_weight;
     weights[1] = nm->k_weight;
@@ -188,8 +190,10 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
                                "%s is set but norm->weight is FUSEDROPE_NORM_WEIGHT_NONE",
                                weights[k] ? wname[k] : dwname[k]);
         } else if (!weights[k]) {
-            return fr_fail(FUSEDROPE_ERR_INVALID, "%s is NULL; norm->weight %d needs a weight",
-                           wname[k], (int)nm->weight);
+            return fr_fail(FUSEDROPE_ERR_INVALID, "%s is NULL; norm->weight %s needs a weight",
+                           wname[k], nm->weight == FUSEDROPE_NORM_WEIGHT
+                                         ? "FUSEDROPE_NORM_WEIGHT"
+                                         : "FUSEDROPE_NORM_WEIGHT_PLUS_ONE");
         }
         if (backward && !rstd[k])
             return fr_fail(FUSEDROPE_ERR_INVALID,
@@ -201,7 +205,7 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
             return fr_fail(FUSEDROPE_ERR_RANGE, "%s: tokens x heads overflows", rname[k]);
         TRY(array_range(weights[k], hd, fr_dtype_size(nm->weight_dtype), wname[k], 0, dev,
                         &r[nr++]));
-        TRY(array_range(rstd[k], rows, sizeof(float), rname[k], !backward, dev, &r[nr++]));
+        TRY(array_range(rstd[k], rows, sizeof(float), rname[k], 1, dev, &r[nr++]));
         TRY(array_range(dw[k], hd, sizeof(float), dwname[k], 1, dev, &r[nr++]));
         r[nr++] = tensor_range(tin[k], names[2 * k], 0);
         r[nr++] = tensor_range(tout[k], names[2 * k + 1], 1);
@@ -221,6 +225,15 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
                         sizeof(int64_t), "pos->offsets", 0, dev, &r[nr++]));
         TRY(array_range(pa->cu_seqlens, pa->num_seqs + 1, sizeof(int32_t), "pos->cu_seqlens", 0,
                         dev, &r[nr++]));
+    }
+    if (na->a.range_status) {
+        /* the word the CUDA kernels may write (fr_apply_prepare checked its
+         * alignment, device, and the tensors and positions) */
+        r[nr].lo = (uintptr_t)na->a.range_status;
+        r[nr].hi = r[nr].lo + sizeof *na->a.range_status;
+        r[nr].name = "pos->range_status";
+        r[nr].tensor = 0;
+        r[nr++].alone = 1;
     }
     TRY(check_overlaps(r, nr));
 

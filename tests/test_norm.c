@@ -1335,6 +1335,25 @@ START_TEST(test_refusals)
     expect(fusedrope_norm_forward_qk(NULL, c.style, NULL, &R.norm, &R.q, &R.qo, &R.k, &R.ko,
                                      NULL),
            FUSEDROPE_ERR_INVALID, "cache", "cache NULL");
+    {
+        /* the range word the CUDA kernels may write, inside an rstd or a
+         * weight (fr_apply_prepare checks it against the tensors and the
+         * positions; the norm's own arrays are the norm's) */
+        fusedrope_positions P;
+        fusedrope_positions_init(&P);
+        P.range_status = (int32_t *)rq + 5;
+        expect(fusedrope_norm_forward_qk(R.cache, c.style, &P, &R.norm, &R.q, &R.qo, &R.k,
+                                         &R.ko, NULL),
+               FUSEDROPE_ERR_INVALID, "range_status", "range word inside q_rstd");
+        P.range_status = (int32_t *)saved.k_weight;
+        expect(fusedrope_norm_forward_qk(R.cache, c.style, &P, &R.norm, &R.q, &R.qo, &R.k,
+                                         &R.ko, NULL),
+               FUSEDROPE_ERR_INVALID, "range_status", "range word inside k_weight");
+        /* a k array on a q-only call */
+        expect(fusedrope_norm_forward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, NULL,
+                                         NULL, NULL),
+               FUSEDROPE_ERR_INVALID, "k_weight", "k_weight on a q-only call");
+    }
     /* nothing written by any refused call */
     ck_assert(tu_changed(&R.qob, &snap, NULL) == 0);
 
@@ -1359,6 +1378,32 @@ START_TEST(test_refusals)
                                       &R.ko, &R.ko, NULL),
            FUSEDROPE_ERR_INVALID, "weight", "dw over dw");
     R.norm.dk_weight = NULL;
+    {
+        /* the backward reads rstd, but an rstd array still shares no byte
+         * with anything else (the man page's rule, as in the forward): the
+         * other rstd, a saved tensor, dy, the range word */
+        float *krs = R.norm.k_rstd;
+        fusedrope_positions P;
+        R.norm.k_rstd = rq + 1;
+        expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, &R.qo,
+                                          &R.k, &R.ko, &R.ko, NULL),
+               FUSEDROPE_ERR_INVALID, "rstd", "backward: rstd over rstd");
+        R.norm.k_rstd = krs;
+        R.norm.q_rstd = (float *)R.q.data;
+        expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, &R.qo,
+                                          &R.k, &R.ko, &R.ko, NULL),
+               FUSEDROPE_ERR_INVALID, "q_rstd", "backward: rstd inside q_saved");
+        R.norm.q_rstd = (float *)R.ko.data;
+        expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, &R.qo,
+                                          &R.k, &R.ko, &R.ko, NULL),
+               FUSEDROPE_ERR_INVALID, "q_rstd", "backward: rstd inside dk");
+        R.norm.q_rstd = rq;
+        fusedrope_positions_init(&P);
+        P.range_status = (int32_t *)R.norm.dq_weight + 3;
+        expect(fusedrope_norm_backward_qk(R.cache, c.style, &P, &R.norm, &R.q, &R.qo, &R.qo,
+                                          &R.k, &R.ko, &R.ko, NULL),
+               FUSEDROPE_ERR_INVALID, "range_status", "backward: range word inside dq_weight");
+    }
     R.norm.saved_output = 2;
     expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, &R.qo, &R.k,
                                       &R.ko, &R.ko, NULL),
