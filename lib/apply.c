@@ -529,9 +529,10 @@ fusedrope_status fr_apply_prepare(const fusedrope_cache *cache, fusedrope_style 
                                (ll)user_out[k]->stride_head);
             if (!views_disjoint(y, bytes_out[k], x, bytes_in[j]))
                 return fr_fail(FUSEDROPE_ERR_INVALID,
-                               "%s partially overlaps %s; an output must be the same view as "
-                               "its input (in place) or share no memory with any input",
-                               names[2 * k + 1], names[2 * j]);
+                               "%s %s %s; an output must be the same view as its input (in "
+                               "place) or share no memory with any input",
+                               names[2 * k + 1], j == k ? "partially overlaps" : "overlaps",
+                               names[2 * j]);
         }
         if (k == 1 && !tokens_empty(out[0]) &&
             !views_disjoint(out[0], bytes_out[0], out[1], bytes_out[1]))

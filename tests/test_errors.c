@@ -754,6 +754,13 @@ START_TEST(test_sentences_verbatim)
     expect_sentence(do_call(&c, 0), INV,
                     "y partially overlaps x; an output must be the same view as its input (in "
                     "place) or share no memory with any input");
+    setup(&c, V_QK);
+    c.ky = c.x; /* the same view as the other tensor's input: not in place */
+    c.ky.heads = KH0;
+    c.ky.head_dim = KD0;
+    expect_sentence(do_call(&c, 0), INV,
+                    "k_out overlaps q_in; an output must be the same view as its input (in "
+                    "place) or share no memory with any input");
     setup(&c, V_SBHD);
     c.y.stride_head = D0 - 1;
     expect_sentence(do_call(&c, 0), INV,
