@@ -348,9 +348,9 @@ static fusedrope_status check_range_status(const int32_t *w, const fusedrope_ten
         other[n].n = (uint64_t)bytes_out[k];
         other[n++].name = k ? "the k/dk output tensor" : "the output tensor";
     }
-    if (pa->ids) {
+    if (pa->ids) { /* every row of it */
         other[n].p = (uintptr_t)pa->ids;
-        other[n].n = (uint64_t)(in[0]->batch * in[0]->seq_len) * sizeof(int64_t);
+        other[n].n = (uint64_t)fr_ids_elems(pa, in[0]->batch * in[0]->seq_len) * sizeof(int64_t);
         other[n++].name = "pos->ids";
     }
     if (pa->offsets) {

@@ -90,6 +90,14 @@ static inline int *fr_range_word(const fr_apply_args *a)
     return a->range_status != NULL ? (int *)a->range_status : a->cache->range_flag_dev;
 }
 
+/* Elements of pos->ids a call of `tokens` tokens reads: its last row starts
+ * ids_rows - 1 row strides in (fr_apply_prepare checks that this is a
+ * number before any caller uses it). */
+static inline int64_t fr_ids_elems(const fr_pos_args *pa, int64_t tokens)
+{
+    return (int64_t)(pa->ids_rows - 1) * pa->ids_row_stride + tokens;
+}
+
 /* Returns from the calling function with a check's status unless it is OK. */
 #define TRY(expr)                                   \
     do {                                            \

@@ -219,8 +219,8 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
         const fusedrope_tensor *tt = tensor_empty(tin[0]) ? tin[1] : tin[0];
         const int64_t tokens = tt->seq_len * tt->batch;
         /* extents as fr_apply_prepare checked them (ids: every row of it) */
-        TRY(array_range(pa->ids, (int64_t)(pa->ids_rows - 1) * pa->ids_row_stride + tokens,
-                        sizeof(int64_t), "pos->ids", 0, dev, &r[nr++]));
+        TRY(array_range(pa->ids, fr_ids_elems(pa, tokens), sizeof(int64_t), "pos->ids", 0, dev,
+                        &r[nr++]));
         TRY(array_range(pa->offsets, pa->cu_seqlens ? pa->num_seqs : tin[0]->batch,
                         sizeof(int64_t), "pos->offsets", 0, dev, &r[nr++]));
         TRY(array_range(pa->cu_seqlens, pa->num_seqs + 1, sizeof(int32_t), "pos->cu_seqlens", 0,

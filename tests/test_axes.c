@@ -1035,6 +1035,47 @@ START_TEST(test_bad_positions)
 }
 END_TEST
 
+/* pos->range_status, the word the CUDA kernels write, shares no byte with
+ * any row of ids (fusedrope_forward(3)): it was checked against the first
+ * row only.  A CPU cache applies the same host rules. */
+START_TEST(test_range_status_in_ids_rows)
+{
+    enum { S = 3, B = 2, H = 2, D = 64, N = S * B, STRIDE = N + 2 };
+    static float x[S * B * H * D], y[S * B * H * D];
+    int64_t ids[3 * STRIDE];
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    fusedrope_positions P;
+    fusedrope_tensor tx, ty;
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, ROWS, 10000.0);
+    cfg.axes = FUSEDROPE_AXES_SECTIONS;
+    cfg.sections[0] = 8;
+    cfg.sections[1] = cfg.sections[2] = 12;
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+    for (int i = 0; i < 3 * STRIDE; i++)
+        ids[i] = i % 7;
+    tx = fusedrope_tensor_bshd(x, FUSEDROPE_FLOAT32, S, B, H, D);
+    ty = fusedrope_tensor_bshd(y, FUSEDROPE_FLOAT32, S, B, H, D);
+    fusedrope_positions_init(&P);
+    P.ids = ids;
+    P.ids_axes = 3;
+    P.ids_axis_stride = STRIDE;
+    for (int row = 0; row < 3; row++)
+        for (int at = 0; at < N; at += N - 1) {
+            P.range_status = (int32_t *)&ids[row * STRIDE + at];
+            ck_assert_msg(fusedrope_forward(cache, FUSEDROPE_NEOX, &P, &tx, &ty, NULL) ==
+                              FUSEDROPE_ERR_INVALID &&
+                              strstr(fusedrope_last_error(), "pos->ids"),
+                          "range word in ids row %d, token %d: %s", row, at,
+                          fusedrope_last_error());
+        }
+    P.range_status = (int32_t *)&ids[2 * STRIDE + N]; /* past the last row's tokens */
+    ck_assert_msg(fusedrope_forward(cache, FUSEDROPE_NEOX, &P, &tx, &ty, NULL) == FUSEDROPE_OK,
+                  "range word past ids: %s", fusedrope_last_error());
+    fusedrope_cache_destroy(cache);
+}
+END_TEST
+
 /* ---------------------------------------------------- a persistent buffer */
 
 /*
@@ -1203,6 +1244,7 @@ int main(void)
     tcase_add_loop_test(tc, test_hf_vectors, 0, 2);
     tcase_add_test(tc, test_bad_configs);
     tcase_add_loop_test(tc, test_bad_positions, 0, NSPECS);
+    tcase_add_test(tc, test_range_status_in_ids_rows);
     tcase_add_loop_test(tc, test_persistent_buffer, 0, NSPECS);
     tcase_add_loop_test(tc, test_streamed, 0, 15);
     tcase_add_loop_test(tc, test_longrope_seq_len, 0, 6);
