@@ -62,7 +62,7 @@ fusedrope_status fusedrope_tensor_qkv(void *data, fusedrope_dtype dtype, fusedro
     const int64_t size[5] = { s, b, heads_q, heads_kv, head_dim };
     static const char *const size_name[5] = { "s", "b", "heads_q", "heads_kv", "head_dim" };
     const size_t es = fr_dtype_size(dtype);
-    int64_t heads, row, row_bytes, outer, ss, sb;
+    int64_t heads, row, row_bytes, outer, outer_bytes, ss, sb;
     fusedrope_tensor t;
 
     if (!data || !q || !k)
@@ -89,7 +89,8 @@ fusedrope_status fusedrope_tensor_qkv(void *data, fusedrope_dtype dtype, fusedro
      * token dimensions are multiples of it, and v starts inside the row */
     if (!mul_ok(heads_kv, 2, &heads) || __builtin_add_overflow(heads, heads_q, &heads) ||
         !mul_ok(heads, head_dim, &row) || !mul_ok(row, (int64_t)es, &row_bytes) ||
-        !mul_ok(row, layout == FUSEDROPE_LAYOUT_SBHD ? b : s, &outer))
+        !mul_ok(row, layout == FUSEDROPE_LAYOUT_SBHD ? b : s, &outer) ||
+        !mul_ok(outer, (int64_t)es, &outer_bytes))
         return fr_fail(FUSEDROPE_ERR_RANGE,
                        "a QKV buffer of s %lld, b %lld, heads_q %lld + 2 x heads_kv %lld, "
                        "head_dim %lld: its strides overflow",

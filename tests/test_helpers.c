@@ -155,6 +155,12 @@ START_TEST(test_qkv_refusals)
             FUSEDROPE_ERR_RANGE,
             "a QKV buffer of s 2, b 144115188075855871, heads_q 8 + 2 x heads_kv 4, head_dim "
             "128: its strides overflow");
+    /* the token stride fits in elements but not in bytes (2^58 x 24 floats) */
+    REFUSED(fusedrope_tensor_qkv(data, FUSEDROPE_FLOAT32, FUSEDROPE_LAYOUT_SBHD, 2,
+                                 (int64_t)1 << 58, 1, 1, 8, &q, &k, &v),
+            FUSEDROPE_ERR_RANGE,
+            "a QKV buffer of s 2, b 288230376151711744, heads_q 1 + 2 x heads_kv 1, head_dim "
+            "8: its strides overflow");
 #undef REFUSED
     /* v may be NULL; zero heads are views with no elements */
     ck_assert_int_eq(fusedrope_tensor_qkv(data, FUSEDROPE_FLOAT32, FUSEDROPE_LAYOUT_BSHD, 2, 1,
