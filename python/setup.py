@@ -37,6 +37,10 @@ def library_flags():
             sys.exit("fusedrope: the C library was not found: `pkg-config --libs fusedrope` failed. "
                      "Install libfusedrope first, then set PKG_CONFIG_PATH to its lib/pkgconfig "
                      "or FUSEDROPE_PREFIX to its install prefix.")
+        if not os.path.exists(os.path.join(prefix, "include", "fusedrope.h")):
+            sys.exit(f"fusedrope: the C library was not found: FUSEDROPE_PREFIX is {prefix!r}, "
+                     "which has no include/fusedrope.h (and pkg-config found no fusedrope.pc "
+                     "under it). Set it to libfusedrope's install prefix.")
         libdir = next((os.path.join(prefix, d) for d in ("lib", "lib64")
                        if os.path.isdir(os.path.join(prefix, d))), os.path.join(prefix, "lib"))
         cflags = ["-I" + os.path.join(prefix, "include")]
@@ -45,6 +49,11 @@ def library_flags():
     other_cflags = [f for f in cflags if not f.startswith("-I")]
     libdirs = [f[2:] for f in libs if f.startswith("-L")]
     objects, link = [], []
+    # what the extension is built from besides its source: a rebuild when any
+    # is newer (pip builds in python/build/ and would otherwise reuse an
+    # extension linked against an older library)
+    depends = [os.path.join(d, "fusedrope.h") for d in include_dirs
+               if os.path.exists(os.path.join(d, "fusedrope.h"))][:1]
     for f in libs:
         if f == "-lfusedrope":
             archive = next((os.path.join(d, "libfusedrope.a") for d in libdirs
@@ -53,12 +62,14 @@ def library_flags():
                 objects.append(archive)
             else:
                 link += [f] + ["-Wl,-rpath," + d for d in libdirs]
+                depends += [os.path.join(d, "libfusedrope.so") for d in libdirs
+                            if os.path.exists(os.path.join(d, "libfusedrope.so"))][:1]
         else:
             link.append(f)
-    return include_dirs, other_cflags, objects, link
+    return include_dirs, other_cflags, objects, link, objects + depends
 
 
-include_dirs, cflags, objects, link = library_flags()
+include_dirs, cflags, objects, link, depends = library_flags()
 
 setup(
     ext_modules=[
@@ -69,6 +80,7 @@ setup(
             extra_compile_args=cflags + ["-std=c11", "-Wall"],
             extra_objects=objects,
             extra_link_args=link,
+            depends=depends,
         )
     ]
 )

@@ -46,6 +46,15 @@ typedef struct {
     uint64_t byte_offset;
 } fr_dl_tensor;
 
+/* Whether t has no elements (an extent 0). */
+static int fr_no_elements(const fr_dl_tensor *t)
+{
+    for (int32_t i = 0; i < t->ndim; i++)
+        if (t->shape[i] == 0)
+            return 1;
+    return 0;
+}
+
 typedef struct fr_dl_managed {
     fr_dl_tensor dl_tensor;
     void *manager_ctx;
@@ -588,9 +597,14 @@ static int fr_tensor(const CacheObject *c, PyObject *cap, int layout, int bf16, 
         goto bad_dtype;
 
     int64_t shape[4], strides[4];
-    for (int i = 0; i < want; i++)
+    int empty = 0;
+    for (int i = 0; i < want; i++) {
         shape[i] = t->shape[i];
-    if (t->strides) {
+        empty |= shape[i] == 0;
+    }
+    /* An array without elements has no meaningful strides (NumPy exports
+     * zeros): compact ones stand in, as for one without strides. */
+    if (t->strides && !empty) {
         for (int i = 0; i < want; i++)
             strides[i] = t->strides[i];
     } else {
@@ -675,7 +689,7 @@ static int fr_plain_array(const CacheObject *c, PyObject *cap, const char *what,
         PyErr_Format(PyExc_ValueError, "%s has shape (%s); (%s) expected", what, got, want);
         return -1;
     }
-    if (t->strides) {
+    if (t->strides && !fr_no_elements(t)) {
         int64_t s = 1;
         for (int i = ndim - 1; i >= 0; i--) {
             if (shape[i] > 1 && t->strides[i] != s) {
@@ -740,8 +754,9 @@ static int fr_ids(const CacheObject *c, PyObject *cap, int layout, const fusedro
                          (long long)want[1]);
         return -1;
     }
-    /* within a row: compact row-major (strides NULL means all of it is) */
-    if (t->strides) {
+    /* within a row: compact row-major (strides NULL means all of it is, and
+     * an array without elements has no meaningful strides) */
+    if (t->strides && !fr_no_elements(t)) {
         int64_t step = 1;
         for (int i = base - 1; i >= 0; i--) {
             if (want[i] > 1 && t->strides[r + i] != step) {
