@@ -13,6 +13,7 @@ See the top-level README ("Python") and fusedrope(3) for the semantics.
 """
 import contextlib
 import itertools
+import operator
 import sys
 import weakref
 
@@ -171,7 +172,7 @@ class Cache:
             raise ValueError("pair_axis and pair_col go with axes='custom'")
 
         def ints(v):
-            return None if v is None else [int(x) for x in v]
+            return None if v is None else [_int(x, "an entry of a list of ints") for x in v]
         fields = dict(factor=factor, original_max_positions=original_max_positions,
                       seq_len=seq_len, attention_factor=attention_factor, beta_fast=beta_fast,
                       beta_slow=beta_slow, mscale=mscale, mscale_all_dim=mscale_all_dim,
@@ -186,7 +187,8 @@ class Cache:
         dev, dev_id = _parse_device(device)
         ctx = _cuda_device(dev_id) if dev == _DEV_CUDA else contextlib.nullcontext()
         with ctx:
-            handle = _fusedrope.cache_create(ROPE_TYPES[type], int(rot_dim), int(max_positions),
+            handle = _fusedrope.cache_create(ROPE_TYPES[type], _int(rot_dim, "rot_dim"),
+                                             _int(max_positions, "max_positions"),
                                              float(theta), dev, dev_id, fields)
         params = {"theta": float(theta), **{k: v for k, v in fields.items() if v is not None}}
         if axes is not None:
@@ -304,9 +306,12 @@ def _capsule(a, what, cuda_stream):
         # DLPack: 1 names the legacy default stream; 0 is not allowed.
         kw["stream"] = cuda_stream if cuda_stream else 1
     try:
-        return a.__dlpack__(max_version=(1, 0), **kw)
-    except TypeError:
-        return a.__dlpack__(**kw)
+        try:
+            return a.__dlpack__(max_version=(1, 0), **kw)
+        except TypeError:
+            return a.__dlpack__(**kw)
+    except BufferError as e:  # the producer cannot export it (NumPy: odd byte strides)
+        raise ValueError(f"{what} cannot be passed through DLPack: {e}") from None
 
 
 def _bf16_view(a):
@@ -321,13 +326,26 @@ def _dtype_name(a):
     return str(getattr(a, "dtype", "")).rsplit(".", 1)[-1]
 
 
+def _int(v, what):
+    """v as an int, refusing what is not one (a float or a string is not
+    truncated or parsed)."""
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, not {type(v).__name__} {v!r}") from None
+
+
 def _positions(p, what, np_dtype, cache):
     if p is None or hasattr(p, "__dlpack__"):
         return p
     if isinstance(p, (list, tuple, range)):
         if cache._h.device_id >= 0:
             raise TypeError(f"{what}: a CUDA cache needs a device array, not a {type(p).__name__}")
-        return np.asarray(p, dtype=np_dtype)
+        a = np.asarray(p)
+        if a.size and a.dtype.kind not in "iu":
+            raise TypeError(f"{what} must hold integers, not {a.dtype} values (positions are "
+                            "not rounded)")
+        return a.astype(np_dtype)
     raise TypeError(f"{what} must be an array (DLPack) or a list of ints, not {type(p).__name__}")
 
 
@@ -382,6 +400,9 @@ def _prepare(cache, arrays, names, style, layout, ids, offsets, cu_seqlens, dtyp
 
 def _apply(op, cache, ins, outs, names, style, layout, ids, offsets, cu_seqlens, cp_size,
            cp_rank, dtype, stream, range_status=None):
+    for x, name in zip(ins, names[::2]):
+        if x is None:
+            raise TypeError(f"{name} is None; an array is needed")
     outs = [x if o is None else o for x, o in zip(ins, outs)]
     caps, _, pos, bf16, s, ctx = _prepare(cache, list(itertools.chain(*zip(ins, outs))), names,
                                           style, layout, ids, offsets, cu_seqlens, dtype,
@@ -491,6 +512,9 @@ def _pair_or_none(p, what):
 
 def _norm(op, cache, arrays, names, head, extra, style, layout, ids, offsets, cu_seqlens,
           cp_size, cp_rank, dtype, stream, range_status):
+    if arrays[0] is None or arrays[1] is None:
+        raise TypeError(f"{names[0] if arrays[0] is None else names[1]} is None; an array is "
+                        "needed")
     caps, extra_caps, pos, bf16, s, ctx = _prepare(cache, arrays, names, style, layout, ids,
                                                    offsets, cu_seqlens, dtype, stream,
                                                    range_status, extra)

@@ -32,6 +32,14 @@ def _cache(cache_id):
         raise ValueError(f"fusedrope cache {cache_id} no longer exists") from None
 
 
+def _keep(ctx, cache_id):
+    """The ops take a cache by its id (an op's arguments are tensors and
+    scalars); the autograd context holds the Cache itself, so that a cache
+    the caller dropped after the forward (rope_qk(q, k, fusedrope.Cache(...)))
+    still serves the backward."""
+    ctx.fusedrope_cache = _cache(cache_id)
+
+
 def _run_qk(q, k, cache_id, style, layout, backward, ids, offsets, cu_seqlens, cp_size,
             cp_rank):
     qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -68,6 +76,7 @@ if _HAS_CUSTOM_OP:
     def _qk_setup(ctx, inputs, output):
         (q, k, ctx.cache_id, ctx.style, ctx.layout, ctx.backward, ids, offsets, cu,
          ctx.cp_size, ctx.cp_rank) = inputs
+        _keep(ctx, ctx.cache_id)
         ctx.save_for_backward(ids, offsets, cu)
 
     def _qk_grad(ctx, gq, gk):
@@ -94,6 +103,7 @@ if _HAS_CUSTOM_OP:
     def _setup(ctx, inputs, output):
         (x, ctx.cache_id, ctx.style, ctx.layout, ctx.backward, ids, offsets, cu, ctx.cp_size,
          ctx.cp_rank) = inputs
+        _keep(ctx, ctx.cache_id)
         ctx.save_for_backward(ids, offsets, cu)
 
     def _grad(ctx, g):
@@ -113,6 +123,7 @@ class RopeQKFunction(torch.autograd.Function):
     def forward(ctx, q, k, cache_id, style, layout, backward, ids, offsets, cu_seqlens, cp_size,
                 cp_rank):
         ctx.args = (cache_id, style, layout, backward, cp_size, cp_rank)
+        _keep(ctx, cache_id)
         ctx.save_for_backward(ids, offsets, cu_seqlens)
         return _run_qk(q, k, cache_id, style, layout, backward, ids, offsets, cu_seqlens,
                        cp_size, cp_rank)
@@ -239,6 +250,7 @@ if _HAS_CUSTOM_OP:
 
     def _norm_setup(ctx, inputs, output):
         q, k, qw, kw, *ctx.args = inputs
+        _keep(ctx, ctx.args[0])
         ctx.save_for_backward(q, k, qw, kw, output[2], output[3])
 
     def _norm_grad(ctx, gq, gk, _grq, _grk):
@@ -259,6 +271,7 @@ class NormRopeQKFunction(torch.autograd.Function):
     def forward(ctx, q, k, qw, kw, *args):
         qo, ko, rq, rk = _run_norm(q, k, qw, kw, *args)
         ctx.args = args
+        _keep(ctx, args[0])
         ctx.save_for_backward(q, k, qw, kw, rq, rk)
         return qo, ko
 

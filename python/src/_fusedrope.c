@@ -572,7 +572,8 @@ static int fr_tensor(const CacheObject *c, PyObject *cap, int layout, int bf16, 
         return -1;
     *device_type = t->device.device_type;
     if (is_output && readonly) {
-        PyErr_Format(PyExc_ValueError, "%s is read-only", what);
+        PyErr_Format(PyExc_ValueError, "%s is read-only; an output must be writable (a call "
+                     "without out= writes its input in place)", what);
         return -1;
     }
     int want = layout == LAYOUT_THD ? 3 : 4;
@@ -646,10 +647,17 @@ static int fr_tensor(const CacheObject *c, PyObject *cap, int layout, int bf16, 
     }
     return 0;
 bad_dtype:
-    PyErr_Format(PyExc_TypeError,
-                 "%s has DLPack dtype (code %d, %d bits, %d lanes); float32, float16 or bfloat16 "
-                 "is needed (16-bit integers only with dtype='bfloat16')",
-                 what, (int)d->code, (int)d->bits, (int)d->lanes);
+    if (bf16) /* the call is bfloat16: dtype='bfloat16', or another array is */
+        PyErr_Format(PyExc_TypeError,
+                     "%s has DLPack dtype (code %d, %d bits, %d lanes), but the call's arrays "
+                     "are bfloat16 (dtype='bfloat16', or another of its arrays is bfloat16): "
+                     "every tensor of a call must have the same dtype",
+                     what, (int)d->code, (int)d->bits, (int)d->lanes);
+    else
+        PyErr_Format(PyExc_TypeError,
+                     "%s has DLPack dtype (code %d, %d bits, %d lanes); float32, float16 or "
+                     "bfloat16 is needed (16-bit integers only with dtype='bfloat16')",
+                     what, (int)d->code, (int)d->bits, (int)d->lanes);
     return -1;
 }
 

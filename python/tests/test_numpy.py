@@ -422,6 +422,46 @@ def test_mismatches(cache8):
     assert (ro == 1).all()
 
 
+def test_empty_arrays(cache8):
+    """Arrays without elements (NumPy exports them with zero strides) are
+    empty tensors, which the library accepts with nothing to do."""
+    x = np.ones((0, 2, 8), np.float32)
+    assert fusedrope.forward(cache8, x, layout="thd", cu_seqlens=[0, 0]).shape == (0, 2, 8)
+    q, k = np.ones((4, 2, 3, 8), np.float32), np.ones((4, 2, 0, 8), np.float32)
+    qo, ko = fusedrope.forward_qk(cache8, q, k, out=(np.empty_like(q), np.empty_like(k)))
+    assert np.isfinite(qo).all() and ko.shape == (4, 2, 0, 8)
+    r = np.ones((0, 2), np.float32)
+    fusedrope.norm_forward_qk(cache8, x, layout="thd", cu_seqlens=[0, 0], rstd=(r, None))
+
+
+def test_argument_messages(cache8):
+    x = np.ones((4, 2, 3, 8), np.float32)
+    with pytest.raises(TypeError, match="x is None"):
+        fusedrope.forward(cache8, None)
+    with pytest.raises(TypeError, match="k is None"):
+        fusedrope.forward_qk(cache8, x, None)
+    with pytest.raises(TypeError, match="q is None"):
+        fusedrope.norm_forward_qk(cache8, None)
+    ro = x.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only.*in place"):
+        fusedrope.forward(cache8, ro)
+    with pytest.raises(TypeError, match="same dtype"):   # float32 among bfloat16 arrays
+        fusedrope.forward(cache8, x, out=np.empty(x.shape, np.uint16), dtype="bfloat16")
+    rec = np.zeros((4, 2, 3, 8), dtype=[("a", np.float32), ("b", np.int8)])["a"]
+    with pytest.raises(ValueError, match="DLPack"):     # byte stride 5: NumPy cannot export it
+        fusedrope.forward(cache8, rec, out=np.empty((4, 2, 3, 8), np.float32))
+    with pytest.raises(TypeError, match="integers"):    # positions are never truncated
+        fusedrope.forward(cache8, x, out=np.empty_like(x), ids=[[0.9, 1.9, 2, 3]] * 2,
+                          layout="bshd")
+    for bad in (8.7, "8"):
+        with pytest.raises(TypeError, match="rot_dim must be an int"):
+            fusedrope.Cache("default", rot_dim=bad, max_positions=16)
+    with pytest.raises(TypeError, match="max_positions must be an int"):
+        fusedrope.Cache("default", rot_dim=8, max_positions=16.9)
+    assert fusedrope.Cache("default", rot_dim=np.int64(8), max_positions=16).rot_dim == 8
+
+
 def test_bad_positions(cache8):
     x, y = poisoned_pair()        # s=4, b=2
     check = unchanged(x, y)
