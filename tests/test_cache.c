@@ -36,7 +36,7 @@ START_TEST(test_version)
     snprintf(want, sizeof want, "%d.%d.%d", FUSEDROPE_VERSION_MAJOR, FUSEDROPE_VERSION_MINOR,
              FUSEDROPE_VERSION_PATCH);
     ck_assert_ptr_nonnull(fusedrope_version());
-    ck_assert_str_eq(fusedrope_version(), "0.1.0");
+    ck_assert_str_eq(fusedrope_version(), "0.2.0");
     ck_assert_str_eq(fusedrope_version(), want);
 }
 END_TEST

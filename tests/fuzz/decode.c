@@ -1630,7 +1630,7 @@ void misc(src_t *s)
     CHECK(str && str[0], "status_string(%d) empty", v);
     if (v < 0 || v > FUSEDROPE_ERR_CUDA)
         CHECK(strcmp(str, "unknown status") == 0, "status_string(%d) = %s", v, str);
-    CHECK(strcmp(fusedrope_version(), "0.1.0") == 0, "version");
+    CHECK(strcmp(fusedrope_version(), "0.2.0") == 0, "version");
     CHECK(fusedrope_cache_rot_dim(NULL) == 0 && fusedrope_cache_max_positions(NULL) == 0 &&
               fusedrope_cache_device(NULL) == FUSEDROPE_DEVICE_CPU,
           "getters on NULL");
