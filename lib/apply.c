@@ -421,20 +421,23 @@ static fusedrope_status check_position_values(const fr_pos_args *pa, int64_t bat
             /* each axis (one for 1D rope) */
             for (int a = 0; a < pa->num_axes; a++) {
                 const int64_t p = fr_token_axis_position(pa, b, s, a, p0, &bad);
-                char axis[24] = "";
+                char axis[24] = "", token[64];
                 if (!bad && (max_positions == 0 || p < max_positions))
                     continue;
                 if (pa->num_axes > 1)
                     snprintf(axis, sizeof axis, " on axis %d", a);
+                /* THD's s is the packed token's index, not a place in its sequence */
+                if (pa->cu_seqlens)
+                    snprintf(token, sizeof token, "token %lld of the packed tokens", (ll)s);
+                else
+                    snprintf(token, sizeof token, "token (batch %lld, seq %lld)", (ll)b, (ll)s);
                 if (max_positions > 0)
                     return fr_fail(FUSEDROPE_ERR_RANGE,
-                                   "token (batch %lld, seq %lld) has position %lld%s, outside "
-                                   "the table's [0, %lld)",
-                                   (ll)b, (ll)s, (ll)p, axis, (ll)max_positions);
+                                   "%s has position %lld%s, outside the table's [0, %lld)", token,
+                                   (ll)p, axis, (ll)max_positions);
                 return fr_fail(FUSEDROPE_ERR_RANGE,
-                               "token (batch %lld, seq %lld) has position %lld%s; positions "
-                               "must be >= 0",
-                               (ll)b, (ll)s, (ll)p, axis);
+                               "%s has position %lld%s; positions must be >= 0", token, (ll)p,
+                               axis);
             }
         }
     return FUSEDROPE_OK;

@@ -698,6 +698,11 @@ START_TEST(test_sentences_verbatim)
     c.ids[1 * S0 + 5] = 4242;
     expect_sentence(do_call(&c, 0), RNG,
                     "token (batch 1, seq 5) has position 4242, outside the table's [0, 64)");
+    setup(&c, V_THD); /* a packed token is named by its index, not as a (batch, seq) place */
+    c.pos.ids = c.ids;
+    c.ids[7] = 4242;
+    expect_sentence(do_call(&c, 0), RNG,
+                    "token 7 of the packed tokens has position 4242, outside the table's [0, 64)");
 
     /* context parallelism: the second local half of rank 0 of 8 ends at the
      * global position (2 * 8 - 1) * 4 + 3 = 63 (S0 = 8 local tokens, chunk 4),
