@@ -60,6 +60,7 @@
 #include "internal.h"
 #include "cuda_util.cuh"
 #endif
+#include "cuda_device.cuh"
 
 namespace {
 
@@ -607,9 +608,8 @@ __global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
     /* cu_seqlens lives on the device, so its ends are checked here, once:
      * tokens outside every sequence are caught per token, a last entry past
      * the token count or a first entry other than 0 only here. */
-    if (P.pos.cu_seqlens != nullptr && P.flag != nullptr && blockIdx.x == 0 && blockIdx.y == 0 &&
-        threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0 &&
-        (P.pos.cu_seqlens[0] != 0 || (int64_t)P.pos.cu_seqlens[P.pos.num_seqs] != P.tokens))
+    if (P.flag != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 &&
+        threadIdx.y == 0 && threadIdx.z == 0 && fr_cu_ends_bad(&P.pos, P.tokens))
         *P.flag = 1;
     if (g >= P.gtotal)
         return;
@@ -648,19 +648,6 @@ __global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
 /* ---------------------------------------------------------------- host side */
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-/* The calling thread's current device: the runtime's (a host-side read of
- * the thread's state, no device round trip), or 0 in the emulation, whose one
- * device is 0. */
-cudaError_t current_device(int *dev)
-{
-#ifdef FR_CUDA_EMULATE
-    *dev = 0;
-    return cudaSuccess;
-#else
-    return cudaGetDevice(dev);
-#endif
-}
 
 /* Streaming multiprocessors of device `dev`, cached per device. */
 int sm_count(int dev)
@@ -821,16 +808,8 @@ extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
     KParams P;
     int i, dev = 0;
 
-    /* The launch goes to the current device; the cache's memory is on its
-     * own.  The one cudaGetDevice per call also picks the SM count below. */
-    cudaError_t derr = current_device(&dev);
-    if (derr != cudaSuccess)
-        return fr_cuda_fail(derr, "cudaGetDevice");
-    if (dev != cache->cuda_device)
-        return fr_fail(FUSEDROPE_ERR_INVALID,
-                       "the cache was created on CUDA device %d but device %d is current in this "
-                       "thread; call cudaSetDevice(%d) before using it",
-                       cache->cuda_device, dev, cache->cuda_device);
+    /* the one cudaGetDevice per call also picks the SM count below */
+    TRY(fr_cuda_check_device(cache, &dev));
 
     memset(&P, 0, sizeof P);
     for (i = 0; i < a->count && i < 2; i++) {

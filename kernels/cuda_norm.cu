@@ -58,6 +58,7 @@
 #include "internal.h"
 #include "cuda_util.cuh"
 #endif
+#include "cuda_device.cuh"
 #include "norm_math.h"
 
 /* Out of line (not a macro named __noinline__ in the emulation: glibc's
@@ -325,10 +326,20 @@ __device__ __forceinline__ void walk_rows(const NParams &P, Start start, Term te
     });
 }
 
+/* cu_seqlens' two ends, checked on the device once a launch by its first
+ * thread (fr_cu_ends_bad, as rope_kernel does): every row kernel of the
+ * norm calls it.  Tokens outside every sequence are row_position's. */
+__device__ __forceinline__ void check_cu_ends(const NParams &P)
+{
+    if (P.flag != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && fr_cu_ends_bad(&P.pos, P.tokens))
+        *P.flag = 1;
+}
+
 /* ------------------------------------------------------------------ forward */
 
 __global__ void norm_forward(const __grid_constant__ NParams P)
 {
+    check_cu_ends(P);
     const NIo *io = nullptr;
     const void *x = nullptr;
     void *y = nullptr;
@@ -531,6 +542,7 @@ __device__ __forceinline__ void rotate_row(const NParams &P, const NIo &io, cons
 template <int DT, int HD, bool IL>
 __global__ void __launch_bounds__(128) norm_forward_rows(const __grid_constant__ NParams P)
 {
+    check_cu_ends(P);
     each_row(P, [&](const NIo &io, int64_t t, int64_t h, int64_t b, int64_t s) {
         Row<DT, HD> v;
         v.load(row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT));
@@ -641,6 +653,7 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
 template <int DT, int HD, bool IL, int R>
 __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__ NParams P)
 {
+    check_cu_ends(P);
     constexpr int K = HD / 32;
     const int lane = (int)(threadIdx.x & 31);
     const int64_t G = P.warp_heads, groups = warp_groups(P);
@@ -800,6 +813,7 @@ __global__ void norm_dw_sum(const __grid_constant__ NParams P)
 /* (3) one thread per row: dx. */
 __global__ void norm_dx(const __grid_constant__ NParams P)
 {
+    check_cu_ends(P);
     const NIo *io = nullptr;
     const void *dy = nullptr, *xs = nullptr;
     void *dx = nullptr;
@@ -1033,6 +1047,7 @@ template <int DT, int HD, bool IL, int R>
 __global__ void __launch_bounds__(32 * FR_CUDA_NORM_BWD_WARPS)
     norm_backward_items(const __grid_constant__ NParams P)
 {
+    check_cu_ends(P);
     __shared__ Terms<HD, R> terms;
 #ifdef FR_CUDA_EMULATE
     /* a block starts with whatever the last left (cuda_emu.h): NaN instead */
@@ -1335,6 +1350,8 @@ extern "C" fusedrope_status fr_cuda_norm_forward(const fr_norm_args *na)
 {
     NParams P;
     cudaError_t err;
+    int dev;
+    TRY(fr_cuda_check_device(na->a.cache, &dev));
     params(na, &P);
     if (P.cos == nullptr && P.inv_freq == nullptr)
         return fr_fail(FUSEDROPE_ERR_INVALID,
@@ -1420,7 +1437,9 @@ extern "C" fusedrope_status fr_cuda_norm_backward(const fr_norm_args *na)
     cudaStream_t stream = (cudaStream_t)na->a.stream;
     NParams P;
     cudaError_t err = cudaSuccess;
+    int dev;
 
+    TRY(fr_cuda_check_device(na->a.cache, &dev)); /* before dw is zeroed */
     for (int k = 0; k < 2; k++)
         if (na->dw_zero[k] != nullptr &&
             (err = zero(na->dw_zero[k], (size_t)na->dw_zero_n[k] * sizeof(float), stream)) !=

@@ -1,6 +1,7 @@
 /*
  * cuda_util.cuh - small helpers shared by the CUDA backend's translation
- * units (kernels/cuda_cache.cu, kernels/cuda_apply.cu).  Host side only.
+ * units (kernels/cuda_cache.cu, kernels/cuda_apply.cu, kernels/cuda_norm.cu).
+ * Host side only; the emulated builds take kernels/cuda_emu.h instead.
  */
 #ifndef FUSEDROPE_CUDA_UTIL_CUH
 #define FUSEDROPE_CUDA_UTIL_CUH

@@ -13,6 +13,7 @@ CUDA_SRCS = \
 	kernels/cuda_norm.cu
 CUDA_HDRS = \
 	kernels/cuda_util.cuh \
+	kernels/cuda_device.cuh \
 	kernels/cuda_elem.cuh
 
 # kernels/cuda_emu.h: the host emulation of the kernels (tests/test_apply_emu)

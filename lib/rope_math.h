@@ -148,6 +148,16 @@ FR_HD int64_t fr_ids_index(const fr_pos_args *pa, int64_t b, int64_t s)
     return pa->cu_seqlens ? s : b * pa->seq_len + s;
 }
 
+/* Whether a THD call's cu_seqlens has a bad end: a first entry other than 0,
+ * or a last one other than the call's token count.  (Tokens outside every
+ * sequence are fr_token_position's to catch; lib/apply.c refuses all of
+ * these on the host where the array is in host memory.) */
+FR_HD int fr_cu_ends_bad(const fr_pos_args *pa, int64_t tokens)
+{
+    return pa->cu_seqlens != NULL &&
+           (pa->cu_seqlens[0] != 0 || (int64_t)pa->cu_seqlens[pa->num_seqs] != tokens);
+}
+
 /*
  * Position of token (b, s); for THD, s is the packed token index.  Sets *bad
  * when the position arrays describe no valid position for it (a token outside
@@ -160,7 +170,8 @@ FR_HD int64_t fr_ids_index(const fr_pos_args *pa, int64_t b, int64_t s)
  * shape there), so the OpenMP backend never meets a bad token; a CUDA call's
  * arrays are in device memory, so the kernels run it per token and write NaN
  * plus the range flag (or pos->range_status) for a bad one, and check
- * cu_seqlens' two ends once (kernels/cuda_apply.cu, rope_kernel).
+ * cu_seqlens' two ends once a launch (fr_cu_ends_bad: rope_kernel and the
+ * fused norm's row kernels).
  */
 FR_HD int64_t fr_token_position(const fr_pos_args *pa, int64_t b, int64_t s, int *bad)
 {

@@ -66,7 +66,7 @@ fusedrope_status fr_emu_cuda_norm_backward(const fr_norm_args *a);
 int fr_emu_sms = 132;
 /* kernels/cuda_norm.cu, emulated: norm_forward_warp, its items' rows and its
  * rows at a time */
-extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw;
+extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw, fr_emu_norm_bwd_rpw;
 
 enum { M = 32, MAXT = 64 }; /* table rows; most tokens of a case */
 static const int64_t heads[2] = { 3, 2 }; /* q, k */
@@ -467,6 +467,114 @@ START_TEST(test_out_of_table_range_status)
 }
 END_TEST
 
+/*
+ * What the norm calls check before their kernels, and what the kernels check
+ * that the host cannot: a cache of another device than the current one (the
+ * emulation's current device is 0) is refused, with nothing written, dw of
+ * an empty tensor not zeroed either; cu_seqlens whose ends are wrong while
+ * every token lies in some sequence ({0, 4, 12} or {-2, 4, 8} over 8 tokens)
+ * raise the flag, once a launch (fr_cu_ends_bad).  _i: the forward's three
+ * kernels (thread per row, rows in registers, rows over a warp) and the
+ * backward's two (norm_dx, norm_backward_items).
+ */
+START_TEST(test_device_and_cu_ends)
+{
+    enum { T = 8, D = 64 };
+    static const int32_t cu_ok[3] = { 0, 4, 8 }, cu_long[3] = { 0, 4, 12 }, cu_neg[3] = { -2, 4, 8 };
+    const int backward = _i >= 3, bf16 = _i % 3 != 0;
+    const fusedrope_dtype dt = bf16 ? FUSEDROPE_BFLOAT16 : FUSEDROPE_FLOAT32;
+    const size_t es = bf16 ? 2 : 4, bytes = (size_t)(T * heads[0] * D) * es;
+    unsigned char *x = alloc64(bytes), *y = alloc64(bytes), *w = alloc64((size_t)D * es);
+    float *rstd = alloc64((size_t)(T * heads[0]) * sizeof(float)), dwz[D];
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache, emu;
+    fr_norm_args na;
+    int flag = 0;
+
+    for (size_t i = 0; i < bytes; i++)
+        x[i] = (unsigned char)(i * 37 % 61 + (i % es == es - 1 ? 0x3c : 0)); /* finite values */
+    for (int c = 0; c < D; c++)
+        if (bf16)
+            ((uint16_t *)w)[c] = fusedrope_float_to_bf16(1.0f + (float)c / D);
+        else
+            ((float *)w)[c] = 1.0f + (float)c / D;
+    for (int i = 0; i < T * heads[0]; i++)
+        rstd[i] = 0.5f;
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, M, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
+    emu = *cache;
+    emu.inv_freq_dev = emu.inv_freq;
+    emu.pair_map_dev = emu.pair_map;
+    emu.range_flag = emu.range_flag_dev = &flag;
+    memset(&na, 0, sizeof na);
+    na.a.cache = &emu;
+    na.a.sgn = backward ? -1.0f : 1.0f;
+    na.a.dtype = dt;
+    na.a.seq_len = T;
+    na.a.batch = 1;
+    na.a.pos.cu_seqlens = cu_ok;
+    na.a.pos.num_seqs = 2;
+    na.a.pos.seq_len = T;
+    na.a.pos.cp_size = 1;
+    na.a.pos.num_axes = 1;
+    na.a.pos.ids_rows = 1;
+    na.a.count = 1;
+    na.a.io[0].in = x;
+    na.a.io[0].out = y;
+    na.a.io[0].heads = heads[0];
+    na.a.io[0].head_dim = D;
+    na.a.io[0].in_ss = na.a.io[0].out_ss = heads[0] * D;
+    na.a.io[0].in_sh = na.a.io[0].out_sh = D;
+    na.w[0] = w;
+    na.wdtype = dt;
+    na.weight = FUSEDROPE_NORM_WEIGHT;
+    na.rounding = FUSEDROPE_NORM_ROUND_LLAMA;
+    na.eps = 1e-6f;
+    na.rstd[0] = rstd;
+    if (backward) {
+        na.x[0] = x;
+        na.x_ss[0] = heads[0] * D;
+        na.x_sh[0] = D;
+        for (int c = 0; c < D; c++)
+            dwz[c] = 7.0f;
+        na.dw_zero[0] = dwz; /* an empty k's dw, which a refused call leaves */
+        na.dw_zero_n[0] = D;
+    }
+    fr_emu_norm_warp = _i % 3 == 2; /* the forward's third: rows over a warp */
+    fr_emu_norm_bwd_rpw = 0;
+#define RUN() (backward ? fr_emu_cuda_norm_backward(&na) : fr_emu_cuda_norm_forward(&na))
+
+    memset(y, 0xa5, bytes);
+    emu.cuda_device = 1;
+    ck_assert_int_eq(RUN(), FUSEDROPE_ERR_INVALID);
+    ck_assert_msg(strstr(fusedrope_last_error(), "created on CUDA device 1 but device 0 is current"),
+                  "%s", fusedrope_last_error());
+    for (size_t i = 0; i < bytes; i++)
+        ck_assert_uint_eq(y[i], 0xa5);
+    for (int c = 0; c < D && backward; c++)
+        ck_assert(dwz[c] == 7.0f);
+    ck_assert_int_eq(flag, 0);
+    emu.cuda_device = 0;
+
+    ck_assert_int_eq(RUN(), FUSEDROPE_OK);
+    ck_assert_msg(flag == 0, "call %d: good cu_seqlens raised the flag", _i);
+    na.a.pos.cu_seqlens = cu_long;
+    ck_assert_int_eq(RUN(), FUSEDROPE_OK);
+    ck_assert_msg(flag == 1, "call %d: cu_seqlens ending past the tokens left the flag down", _i);
+    flag = 0;
+    na.a.pos.cu_seqlens = cu_neg;
+    ck_assert_int_eq(RUN(), FUSEDROPE_OK);
+    ck_assert_msg(flag == 1, "call %d: cu_seqlens starting at -2 left the flag down", _i);
+#undef RUN
+    fr_emu_norm_warp = -1;
+    fusedrope_cache_destroy(cache);
+    free(x);
+    free(y);
+    free(w);
+    free(rstd);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("norm_kernel_emu");
@@ -476,6 +584,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_out_of_table_positions, 0, NCASES * VARIANTS);
     tcase_add_loop_test(tc, test_out_of_table_range_status, 0, NCASES * 4);
+    tcase_add_loop_test(tc, test_device_and_cu_ends, 0, 6);
     suite_add_tcase(s, tc);
     return tu_main(s, "test_norm_kernel_emu");
 }
