@@ -53,12 +53,13 @@ static int in_use_state(void)
     return v != NULL && v[0] == '0' && v[1] == '\0' ? 2 : 1;
 }
 
-extern "C" int fr_cuda_pointer_kind(const void *p)
+extern "C" int fr_cuda_pointer_kind(const void *p, int *device)
 {
     cudaPointerAttributes attr;
     cudaError_t err;
     int state;
 
+    *device = -1;
     if (p == NULL || !(state = __atomic_load_n(&cuda_in_use, __ATOMIC_ACQUIRE)))
         return FR_PTR_HOST;
     if (state == 2)
@@ -78,7 +79,10 @@ extern "C" int fr_cuda_pointer_kind(const void *p)
         return FR_PTR_MANAGED;
     if (attr.type == cudaMemoryTypeHost && attr.devicePointer == p)
         return FR_PTR_PINNED; /* registered memory may have another device address */
-    return attr.type == cudaMemoryTypeDevice ? FR_PTR_DEVICE : FR_PTR_HOST;
+    if (attr.type != cudaMemoryTypeDevice)
+        return FR_PTR_HOST;
+    *device = attr.device;
+    return FR_PTR_DEVICE;
 }
 
 /*

@@ -168,22 +168,29 @@ static int views_disjoint(const fusedrope_tensor *a, int64_t abytes, const fused
     return lattice_disjoint(d, 2, hi - lo);
 }
 
-/* Device memory on a CPU cache, host memory on a CUDA cache; managed
- * memory serves both. */
-static fusedrope_status check_pointer_device(const void *p, const char *name, fusedrope_device dev)
+/* Device memory on a CPU cache, host memory on a CUDA cache, another GPU's
+ * memory on a CUDA cache (the kernels run on the cache's device, which
+ * without peer access faults on it); managed memory serves every device. */
+static fusedrope_status check_pointer_device(const void *p, const char *name,
+                                             const fusedrope_cache *cache)
 {
-    int kind;
+    int kind, on;
     if (!p)
         return FUSEDROPE_OK;
-    kind = fr_cuda_pointer_kind(p);
+    kind = fr_cuda_pointer_kind(p, &on);
     if (kind == FR_PTR_ERROR)
         return FUSEDROPE_ERR_CUDA;
-    if (dev == FUSEDROPE_DEVICE_CUDA && (kind == FR_PTR_HOST || kind == FR_PTR_PINNED))
+    if (cache->device == FUSEDROPE_DEVICE_CUDA && (kind == FR_PTR_HOST || kind == FR_PTR_PINNED))
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "%s is host memory but the cache is on the CUDA device", name);
-    if (dev == FUSEDROPE_DEVICE_CPU && kind == FR_PTR_DEVICE)
+    if (cache->device == FUSEDROPE_DEVICE_CPU && kind == FR_PTR_DEVICE)
         return fr_fail(FUSEDROPE_ERR_INVALID, "%s is CUDA device memory but the cache is on the CPU",
                        name);
+    if (cache->device == FUSEDROPE_DEVICE_CUDA && kind == FR_PTR_DEVICE &&
+        on != cache->cuda_device)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "%s is memory of CUDA device %d but the cache is on CUDA device %d", name,
+                       on, cache->cuda_device);
     return FUSEDROPE_OK;
 }
 
@@ -192,12 +199,13 @@ static fusedrope_status check_pointer_device(const void *p, const char *name, fu
  * cudaHostAlloc's, which the host then reads without a copy); for a CPU
  * cache host memory, never written (a CPU call reports range errors in its
  * status). */
-static fusedrope_status check_status_word_device(const int32_t *w, fusedrope_device dev)
+static fusedrope_status check_status_word_device(const int32_t *w, const fusedrope_cache *cache)
 {
-    int kind;
+    const fusedrope_device dev = cache->device;
+    int kind, on;
     if (!w)
         return FUSEDROPE_OK;
-    kind = fr_cuda_pointer_kind(w);
+    kind = fr_cuda_pointer_kind(w, &on);
     if (kind == FR_PTR_ERROR)
         return FUSEDROPE_ERR_CUDA;
     if (dev == FUSEDROPE_DEVICE_CUDA && kind == FR_PTR_HOST)
@@ -207,6 +215,10 @@ static fusedrope_status check_status_word_device(const int32_t *w, fusedrope_dev
     if (dev == FUSEDROPE_DEVICE_CPU && kind == FR_PTR_DEVICE)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "pos->range_status is CUDA device memory but the cache is on the CPU");
+    if (dev == FUSEDROPE_DEVICE_CUDA && kind == FR_PTR_DEVICE && on != cache->cuda_device)
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "pos->range_status is memory of CUDA device %d but the cache is on CUDA "
+                       "device %d", on, cache->cuda_device);
     return FUSEDROPE_OK;
 }
 
@@ -568,14 +580,14 @@ fusedrope_status fr_apply_prepare(const fusedrope_cache *cache, fusedrope_style 
     for (int k = 0; k < count; k++) {
         if (tokens_empty(in[k]))
             continue;
-        TRY(check_pointer_device(in[k]->data, names[2 * k], cache->device));
+        TRY(check_pointer_device(in[k]->data, names[2 * k], cache));
         if (out[k]->data != in[k]->data) /* in place: one query (each costs, RESULTS.md) */
-            TRY(check_pointer_device(out[k]->data, names[2 * k + 1], cache->device));
+            TRY(check_pointer_device(out[k]->data, names[2 * k + 1], cache));
     }
-    TRY(check_pointer_device(args.pos.ids, "pos->ids", cache->device));
-    TRY(check_pointer_device(args.pos.offsets, "pos->offsets", cache->device));
-    TRY(check_pointer_device(args.pos.cu_seqlens, "pos->cu_seqlens", cache->device));
-    TRY(check_status_word_device(args.range_status, cache->device));
+    TRY(check_pointer_device(args.pos.ids, "pos->ids", cache));
+    TRY(check_pointer_device(args.pos.offsets, "pos->offsets", cache));
+    TRY(check_pointer_device(args.pos.cu_seqlens, "pos->cu_seqlens", cache));
+    TRY(check_status_word_device(args.range_status, cache));
     TRY(check_implicit_positions(&args.pos, cache->max_positions));
     if (cache->device == FUSEDROPE_DEVICE_CPU &&
         (args.pos.ids || args.pos.offsets || args.pos.cu_seqlens))
@@ -648,9 +660,9 @@ fusedrope_status fr_apply_call(const fusedrope_cache *cache, fusedrope_style sty
                     stream);
 }
 
-fusedrope_status fr_check_pointer(const void *p, const char *name, fusedrope_device dev)
+fusedrope_status fr_check_pointer(const void *p, const char *name, const fusedrope_cache *cache)
 {
-    return check_pointer_device(p, name, dev);
+    return check_pointer_device(p, name, cache);
 }
 
 fusedrope_status fr_check_array(const void *p, int64_t n, size_t es, const char *name,

@@ -9,9 +9,10 @@ int fr_cuda_device_present(void)
     return 0;
 }
 
-int fr_cuda_pointer_kind(const void *p)
+int fr_cuda_pointer_kind(const void *p, int *device)
 {
     (void)p;
+    *device = -1;
     return FR_PTR_HOST;
 }
 

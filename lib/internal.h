@@ -293,7 +293,7 @@ fusedrope_status fr_apply_prepare(const fusedrope_cache *cache, fusedrope_style 
                                   const char *const names[4], void *stream,
                                   fr_apply_args *args);
 /* fr_apply's rule for where a pointer may live given the cache's device. */
-fusedrope_status fr_check_pointer(const void *p, const char *name, fusedrope_device dev);
+fusedrope_status fr_check_pointer(const void *p, const char *name, const fusedrope_cache *cache);
 /* An array of n elements of es bytes at p (not NULL): aligned to its
  * elements and its extent addressable; *bytes = n * es. */
 fusedrope_status fr_check_array(const void *p, int64_t n, size_t es, const char *name,
@@ -457,7 +457,9 @@ fusedrope_status fr_cuda_cache_check(const fusedrope_cache *cache, void *stream)
  * (FUSEDROPE_CUDA_POINTER_CHECKS=0); every device accepts it. */
 enum { FR_PTR_ERROR = -1, FR_PTR_HOST, FR_PTR_DEVICE, FR_PTR_MANAGED, FR_PTR_PINNED,
        FR_PTR_UNCHECKED };
-int fr_cuda_pointer_kind(const void *p);
+/* *device: for FR_PTR_DEVICE the ordinal of the device the memory is on,
+ * else -1. */
+int fr_cuda_pointer_kind(const void *p, int *device);
 fusedrope_status fr_cuda_apply(const fr_apply_args *args);
 
 #ifdef __cplusplus

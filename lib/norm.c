@@ -51,7 +51,7 @@ static range tensor_range(const fusedrope_tensor *t, const char *name, int alone
 /* A float/weight/position array of n elements of es bytes: aligned, its
  * extent addressable, living on the cache's device. */
 static fusedrope_status array_range(const void *p, int64_t n, size_t es, const char *name,
-                                    int alone, fusedrope_device dev, range *r)
+                                    int alone, const fusedrope_cache *cache, range *r)
 {
     int64_t bytes;
     r->lo = r->hi = 0;
@@ -61,7 +61,7 @@ static fusedrope_status array_range(const void *p, int64_t n, size_t es, const c
     if (!p || n <= 0)
         return FUSEDROPE_OK;
     TRY(fr_check_array(p, n, es, name, &bytes));
-    TRY(fr_check_pointer(p, name, dev));
+    TRY(fr_check_pointer(p, name, cache));
     r->lo = (uintptr_t)p;
     r->hi = r->lo + (uintptr_t)bytes;
     return FUSEDROPE_OK;
@@ -138,13 +138,11 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
     range r[16]; /* per tensor weight, rstd, dw, in, out, saved; 3 position arrays; the range word */
     int nr = 0, slot = 0;
     fusedrope_dtype dt;
-    fusedrope_device dev;
 
     memset(na, 0, sizeof *na);
     TRY(take_norm(user, nm));
     if (!cache)
         return fr_fail(FUSEDROPE_ERR_INVALID, "cache is NULL");
-    dev = cache->device;
     TRY(fr_apply_prepare(cache, style, sgn, pos, count, tin, tout, names, stream, &na->a));
     na->a.cache = cache; /* also when there is nothing to do but zero dw */
     if (backward) {
@@ -203,10 +201,10 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
         if (!tensor_empty(t) && (__builtin_mul_overflow(t->seq_len, t->batch, &rows) ||
                                  __builtin_mul_overflow(rows, t->heads, &rows)))
             return fr_fail(FUSEDROPE_ERR_RANGE, "%s: tokens x heads overflows", rname[k]);
-        TRY(array_range(weights[k], hd, fr_dtype_size(nm->weight_dtype), wname[k], 0, dev,
+        TRY(array_range(weights[k], hd, fr_dtype_size(nm->weight_dtype), wname[k], 0, cache,
                         &r[nr++]));
-        TRY(array_range(rstd[k], rows, sizeof(float), rname[k], 1, dev, &r[nr++]));
-        TRY(array_range(dw[k], hd, sizeof(float), dwname[k], 1, dev, &r[nr++]));
+        TRY(array_range(rstd[k], rows, sizeof(float), rname[k], 1, cache, &r[nr++]));
+        TRY(array_range(dw[k], hd, sizeof(float), dwname[k], 1, cache, &r[nr++]));
         r[nr++] = tensor_range(tin[k], names[2 * k], 0);
         r[nr++] = tensor_range(tout[k], names[2 * k + 1], 1);
         if (backward)
@@ -219,12 +217,12 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
         const fusedrope_tensor *tt = tensor_empty(tin[0]) ? tin[1] : tin[0];
         const int64_t tokens = tt->seq_len * tt->batch;
         /* extents as fr_apply_prepare checked them (ids: every row of it) */
-        TRY(array_range(pa->ids, fr_ids_elems(pa, tokens), sizeof(int64_t), "pos->ids", 0, dev,
+        TRY(array_range(pa->ids, fr_ids_elems(pa, tokens), sizeof(int64_t), "pos->ids", 0, cache,
                         &r[nr++]));
         TRY(array_range(pa->offsets, pa->cu_seqlens ? pa->num_seqs : tin[0]->batch,
-                        sizeof(int64_t), "pos->offsets", 0, dev, &r[nr++]));
+                        sizeof(int64_t), "pos->offsets", 0, cache, &r[nr++]));
         TRY(array_range(pa->cu_seqlens, pa->num_seqs + 1, sizeof(int32_t), "pos->cu_seqlens", 0,
-                        dev, &r[nr++]));
+                        cache, &r[nr++]));
     }
     if (na->a.range_status) {
         /* the word the CUDA kernels may write (fr_apply_prepare checked its
