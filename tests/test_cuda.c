@@ -1331,24 +1331,51 @@ START_TEST(test_cache_device_ordinal)
 
     if (ndev >= 2) {
         uint16_t poison[2 * 64];
-        void *dx;
-        fusedrope_tensor t;
-        char want[64];
-        CUDA_OK(cudaSetDevice(1));
+        void *dx, *d1;
+        float *rstd;
+        fusedrope_tensor t, t1;
+        fusedrope_norm nm;
+        const char *want = "created on CUDA device 0 but device 1 is current";
+        /* the cache's device's memory, called with device 1 current: every
+         * call, plain and norm, refuses before it launches */
         CUDA_OK(cudaMalloc(&dx, (size_t)n * 2));
         CUDA_OK(cudaMemset(dx, 0x5a, (size_t)n * 2));
+        CUDA_OK(cudaMalloc((void **)&rstd, 2 * sizeof(float)));
+        CUDA_OK(cudaMemset(rstd, 0, 2 * sizeof(float)));
         t = fusedrope_tensor_sbhd(dx, FUSEDROPE_BFLOAT16, 2, 1, 1, 64);
+        fusedrope_norm_init(&nm);
+        nm.q_rstd = rstd;
+        CUDA_OK(cudaSetDevice(1));
         ck_assert_int_eq(fusedrope_forward(on0, FUSEDROPE_NEOX, NULL, &t, &t, NULL),
                          FUSEDROPE_ERR_INVALID);
-        snprintf(want, sizeof want, "created on CUDA device 0 but device 1 is current");
-        ck_assert_msg(strstr(fusedrope_last_error(), want) != NULL, "%s",
-                      fusedrope_last_error());
+        ck_assert_msg(strstr(fusedrope_last_error(), want) != NULL, "%s", fusedrope_last_error());
         ck_assert_int_eq(fusedrope_backward(on0, FUSEDROPE_NEOX, NULL, &t, &t, NULL),
                          FUSEDROPE_ERR_INVALID);
+        ck_assert_int_eq(fusedrope_norm_forward_qk(on0, FUSEDROPE_NEOX, NULL, &nm, &t, &t, NULL,
+                                                   NULL, NULL),
+                         FUSEDROPE_ERR_INVALID);
+        ck_assert_msg(strstr(fusedrope_last_error(), want) != NULL, "%s", fusedrope_last_error());
+        ck_assert_int_eq(fusedrope_norm_backward_qk(on0, FUSEDROPE_NEOX, NULL, &nm, &t, &t, &t,
+                                                    NULL, NULL, NULL, NULL),
+                         FUSEDROPE_ERR_INVALID);
+        ck_assert_msg(strstr(fusedrope_last_error(), want) != NULL, "%s", fusedrope_last_error());
+        /* device 1's memory with the cache's device current: refused as
+         * another GPU's memory */
+        CUDA_OK(cudaMalloc(&d1, (size_t)n * 2));
+        t1 = fusedrope_tensor_sbhd(d1, FUSEDROPE_BFLOAT16, 2, 1, 1, 64);
+        CUDA_OK(cudaSetDevice(0));
+        ck_assert_int_eq(fusedrope_forward(on0, FUSEDROPE_NEOX, NULL, &t1, &t1, NULL),
+                         FUSEDROPE_ERR_INVALID);
+        ck_assert_msg(strstr(fusedrope_last_error(),
+                             "memory of CUDA device 1 but the cache is on CUDA device 0") != NULL,
+                      "%s", fusedrope_last_error());
         CUDA_OK(cudaMemcpy(poison, dx, sizeof poison, cudaMemcpyDeviceToHost));
         for (int i = 0; i < 2 * 64; i++)
             ck_assert_uint_eq(poison[i], 0x5a5a);
         cudaFree(dx);
+        cudaFree(rstd);
+        CUDA_OK(cudaSetDevice(1));
+        cudaFree(d1);
     }
 
     /* from device 1 (or 0): the table comes back, the check waits on device
