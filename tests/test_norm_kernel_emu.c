@@ -449,9 +449,13 @@ static void run_case(int c, int vi, int status)
     fusedrope_cache_destroy(cache);
 }
 
-/* The cache's flag, every case in every variant. */
+/* The cache's flag, every case in every variant; under valgrind (which
+ * looks for memory errors, and where this program ended its stage last) a
+ * third of the variants a case, each variant on the cases of its residue. */
 START_TEST(test_out_of_table_positions)
 {
+    if (tu_under_valgrind() && (_i % VARIANTS) % 3 != (_i / VARIANTS) % 3)
+        return;
     run_case(_i / VARIANTS, _i % VARIANTS, 0);
 }
 END_TEST
