@@ -330,6 +330,35 @@ def test_gradients(style):
                                     atol=2e-3, rtol=1e-3)
 
 
+def test_cache_dropped_after_forward():
+    """A Cache made inline and dropped after the forward still serves the
+    backward: the autograd context holds it (the ops take its id)."""
+    torch = pytest.importorskip("torch")
+    import gc
+    import fusedrope.torch as ft
+    g = torch.Generator().manual_seed(ref.SEED)
+    q = torch.randn(4, 1, 2, 8, generator=g, requires_grad=True)
+    k = torch.randn(4, 1, 1, 8, generator=g, requires_grad=True)
+    gq, gk = torch.randn(q.shape, generator=g), torch.randn(k.shape, generator=g)
+    w = torch.randn(8, generator=g, requires_grad=True)
+    calls = {
+        "rope_qk": lambda c: ft.rope_qk(q, k, c),
+        "rope": lambda c: (ft.rope(q, c), ft.rope(k, c)),
+        "RopeQKFunction": lambda c: ft.RopeQKFunction.apply(q, k, c.id, "neox", "sbhd", False,
+                                                            None, None, None, 1, 0),
+        "norm_rope_qk": lambda c: ft.norm_rope_qk(q, k, w, w, c),
+    }
+    kept = fusedrope.Cache("default", rot_dim=8, max_positions=16)
+    for name, call in calls.items():
+        leaves = (q, k, w) if name == "norm_rope_qk" else (q, k)
+        want = torch.autograd.grad(call(kept), leaves, (gq, gk))
+        qo, ko = call(fusedrope.Cache("default", rot_dim=8, max_positions=16))
+        gc.collect()
+        got = torch.autograd.grad((qo, ko), leaves, (gq, gk))
+        for a, b in zip(got, want):
+            assert torch.equal(a, b), name
+
+
 def test_custom_op_compiles_into_one_graph():
     torch = pytest.importorskip("torch")
     import fusedrope.torch as ft
