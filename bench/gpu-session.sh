@@ -9,7 +9,8 @@
 # runs bench/sweep-knobs.sh; normwarp the norm forward's two row kernels
 # at the sizes where the choice between them falls; normbwd the norm
 # backward's block kernel in several shapes (NORMBWD_VARIANTS); normprof
-# ncu's sections for the norm kernels (where their time goes);
+# ncu's sections for the norm kernels (where their time goes); cpunorm
+# the fused norm forward against plain on the host's CPUs;
 # cuda builds and runs the CUDA test programs alone (no CPU suites: for a short
 # lease; CUDA_TESTS names them, TEST_TIMEOUT limits each); norm times the
 # fused RMSNorm + RoPE and its peers.  SAN_PROGRAMS (each prog or
@@ -195,6 +196,28 @@ section_normwarp() {
       } >> "$out/bench-normwarp.txt" 2>> "$out/bench-progress.txt"
     done )
   grep -E '^(==|norm_fwd|FAIL)' "$out/bench-normwarp.txt" | tee -a "$summary"
+}
+
+section_cpunorm() {
+  # the fused norm forward against plain RoPE on this host's CPUs (issue 13's
+  # CPU target where every core shares the memory, as on a training node; the
+  # build machine has 2): bf16, plain / once / gemma / qwen3 alternated,
+  # CPUNORM_ROUNDS rounds at each of CPUNORM_THREADS; the bench's lines
+  # (forward and backward, ms and of copy) go to bench-cpunorm.txt
+  local b=/tmp/inst/bin/fusedrope-bench nt r n
+  note "host CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(nproc) CPUs"
+  for nt in ${CPUNORM_THREADS:-1 4 $(nproc)}; do
+    for r in $(seq ${CPUNORM_ROUNDS:-3}); do
+      for n in plain once gemma qwen3; do
+        echo "== threads $nt round $r $n" >> "$out/bench-cpunorm.txt"
+        OMP_NUM_THREADS=$nt timeout 120 $b --device cpu --qk 32,8 --shape 4096,1,1,128 \
+          --layout bshd $([ $n = plain ] || echo --norm $n) --iters 30 2>&1 |
+          grep -E '^(forward_qk|backward_qk|norm_fwd|norm_bwd|FAIL)' >> "$out/bench-cpunorm.txt"
+      done
+    done
+    note "cpunorm $nt threads: forward ms (plain once gemma qwen3) by round: $(awk -v t="$nt" '
+      /^== / { on = ($3 == t) } on && /^(forward_qk|norm_fwd)/ { printf "%s ", $6 }' "$out/bench-cpunorm.txt")"
+  done
 }
 
 section_normbwd() {
