@@ -144,8 +144,9 @@ static fusedrope_status check_config(const fusedrope_cache_config *c)
         break;
     case FUSEDROPE_ROPE_LONGROPE:
         if (c->seq_len < 0)
-            return fr_fail(FUSEDROPE_ERR_INVALID, "seq_len is %lld; it must be >= 0",
-                           (long long)c->seq_len);
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "seq_len is %lld for rope type longrope; it must be >= 0 (0 means "
+                           "max_positions chooses the factors)", (long long)c->seq_len);
         TRY(check_real("attention_factor", c->attention_factor, 0.0, 1, tn));
         if (!c->short_factor || !c->long_factor)
             return fr_fail(FUSEDROPE_ERR_INVALID,

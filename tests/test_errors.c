@@ -802,6 +802,12 @@ START_TEST(test_sentences_verbatim)
     expect_sentence(fusedrope_cache_create(&cfg, CPU, &cache), INV,
                     "seq_len is -1 for rope type dynamic; it must be >= 0 (0 means "
                     "max_positions)");
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_LONGROPE, ROT, ROWS, 10000);
+    cfg.original_max_positions = 32;
+    cfg.seq_len = -2;
+    expect_sentence(fusedrope_cache_create(&cfg, CPU, &cache), INV,
+                    "seq_len is -2 for rope type longrope; it must be >= 0 (0 means "
+                    "max_positions chooses the factors)");
     fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, ROT, 0, 10000);
     ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), OK);
     tu_track(cache);

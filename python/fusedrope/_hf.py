@@ -1,21 +1,29 @@
 """Hugging Face model configs -> fusedrope.Cache arguments.
 
 Mirrors transformers' modeling_rope_utils (checked against transformers
-5.23.0; the older rope_scaling layout of 4.x is read too):
+5.23.0 and 5.24.0; the older rope_scaling layout of 4.x is read too):
 
 - rope parameters: ``rope_parameters`` (transformers >= 4.57/5), else
   ``rope_scaling`` (older); rope_type from "rope_type", else the legacy
   "type" ("su" is LongRoPE's old name); ``rope_theta`` and
   ``partial_rotary_factor`` from the dict, else from the config's top level;
 - rot_dim = int(head_dim * partial_rotary_factor), head_dim from
-  ``head_dim``, else hidden_size // num_attention_heads;
+  ``head_dim``, else hidden_size // num_attention_heads; an odd one, F,
+  rotates ceil(F/2) pairs with exponents 2i/F (transformers' arange(0, F,
+  2) / F): rot_dim F + 1 and freq_dim F; a factor that rotates no pair is
+  refused (the model's RoPE is the identity);
+- a config without rope_theta takes its model class's default_theta, as
+  transformers does (a dict config needs transformers installed for it);
 - llama3, yarn, longrope: original_max_position_embeddings from the
   config's top level when there is one (Phi-3 keeps it there, and
   transformers gives it priority), else from the rope dict, else
-  max_position_embeddings;
+  max_position_embeddings; rope parameters per layer type take their own
+  dict's value first;
 - yarn and longrope: a missing ``factor`` is max_position_embeddings /
   original_max_position_embeddings; yarn's beta_fast/beta_slow default to
   32/1 when missing or 0, ``truncate`` to True (gpt-oss sets it False);
+  an explicit attention_factor of 0 is refused (transformers would scale
+  cos and sin by it; the library reads 0 as "derive it");
 - dynamic: transformers scales from config.max_position_embeddings (not the
   rope dict's original) with seq_len = max(seq_len, max_position_embeddings);
   the library's L = max(seq_len or max_positions, original_max_positions) is
@@ -139,15 +147,33 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
         raise NotImplementedError(f"rope_type '{rope_type}' is not supported by libfusedrope "
                                   f"(supported: {', '.join(_KNOWN_TYPES)})")
 
-    theta = rope.get("rope_theta", get("rope_theta", 10000.0))
+    theta = rope.get("rope_theta")
+    if theta is None:
+        theta = get("rope_theta", None)
+    if theta is None:
+        theta = _default_theta(get)
     prf = rope.get("partial_rotary_factor", get("partial_rotary_factor", None))
     prf = 1.0 if prf is None else prf
     head_dim = None
     if layer_type == "full_attention" and isinstance(config, dict):
         head_dim = get("global_head_dim", None)     # Gemma 4's config.json
     head_dim = head_dim or get("head_dim", None) or get("hidden_size") // get("num_attention_heads")
-    # proportional keeps the whole head in its exponents and rotates a share
-    rot_dim = head_dim if rope_type == "proportional" else int(head_dim * prf)
+    freq_dim = None
+    if rope_type == "proportional":
+        # the whole head in the exponents, a share of the pairs rotating
+        rot_dim, pairs = head_dim, int(prf * head_dim // 2)
+    else:
+        # an odd int(head_dim * prf) is F in the exponents 2i/F of
+        # ceil(F/2) pairs (transformers' arange(0, F, 2) / F)
+        freq_dim = int(head_dim * prf)
+        rot_dim = freq_dim + freq_dim % 2
+        pairs = rot_dim // 2
+        if freq_dim == rot_dim:
+            freq_dim = None
+    if pairs <= 0:
+        raise ValueError(f"partial_rotary_factor {prf} of head_dim {head_dim} rotates no "
+                         f"channel: the model's RoPE is the identity (nothing for libfusedrope "
+                         f"to apply)")
     max_pos = get("max_position_embeddings")
     if max_positions is None:
         if max_pos is None:
@@ -156,9 +182,13 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
 
     args = dict(type=rope_type, rot_dim=rot_dim, max_positions=int(max_positions),
                 theta=float(theta))
+    if freq_dim is not None:
+        args["freq_dim"] = freq_dim
     args.update(_mrope_arguments(get, rope))
     if rope_type in ("llama3", "yarn", "longrope"):
-        orig = get("original_max_position_embeddings", None)
+        # a flat rope dict: the config's top level first (Phi-3); a layer
+        # type's own dict: its own value (transformers' setdefault)
+        orig = None if nested else get("original_max_position_embeddings", None)
         if orig is None:
             orig = rope.get("original_max_position_embeddings", max_pos)
         args["original_max_positions"] = int(orig)
@@ -183,6 +213,10 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
             factor = max_pos / args["original_max_positions"]
         args["factor"] = float(factor)
         if rope.get("attention_factor") is not None:
+            if float(rope["attention_factor"]) == 0.0:
+                raise ValueError("attention_factor 0 in the config: transformers multiplies cos "
+                                 "and sin by it (an all-zero table), while libfusedrope reads 0 "
+                                 "as 'derive it'; refused rather than built differently")
             args["attention_factor"] = float(rope["attention_factor"])
         if rope_type == "yarn":
             args.update(beta_fast=float(rope.get("beta_fast") or 32),
@@ -197,6 +231,22 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
             if seq_len is not None:
                 args["seq_len"] = int(seq_len)
     return args
+
+
+def _default_theta(get):
+    """transformers' rope_theta for a config that gives none: its model
+    class's default_theta (10000 for most; SmolLM3 2e6, Qwen3-VL 5e6, ...)."""
+    theta = get("default_theta", None)      # a PretrainedConfig's class attribute
+    if theta is not None:
+        return theta
+    model_type = get("model_type", None)
+    try:
+        from transformers import CONFIG_MAPPING
+        return CONFIG_MAPPING[model_type].default_theta
+    except (ImportError, KeyError, AttributeError):
+        raise ValueError(f"the config gives no rope_theta, and transformers' default for it "
+                         f"is its model class's (model_type {model_type!r}), which needs "
+                         f"transformers to look up: add rope_theta to the config") from None
 
 
 def _mrope_arguments(get, rope):

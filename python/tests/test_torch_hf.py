@@ -172,6 +172,66 @@ def test_mapping_unsupported():
     assert c.rot_dim == 128
 
 
+def test_mapping_corners():
+    """Corners of the mapping where a literal reading of the config would
+    differ from transformers (a review's findings)."""
+    # an odd int(head_dim * prf): ceil(F/2) pairs, exponents 2i/F
+    odd = dict(QWEN3, head_dim=42, partial_rotary_factor=0.5)
+    a = cache_arguments(odd)
+    assert (a["rot_dim"], a["freq_dim"]) == (22, 21)
+    inv, _ = _lib_inv(fusedrope.Cache(**dict(a, max_positions=4)))
+    np.testing.assert_allclose(inv, 1e6 ** (-np.arange(0, 21, 2) / 21.0), rtol=1e-6)
+    assert "freq_dim" not in cache_arguments(QWEN3)
+    # a factor that rotates nothing is refused, for proportional too
+    with pytest.raises(ValueError, match="rotates no channel"):
+        cache_arguments(dict(QWEN3, partial_rotary_factor=0.0))
+    g0 = dict(GEMMA4, rope_parameters=dict(GEMMA4["rope_parameters"], full_attention=dict(
+        GEMMA4["rope_parameters"]["full_attention"], partial_rotary_factor=0.0)))
+    with pytest.raises(ValueError, match="rotates no channel"):
+        cache_arguments(g0, layer_type="full_attention")
+    # per layer type: the layer's own original_max_position_embeddings first
+    nested = dict(QWEN3, original_max_position_embeddings=4096, rope_parameters={
+        "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
+                           "original_max_position_embeddings": 8192},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+    assert cache_arguments(nested, layer_type="full_attention")["original_max_positions"] == 8192
+    assert cache_arguments(PHI3_LONGROPE)["original_max_positions"] == 4096   # flat: top level
+    # an explicit attention factor of 0 (transformers: an all-zero table)
+    z = dict(QWEN25_YARN, rope_scaling=dict(QWEN25_YARN["rope_scaling"], attention_factor=0.0))
+    with pytest.raises(ValueError, match="attention_factor 0"):
+        cache_arguments(z)
+    # no rope_theta: the model class's default_theta (SmolLM3: 2e6), which
+    # a dict config needs transformers to look up
+    bare = {k: v for k, v in QWEN3.items() if k != "rope_theta"}
+    bare["model_type"] = "smollm3"
+    try:
+        from transformers import CONFIG_MAPPING
+    except ImportError:
+        with pytest.raises(ValueError, match="rope_theta"):
+            cache_arguments(bare)
+    else:
+        assert CONFIG_MAPPING["smollm3"].default_theta == 2e6
+        assert cache_arguments(bare)["theta"] == 2e6
+
+
+def test_odd_partial_dim_against_transformers():
+    """transformers' GLM-4.5 default config (head_dim 42, partial 0.5: F = 21,
+    11 pairs) through its own rotary class."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.glm4_moe import modeling_glm4_moe as m
+    cfg = transformers.Glm4MoeConfig()
+    rot = m.Glm4MoeRotaryEmbedding(cfg)
+    pos = torch.arange(64)[None]
+    cos_hf, sin_hf = rot(torch.zeros(1, dtype=torch.float32), pos)
+    cache = fusedrope.Cache.from_config(cfg, max_positions=64)
+    cos, sin = cache.table()
+    half = cos_hf.shape[-1] // 2
+    assert (cache.rot_dim, cos.shape[1]) == (2 * half, half) == (22, 11)
+    np.testing.assert_allclose(cos, cos_hf[0, :, :half].double().numpy(), rtol=0, atol=2e-6)
+    np.testing.assert_allclose(sin, sin_hf[0, :, :half].double().numpy(), rtol=0, atol=2e-6)
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_from_config_table_matches_reference(name):
     """Cache.from_config's table against ref.py's formulas for the mapped
