@@ -261,7 +261,14 @@ static fusedrope_status check_positions(const fusedrope_positions *user_pos,
                        "pos->ids_axis_stride is %lld; it must be >= 0 (0: rows of batch x "
                        "seq_len positions one after the other)", (ll)pos->ids_axis_stride);
     if (pos->ids_axes > 1) {
-        const int64_t row = t->batch * t->seq_len; /* tensor sizes are checked */
+        int64_t row;
+        /* an empty tensor's sizes are not range-checked: one of 0 heads may
+         * have batch x seq_len past int64 */
+        if (__builtin_mul_overflow(t->batch, t->seq_len, &row))
+            return fr_fail(FUSEDROPE_ERR_RANGE,
+                           "%s->batch x %s->seq_len (%lld x %lld) overflows int64: ids rows "
+                           "of that many positions cannot exist",
+                           name, name, (ll)t->batch, (ll)t->seq_len);
         if (pos->ids_axis_stride != 0 && pos->ids_axis_stride < row)
             return fr_fail(FUSEDROPE_ERR_INVALID,
                            "pos->ids_axis_stride is %lld; rows of ids hold batch x seq_len = "

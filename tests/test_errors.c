@@ -808,6 +808,26 @@ START_TEST(test_sentences_verbatim)
     expect_sentence(fusedrope_cache_create(&cfg, CPU, &cache), INV,
                     "seq_len is -2 for rope type longrope; it must be >= 0 (0 means "
                     "max_positions chooses the factors)");
+    /* an empty call (0 heads) is not range-checked, so its batch x seq_len
+     * may pass int64; with rows of ids the product is refused, not wrapped */
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, 32, ROWS, 10000);
+    cfg.axes = FUSEDROPE_AXES_SECTIONS;
+    cfg.sections[0] = 4, cfg.sections[1] = 6, cfg.sections[2] = 6;
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), OK);
+    tu_track(cache);
+    {
+        static int64_t ids3[3];
+        static float e[4];
+        fusedrope_positions p3;
+        fusedrope_tensor te = fusedrope_tensor_bshd(e, FUSEDROPE_FLOAT32, (int64_t)1 << 32,
+                                                    (int64_t)1 << 32, 0, 32);
+        fusedrope_positions_init(&p3);
+        p3.ids = ids3, p3.ids_axes = 3, p3.ids_axis_stride = 1;
+        expect_sentence(fusedrope_forward(cache, FUSEDROPE_NEOX, &p3, &te, &te, NULL),
+                        FUSEDROPE_ERR_RANGE,
+                        "x->batch x x->seq_len (4294967296 x 4294967296) overflows int64: ids "
+                        "rows of that many positions cannot exist");
+    }
     fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, ROT, 0, 10000);
     ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), OK);
     tu_track(cache);

@@ -349,6 +349,32 @@ def _positions(p, what, np_dtype, cache):
     raise TypeError(f"{what} must be an array (DLPack) or a list of ints, not {type(p).__name__}")
 
 
+def _compact_ids(ids, layout):
+    """Host ids whose positions are not compact within a row, as a compact
+    copy (a few int64 a token): transformers' text and decode position_ids,
+    arange(s).view(1, 1, -1).expand(3, b, -1), have a batch stride of 0,
+    which the library's rows cannot say.  A row stride of 0 (every axis at
+    one position) stays one row.  Device ids are left to the library's
+    check: a copy would run on another stream than the call."""
+    base = 1 if layout == "thd" else 2
+    if isinstance(ids, np.ndarray):
+        nd, compact = ids.ndim, lambda a: a.flags["C_CONTIGUOUS"]
+        copy, stride0 = np.ascontiguousarray, lambda a: a.strides[0]
+    elif type(ids).__module__.startswith("torch") and getattr(ids, "is_cuda", True) is False:
+        nd, compact = ids.dim(), lambda a: a.is_contiguous()
+        copy, stride0 = lambda a: a.contiguous(), lambda a: a.stride(0)
+    else:
+        return ids
+    if nd == base + 1 and ids.shape[0] > 1 and stride0(ids) == 0:
+        ids = ids[0]                     # a broadcast: one row for every axis
+        nd = base
+    if nd == base + 1 and not compact(ids[0]):
+        return copy(ids)
+    if nd == base and not compact(ids):
+        return copy(ids)
+    return ids
+
+
 def _prepare(cache, arrays, names, style, layout, ids, offsets, cu_seqlens, dtype, stream,
              range_status, extra=()):
     """Checks a call's arguments and exports its arrays (None entries stay
@@ -375,7 +401,7 @@ def _prepare(cache, arrays, names, style, layout, ids, offsets, cu_seqlens, dtyp
         bf16 = bf16 or is_bf16
         views.append(v)
     extra_views = [None if a is None else _bf16_view(a)[0] for a, _ in extra]
-    ids = _positions(ids, "ids", np.int64, cache)
+    ids = _compact_ids(_positions(ids, "ids", np.int64, cache), layout)
     offsets = _positions(offsets, "offsets", np.int64, cache)
     cu_seqlens = _positions(cu_seqlens, "cu_seqlens", np.int32, cache)
     dev_id = cache._h.device_id
@@ -418,9 +444,10 @@ _DOC = """
     "bshd" (4-D arrays) or "thd" (3-D, packed).  Channels must be contiguous;
     the other strides are taken from the arrays.  Positions: ids ([batch,
     seq] int64, or [tokens] for thd; for a cache with position axes, a row
-    per axis: [axes, batch, seq] or [axes, tokens], contiguous within a row,
-    rows any stride apart, e.g. a view of a [axes, max_tokens] buffer; a row
-    stride of 0, a broadcast view, puts every axis at the same position),
+    per axis: [axes, batch, seq] or [axes, tokens], contiguous within a row
+    (host ids that are not are copied compact), rows any stride apart, e.g.
+    a view of a [axes, max_tokens] buffer; a row stride of 0, a broadcast
+    view, puts every axis at the same position),
     offsets (int64 per batch entry or per sequence), cu_seqlens (int32,
     num_seqs+1, thd), cp_size, cp_rank; arrays on the cache's device (lists
     are accepted for a CPU cache).  range_status: a one-element int32 device

@@ -45,12 +45,16 @@ Mirrors transformers' modeling_rope_utils (checked against transformers
 - multimodal rope (``mrope_section`` in the rope dict, pairs per T/H/W
   axis; the legacy rope type "mrope" is "default"): the layout comes from
   the model class in transformers, not from the config, so it is chosen by
-  model_type where known: Qwen2-VL, Qwen2.5-VL, GLM-4.1V, GLM-4.5V:
-  axes "sections"; Qwen3-VL, Qwen3.5 (and any config with
-  ``mrope_interleaved: true``): axes "interleaved".  A model type without
+  model_type where known: Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni,
+  PaddleOCR-VL, GLM-4.1V, GLM-4.5V, GLM-OCR, GLM-Image: axes "sections";
+  Qwen3-VL, Qwen3-Omni, Qwen3.5 (and any config with
+  ``mrope_interleaved: true``): axes "interleaved".  HunYuan-VL's
+  mrope_section is refused: transformers' code for it is not a rotation
+  per pair.  A model type without
   mrope_section in its rope dict gets transformers' class default.  The
   rotation style is not in the config either: GLM-4.1V (model_type glm4v)
-  rotates interleaved pairs, so call forward with style="interleaved";
+  and GLM-OCR (glm_ocr) rotate interleaved pairs, so call forward with
+  style="interleaved";
   the others use "neox".  Ernie-4.5-VL (ernie4_5_vl_moe): axes
   "alternating"; its config lists the sections as [h, w, t] (default
   [22, 22, 20]), which become sections [t, h, w]; transformers pre-permutes
@@ -69,11 +73,19 @@ _MROPE_MODELS = {
     "qwen2_5_vl": ("sections", [16, 24, 24]),
     "glm4v": ("sections", [8, 12, 12]),
     "glm4v_moe": ("sections", [8, 12, 12]),
+    "glm_ocr": ("sections", [8, 12, 12]),
+    "glm_image": ("sections", [8, 12, 12]),
+    "paddleocr_vl": ("sections", [16, 24, 24]),
+    "qwen2_5_omni": ("sections", [16, 24, 24]),
+    "qwen3_omni_moe": ("interleaved", [24, 20, 20]),
     "qwen3_vl": ("interleaved", [24, 20, 20]),
     "qwen3_vl_moe": ("interleaved", [24, 20, 20]),
     "qwen3_5": ("interleaved", [11, 11, 10]),
     "qwen3_5_moe": ("interleaved", [11, 11, 10]),
 }
+# HunYuan-VL: transformers' rotation splits a NeoX pair's two halves over
+# different axes (not a rotation per pair), which no axis map reproduces.
+_NOT_PER_PAIR = ("hunyuan_vl",)
 # Ernie-4.5-VL: sections given as [h, w, t]; transformers' default.
 _ERNIE_MROPE = ("ernie4_5_vl", "ernie4_5_vl_moe")
 _ERNIE_DEFAULT_SECTION = [22, 22, 20]
@@ -254,6 +266,11 @@ def _mrope_arguments(get, rope):
     model_type = str(get("model_type", "") or "")
     base = model_type[:-5] if model_type.endswith("_text") else model_type
     section = rope.get("mrope_section")
+    if base in _NOT_PER_PAIR and section is not None:
+        raise NotImplementedError(
+            f"{model_type}: transformers' multimodal rope for this model sends the two halves "
+            f"of a rotation pair to different axes, which is not a rotation per pair; build "
+            f"the cache with an explicit axis map (axes='custom', pair_axis=) instead")
     if base in _ERNIE_MROPE:
         h, w, t = [int(v) for v in (section or _ERNIE_DEFAULT_SECTION)]
         return dict(axes="alternating", sections=[t, h, w])

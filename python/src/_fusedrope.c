@@ -770,7 +770,8 @@ static int fr_ids(const CacheObject *c, PyObject *cap, int layout, const fusedro
             if (want[i] > 1 && t->strides[r + i] != step) {
                 PyErr_Format(PyExc_ValueError,
                              "%s must be contiguous within a row (a row's strides must be "
-                             "compact; rows may be apart)", what);
+                             "compact; rows may be apart): pass a compact copy "
+                             "(ids.contiguous())", what);
                 return -1;
             }
             step *= want[i];

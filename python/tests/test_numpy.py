@@ -469,7 +469,6 @@ def test_bad_positions(cache8):
         dict(ids=np.zeros((4, 2), np.int64)),            # [s, b] instead of [b, s]
         dict(ids=np.zeros(8, np.int64)),
         dict(ids=np.zeros((2, 4), np.int32)),
-        dict(ids=np.zeros((2, 8), np.int64)[:, ::2]),    # not contiguous
         dict(offsets=np.zeros(3, np.int64)),
         dict(offsets=np.zeros((2, 1), np.int64)),
         dict(cu_seqlens=np.array([0, 4], np.int32)),     # sbhd
@@ -478,6 +477,11 @@ def test_bad_positions(cache8):
     for kw in bad:
         with pytest.raises((ValueError, TypeError)):
             fusedrope.forward(cache8, x, out=y, **kw)
+    # ids not compact are copied compact (not refused)
+    wide = np.arange(16, dtype=np.int64).reshape(2, 8) % 16
+    got = fusedrope.forward(cache8, x, out=np.empty_like(x), ids=wide[:, ::2])
+    assert np.array_equal(got, fusedrope.forward(cache8, x, out=np.empty_like(x),
+                                                 ids=np.ascontiguousarray(wide[:, ::2])))
     for kw in (dict(ids=np.full((2, 4), 16, np.int64)),            # outside the table
                dict(offsets=np.array([0, 13], np.int64)),
                dict(ids=np.zeros((2, 4), np.int64), offsets=np.zeros(2, np.int64)),

@@ -546,6 +546,104 @@ def test_multimodal_rope_against_transformers(kind, dtype):
         assert (err <= 2.0 ** -8 * mag + 1e-6).all(), (kind, float(err.max()))
 
 
+# transformers' multimodal text models: (module, text config class, rotary
+# class, head_dim, partial_rotary_factor, theta, style); head_dim is sized so
+# that the class's default mrope_section covers the rotated pairs.
+_MM_FAMILIES = {
+    "qwen2_vl": ("qwen2_vl", "Qwen2VLTextConfig", "Qwen2VLRotaryEmbedding", 128, 1.0, 1e6, "neox"),
+    "qwen2_5_vl": ("qwen2_5_vl", "Qwen2_5_VLTextConfig", "Qwen2_5_VLRotaryEmbedding", 128, 1.0,
+                   1e6, "neox"),
+    "qwen3_vl": ("qwen3_vl", "Qwen3VLTextConfig", "Qwen3VLTextRotaryEmbedding", 128, 1.0, 5e6,
+                 "neox"),
+    "qwen3_5": ("qwen3_5", "Qwen3_5TextConfig", "Qwen3_5TextRotaryEmbedding", 256, 0.25, 1e7,
+                "neox"),
+    "glm4v": ("glm4v", "Glm4vTextConfig", "Glm4vTextRotaryEmbedding", 128, 0.5, 1e4,
+              "interleaved"),
+    "glm4v_moe": ("glm4v_moe", "Glm4vMoeTextConfig", "Glm4vMoeTextRotaryEmbedding", 128, 0.5,
+                  1e4, "neox"),
+    "glm_ocr": ("glm_ocr", "GlmOcrTextConfig", "GlmOcrTextRotaryEmbedding", 128, 0.5, 1e4,
+                "interleaved"),
+    "glm_image": ("glm_image", "GlmImageTextConfig", "GlmImageTextRotaryEmbedding", 128, 0.5,
+                  1e4, "neox"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(_MM_FAMILIES))
+def test_multimodal_families_against_transformers(family):
+    """Cache.from_config of each multimodal text config (no mrope_section:
+    the model class's default) with [3, b, s] ids, forward_qk and
+    backward_qk in bfloat16, against the model's own recomposition and
+    apply_rotary_pos_emb evaluated in float64 (backward: its transpose, by
+    autograd); channels past rot_dim pass through."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import importlib
+    mod, cname, rname, d, prf, theta, style = _MM_FAMILIES[family]
+    cm = importlib.import_module(f"transformers.models.{mod}.configuration_{mod}")
+    mm = importlib.import_module(f"transformers.models.{mod}.modeling_{mod}")
+    rp = {"rope_type": "default", "rope_theta": theta}
+    if prf != 1.0:
+        rp["partial_rotary_factor"] = prf
+    cfg = getattr(cm, cname)(hidden_size=4 * d, num_attention_heads=4, num_key_value_heads=2,
+                             head_dim=d, max_position_embeddings=4096, rope_parameters=rp)
+    rotary = getattr(mm, rname)(cfg)
+    cache = fusedrope.Cache.from_config(cfg)
+    rot = cache.rot_dim
+    assert rot == int(d * prf)
+    b, s, hq, hk = 2, 29, 4, 2
+    g = torch.Generator().manual_seed(ref.SEED)
+    pos = _vl_positions(g, b, s, torch)
+    q = (torch.randn(b, s, hq, d, generator=g) * 3).to(torch.bfloat16)
+    k = (torch.randn(b, s, hk, d, generator=g) * 3).to(torch.bfloat16)
+    inv64 = theta ** (-torch.arange(0, rot, 2, dtype=torch.float64) / rot)
+    freqs = pos[..., None].double() * inv64
+    cos64 = rotary.recomposition_frequencies(freqs.cos())
+    sin64 = rotary.recomposition_frequencies(freqs.sin())
+
+    def model(x):                        # [b, s, h, d] -> the model's rotation
+        y, _ = mm.apply_rotary_pos_emb(x.transpose(1, 2), x.transpose(1, 2), cos64, sin64)
+        return y.transpose(1, 2)
+
+    a = torch.arange(rot // 2) if style == "neox" else torch.arange(0, rot, 2)
+    bb = a + rot // 2 if style == "neox" else a + 1
+    for backward in (False, True):
+        fn = fusedrope.backward_qk if backward else fusedrope.forward_qk
+        qo, ko = fn(cache, q, k, style=style, layout="bshd", ids=pos,
+                    out=(torch.empty_like(q), torch.empty_like(k)))
+        for got, src in ((qo, q), (ko, k)):
+            x = src.double()
+            if backward:
+                xin = torch.zeros_like(x, requires_grad=True)
+                (want,) = torch.autograd.grad(model(xin), xin, grad_outputs=x)
+            else:
+                want = model(x)
+            mag = torch.zeros_like(x)
+            mag[..., a] = mag[..., bb] = x[..., a].abs() + x[..., bb].abs()
+            ref.assert_close(got.double().numpy(), want.numpy(), mag.numpy(), "bfloat16",
+                             what=f"{family} {'backward' if backward else 'forward'}")
+
+
+def test_multimodal_mapping_of_other_families():
+    """The multimodal models whose rotary class this file does not run:
+    their axes and transformers' default sections; HunYuan-VL refused."""
+    base = dict(QWEN3, rope_scaling={"rope_type": "default"})
+    for model_type, axes, sections in (("paddleocr_vl_text", "sections", [16, 24, 24]),
+                                       ("qwen2_5_omni_text", "sections", [16, 24, 24]),
+                                       ("qwen3_omni_moe_text", "interleaved", [24, 20, 20]),
+                                       ("glm_ocr_text", "sections", [8, 12, 12]),
+                                       ("glm_image_text", "sections", [8, 12, 12])):
+        a = cache_arguments(dict(base, model_type=model_type))
+        assert (a["axes"], a["sections"]) == (axes, sections), model_type
+    # Qwen3-Omni interleaves without the config's flag
+    q3o = dict(base, model_type="qwen3_omni_moe_text",
+               rope_scaling={"rope_type": "default", "mrope_section": [24, 20, 20]})
+    assert cache_arguments(q3o)["axes"] == "interleaved"
+    hy = dict(base, model_type="hunyuan_vl_text",
+              rope_scaling={"rope_type": "default", "mrope_section": [16, 16, 16, 16]})
+    with pytest.raises(NotImplementedError, match="not a rotation per pair"):
+        cache_arguments(hy)
+
+
 def test_multimodal_text_only_positions_match_1d():
     """Qwen2-VL's text-only path expands position_ids to [3, b, s]: the
     broadcast view gives the library's 1D rope, as transformers gives
@@ -560,6 +658,14 @@ def test_multimodal_text_only_positions_match_1d():
     plain = fusedrope.Cache("default", rot_dim=64, max_positions=4096, theta=1e6)
     b_ = fusedrope.forward(plain, q, layout="bshd", ids=pos, out=torch.empty_like(q))
     assert torch.equal(a, b_)
+    # transformers' own form, arange(s).view(1, 1, -1).expand(3, b, -1): a
+    # batch stride of 0 (copied compact), through the torch op too
+    hf_pos = torch.arange(7).view(1, 1, -1).expand(3, 2, -1)
+    assert hf_pos.stride()[:2] == (0, 0)
+    c = fusedrope.forward(cache, q, layout="bshd", ids=hf_pos, out=torch.empty_like(q))
+    assert torch.equal(c, b_)
+    from fusedrope.torch import rope
+    assert torch.equal(rope(q, cache, layout="bshd", ids=hf_pos), b_)
 
 
 def test_gemma4_proportional_against_transformers():
