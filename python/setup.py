@@ -3,9 +3,10 @@
 The library is found through pkg-config (honouring PKG_CONFIG_PATH), or under
 the prefix in FUSEDROPE_PREFIX (its lib/pkgconfig is searched first, and if it
 has no .pc file, PREFIX/include and PREFIX/lib are used directly).  The static
-archive is linked in whole when it is there, so the extension does not depend
-on libfusedrope.so at run time; otherwise -lfusedrope (the shared library)
-with an rpath to its directory.
+archive is linked in whole when it is there, with what a static link needs
+(pkg-config --static: OpenMP, libm, the CUDA runtime), so the extension does
+not depend on libfusedrope.so at run time; otherwise -lfusedrope (the shared
+library) with an rpath to its directory.  The extension is always rebuilt.
 """
 import os
 import shlex
@@ -13,6 +14,7 @@ import subprocess
 import sys
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 
 def pkg_config(*args):
@@ -29,8 +31,17 @@ def pkg_config(*args):
     return shlex.split(out)
 
 
+def archive_in(libdirs):
+    return next((os.path.join(d, "libfusedrope.a") for d in libdirs
+                 if os.path.exists(os.path.join(d, "libfusedrope.a"))), None)
+
+
 def library_flags():
     cflags, libs = pkg_config("--cflags"), pkg_config("--libs")
+    if libs is not None and archive_in([f[2:] for f in libs if f.startswith("-L")]):
+        # the archive is linked: its dependencies are in Libs.private when
+        # the library was also built shared (--enable-shared)
+        libs = pkg_config("--static", "--libs") or libs
     if cflags is None or libs is None:
         prefix = os.environ.get("FUSEDROPE_PREFIX")
         if not prefix:
@@ -49,29 +60,33 @@ def library_flags():
     other_cflags = [f for f in cflags if not f.startswith("-I")]
     libdirs = [f[2:] for f in libs if f.startswith("-L")]
     objects, link = [], []
-    # what the extension is built from besides its source: a rebuild when any
-    # is newer (pip builds in python/build/ and would otherwise reuse an
-    # extension linked against an older library)
-    depends = [os.path.join(d, "fusedrope.h") for d in include_dirs
-               if os.path.exists(os.path.join(d, "fusedrope.h"))][:1]
     for f in libs:
         if f == "-lfusedrope":
-            archive = next((os.path.join(d, "libfusedrope.a") for d in libdirs
-                            if os.path.exists(os.path.join(d, "libfusedrope.a"))), None)
+            archive = archive_in(libdirs)
             if archive:
                 objects.append(archive)
             else:
                 link += [f] + ["-Wl,-rpath," + d for d in libdirs]
-                depends += [os.path.join(d, "libfusedrope.so") for d in libdirs
-                            if os.path.exists(os.path.join(d, "libfusedrope.so"))][:1]
         else:
             link.append(f)
-    return include_dirs, other_cflags, objects, link, objects + depends
+    return include_dirs, other_cflags, objects, link
 
 
-include_dirs, cflags, objects, link, depends = library_flags()
+class build_ext_always(build_ext):
+    """Compiles and links the extension on every build: pip builds in
+    python/build/, and an extension left there from another libfusedrope
+    (another prefix, a build with or without CUDA or OpenMP) would be reused
+    whenever it looked newer than the library's files."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.force = True
+
+
+include_dirs, cflags, objects, link = library_flags()
 
 setup(
+    cmdclass={"build_ext": build_ext_always},
     ext_modules=[
         Extension(
             "fusedrope._fusedrope",
@@ -80,7 +95,6 @@ setup(
             extra_compile_args=cflags + ["-std=c11", "-Wall"],
             extra_objects=objects,
             extra_link_args=link,
-            depends=depends,
         )
     ]
 )
