@@ -1091,7 +1091,7 @@ static void usage(FILE *f)
 "                      cache (one row without --axes), random in a table of at\n"
 "                      least %d positions, built once (not with --offsets)\n"
 "  --qk HQ,HK          time forward_qk/backward_qk with HQ query and HK key heads\n"
-"                      (the H of --shape is then ignored)\n"
+"                      (the H of --shape, still >= 1, is ignored)\n"
 "  --norm KIND         time the fused per-head RMSNorm + RoPE\n"
 "                      (fusedrope_norm_forward_qk / _backward_qk, rstd saved,\n"
 "                      backward with dw) instead: qwen3 (w, Llama rounding),\n"
