@@ -138,6 +138,16 @@ START_TEST(test_config_init_defaults)
     ck_assert(cfg.high_freq_factor == 4.0);
     ck_assert_ptr_null(cfg.short_factor);
     ck_assert_ptr_null(cfg.long_factor);
+    /* the 0.2 fields: zero, which keeps 0.1's behaviour */
+    ck_assert_uint_eq(cfg.struct_size, sizeof cfg);
+    ck_assert(cfg.partial_rotary_factor == 0.0);
+    ck_assert_int_eq(cfg.axes, FUSEDROPE_AXES_NONE);
+    for (int a = 0; a < FUSEDROPE_MAX_AXES; a++)
+        ck_assert_int_eq(cfg.sections[a], 0);
+    ck_assert_ptr_null(cfg.pair_axis);
+    ck_assert_ptr_null(cfg.pair_col);
+    ck_assert_int_eq(cfg.freq_dim, 0);
+    ck_assert_int_eq(cfg.num_threads, 0);
     fusedrope_cache_config_init(NULL, type, 96, 4096, 500000.0); /* a no-op */
 }
 END_TEST
@@ -166,6 +176,8 @@ typedef struct table_case {
     int truncate;
     double low_freq_factor, high_freq_factor;
     double expect_attn; /* > 0: the attention factor DESIGN gives, computed by hand */
+    int freq_dim;       /* F of the exponents (0: rot_dim) */
+    double partial_rotary_factor; /* proportional */
 } table_case;
 
 #define LN(x) log(x)
@@ -219,6 +231,26 @@ static table_case tcases[] = {
      0, 0, 1, 1, 4, 1},
     {"llama3 2/8 x32 attn ignored", FUSEDROPE_ROPE_LLAMA3, 64, 1024, 10000, 32, 1024, 0, 9,
      32, 1, 0, 0, 1, 2, 8, 1},
+    /* F = freq_dim other than rot_dim in every rope type: odd (an odd
+     * partial rotary dimension, rot_dim F + 1) and larger than rot_dim */
+    {"default freq_dim 21", FUSEDROPE_ROPE_DEFAULT, 22, 300, 10000, 1, 0, 0, 0, 32, 1, 0, 0, 1,
+     1, 4, 1, 21, 0},
+    {"linear x4 freq_dim 40", FUSEDROPE_ROPE_LINEAR, 32, 512, 10000, 4, 0, 0, 0, 32, 1, 0, 0, 1,
+     1, 4, 1, 40, 0},
+    {"dynamic seq 3000 freq_dim 21", FUSEDROPE_ROPE_DYNAMIC, 22, 1024, 10000, 2, 512, 3000, 0,
+     32, 1, 0, 0, 1, 1, 4, 1, 21, 0},
+    {"dynamic freq_dim 96", FUSEDROPE_ROPE_DYNAMIC, 64, 2048, 10000, 4, 512, 0, 0, 32, 1, 0, 0,
+     1, 1, 4, 1, 96, 0},
+    {"yarn x40 freq_dim 63", FUSEDROPE_ROPE_YARN, 64, 2048, 10000, 40, 4096, 0, 0, 32, 1, 0, 0,
+     1, 1, 4, 0, 63, 0},
+    {"yarn x8 freq_dim 96 truncate 0", FUSEDROPE_ROPE_YARN, 64, 1024, 1000000, 8, 8192, 0, 0, 32,
+     1, 0, 0, 0, 1, 4, 0, 96, 0},
+    {"llama3.1 freq_dim 127", FUSEDROPE_ROPE_LLAMA3, 128, 512, 500000, 8, 8192, 0, 0, 32, 1, 0,
+     0, 1, 1, 4, 1, 127, 0},
+    {"proportional 0.25", FUSEDROPE_ROPE_PROPORTIONAL, 128, 512, 1000000, 1, 0, 0, 0, 32, 1, 0,
+     0, 1, 1, 4, 1, 0, 0.25},
+    {"proportional x2 0.5 freq_dim 100", FUSEDROPE_ROPE_PROPORTIONAL, 64, 512, 10000, 2, 0, 0, 0,
+     32, 1, 0, 0, 1, 1, 4, 1, 100, 0.5},
 };
 #define NTCASES ((int)(sizeof tcases / sizeof tcases[0]))
 
@@ -236,6 +268,8 @@ static void config_of(const table_case *t, fusedrope_cache_config *cfg)
     cfg->truncate = t->truncate;
     cfg->low_freq_factor = t->low_freq_factor;
     cfg->high_freq_factor = t->high_freq_factor;
+    cfg->freq_dim = t->freq_dim;
+    cfg->partial_rotary_factor = t->partial_rotary_factor;
 }
 
 /*
@@ -752,7 +786,7 @@ typedef struct bad_case {
 enum {
     F_ROT, F_MAXPOS, F_THETA, F_FACTOR, F_ORIG, F_SEQ, F_ATTN, F_BFAST, F_BSLOW, F_MSCALE,
     F_MSCALE_ALL, F_TRUNC, F_LOWF, F_HIGHF, F_SHORT_NULL, F_LONG_NULL, F_SHORT_AT, F_LONG_AT,
-    F_TYPE, F_DEVICE, F_NONE
+    F_TYPE, F_DEVICE, F_FREQ, F_PRF, F_NONE
 };
 
 #define INV FUSEDROPE_ERR_INVALID
@@ -763,6 +797,7 @@ enum {
 #define YA FUSEDROPE_ROPE_YARN
 #define LR FUSEDROPE_ROPE_LONGROPE
 #define L3 FUSEDROPE_ROPE_LLAMA3
+#define PR FUSEDROPE_ROPE_PROPORTIONAL
 
 static const bad_case bad_cases[] = {
     /* rot_dim: even, 2..8192, every type */
@@ -776,6 +811,16 @@ static const bad_case bad_cases[] = {
     {"longrope rot_dim 0", LR, F_ROT, 0, INV, "rot_dim"},
     {"llama3 rot_dim odd", L3, F_ROT, 5, INV, "rot_dim"},
     {"dynamic rot_dim 2", DY, F_ROT, 2, INV, "rot_dim"},
+    /* freq_dim: 0 or 2..2 * FUSEDROPE_MAX_ROT_DIM; dynamic needs F >= 4 */
+    {"freq_dim 1", D, F_FREQ, 1, INV, "freq_dim is 1"},
+    {"freq_dim -2", YA, F_FREQ, -2, INV, "freq_dim is -2"},
+    {"freq_dim 16386", LI, F_FREQ, 16386, INV, "freq_dim is 16386"},
+    {"dynamic freq_dim 3", DY, F_FREQ, 3, INV, "F is 3"},
+    {"dynamic freq_dim 2", DY, F_FREQ, 2, INV, "F is 2"},
+    /* proportional: partial_rotary_factor in [0, 1] */
+    {"proportional factor 1.5", PR, F_PRF, 1.5, INV, "partial_rotary_factor is 1.5"},
+    {"proportional factor -0.25", PR, F_PRF, -0.25, INV, "partial_rotary_factor is -0.25"},
+    {"proportional factor NaN", PR, F_PRF, NAN, INV, "partial_rotary_factor is nan"},
     /* theta finite > 1 */
     {"theta 1", D, F_THETA, 1, INV, "theta"},
     {"theta 0.5", D, F_THETA, 0.5, INV, "theta"},
@@ -916,6 +961,8 @@ static fusedrope_device apply_field(fusedrope_cache_config *cfg, const bad_case 
         break;
     case F_TYPE: cfg->type = (fusedrope_rope_type)(int)b->value; break;
     case F_DEVICE: dev = (fusedrope_device)(int)b->value; break;
+    case F_FREQ: cfg->freq_dim = (int)b->value; break;
+    case F_PRF: cfg->partial_rotary_factor = b->value; break;
     }
     return dev;
 }
@@ -970,6 +1017,13 @@ static const bad_case ok_cases[] = {
     {"max_positions 1", L3, F_MAXPOS, 1, FUSEDROPE_OK, ""},
     {"llama3 low 3.9", L3, F_LOWF, 3.9, FUSEDROPE_OK, ""},
     {"device AUTO", D, F_DEVICE, FUSEDROPE_DEVICE_AUTO, FUSEDROPE_OK, ""},
+    {"freq_dim 2", D, F_FREQ, 2, FUSEDROPE_OK, ""},
+    {"freq_dim 16384", LI, F_FREQ, 16384, FUSEDROPE_OK, ""},
+    {"dynamic freq_dim 4", DY, F_FREQ, 4, FUSEDROPE_OK, ""},
+    {"proportional factor 1", PR, F_PRF, 1, FUSEDROPE_OK, ""},
+    {"proportional factor 0 (1)", PR, F_PRF, 0, FUSEDROPE_OK, ""},
+    {"proportional factor 0.01 (no pair rotates)", PR, F_PRF, 0.01, FUSEDROPE_OK, ""},
+    {"default partial_rotary_factor 5 (ignored)", D, F_PRF, 5, FUSEDROPE_OK, ""},
 };
 #define NOK ((int)(sizeof ok_cases / sizeof ok_cases[0]))
 
@@ -1163,7 +1217,7 @@ static Suite *cache_suite(void)
 
     tc = tcase_create("config");
     tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_config_init_defaults, 0, 6);
+    tcase_add_loop_test(tc, test_config_init_defaults, 0, FUSEDROPE_ROPE_PROPORTIONAL + 1);
     tcase_add_loop_test(tc, test_bad_config, 0, NBAD);
     tcase_add_loop_test(tc, test_ok_config, 0, NOK);
     tcase_add_test(tc, test_create_null_args);
