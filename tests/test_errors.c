@@ -131,6 +131,7 @@ enum {
     E_NEG_SEQ, E_NEG_BATCH, E_NEG_HEADS, E_NEG_HEAD_DIM, E_NEG_SEQ_X_ONLY,
     E_SEQ_MISMATCH, E_BATCH_MISMATCH, E_HEADS_MISMATCH, E_HEAD_DIM_MISMATCH,
     E_HEAD_DIM_LT_ROT, E_HEAD_DIM_ODD_LT_ROT, E_DATA_NULL_X, E_DATA_NULL_Y,
+    E_MISALIGNED_X, E_MISALIGNED_Y, E_MISALIGNED_BF16,
     /* strides and overflow */
     E_NEG_STRIDE_SEQ_X, E_NEG_STRIDE_BATCH_X, E_NEG_STRIDE_HEAD_X, E_NEG_STRIDE_SEQ_Y,
     E_NEG_STRIDE_BATCH_Y, E_NEG_STRIDE_HEAD_Y,
@@ -183,6 +184,12 @@ static const ecase ecases[E_NUM] = {
     [E_HEAD_DIM_ODD_LT_ROT] = {"head_dim 15 < rot_dim 16", V_SBHD, INV, "head_dim|rot_dim", 0},
     [E_DATA_NULL_X] = {"x data NULL", V_SBHD, INV, "data", 0},
     [E_DATA_NULL_Y] = {"y data NULL", V_SBHD, INV, "data", 0},
+    [E_MISALIGNED_X] = {"x data 1 byte off its float32 alignment", V_SBHD, INV,
+                        "x->data (|dy->data (", 0},
+    [E_MISALIGNED_Y] = {"y data 2 bytes off its float32 alignment", V_SBHD, INV,
+                        "is not aligned to its 4-byte elements", 0},
+    [E_MISALIGNED_BF16] = {"bfloat16 x data 1 byte off", V_SBHD, INV,
+                           "is not aligned to its 2-byte elements", 0},
     [E_NEG_STRIDE_SEQ_X] = {"x stride_seq < 0", V_SBHD, INV, "stride", 0},
     [E_NEG_STRIDE_BATCH_X] = {"x stride_batch < 0", V_SBHD, INV, "stride", 0},
     [E_NEG_STRIDE_HEAD_X] = {"x stride_head < 0", V_SBHD, INV, "stride", 0},
@@ -299,6 +306,12 @@ static void mutate(ectx *c, int id)
     case E_HEAD_DIM_ODD_LT_ROT: c->x.head_dim = c->y.head_dim = 15; break;
     case E_DATA_NULL_X: c->x.data = NULL; break;
     case E_DATA_NULL_Y: c->y.data = NULL; break;
+    case E_MISALIGNED_X: c->x.data = (char *)c->x.data + 1; break;
+    case E_MISALIGNED_Y: c->y.data = (char *)c->y.data + 2; break;
+    case E_MISALIGNED_BF16:
+        c->x.dtype = c->y.dtype = FUSEDROPE_BFLOAT16;
+        c->x.data = (char *)c->x.data + 1;
+        break;
     case E_NEG_STRIDE_SEQ_X:
         /* pointing at the last token so that |stride| would stay in bounds */
         c->x.data = (float *)c->x.data + (S0 - 1) * c->x.stride_seq;

@@ -710,6 +710,25 @@ START_TEST(test_backward_matrix)
 }
 END_TEST
 
+/* dw over several FUSEDROPE_NORM_DW_CHUNK chunks of tokens (the matrix's
+ * cases stay under one), every layout (THD's sequences cross the chunks'
+ * borders), judged by ref_norm_backward. */
+START_TEST(test_backward_dw_chunks)
+{
+    tu_rng r;
+    ncase c;
+    tu_rng_init(&r, 450 + (uint64_t)_i);
+    random_case(&c, &r, 18 * (1 + _i % 2) + 6 + _i % 6); /* a weight: dw is written */
+    c.layout = _i % LAY_NUM;
+    c.s = tu_int(&r, 2 * FUSEDROPE_NORM_DW_CHUNK + 1, 3 * FUSEDROPE_NORM_DW_CHUNK + 7);
+    c.b = tu_int(&r, 1, 2);
+    c.hq = tu_int(&r, 1, 3);
+    c.hk = 1;
+    c.ids = 0;
+    backward_case(&c, &r, _i % 2, (int)tu_int(&r, 0, 1));
+}
+END_TEST
+
 /* Every rope type and position-axes layout (Qwen2-VL's sections, Qwen3-VL's
  * interleaved, Ernie's alternating, the vision towers' 2D, any custom map,
  * Qwen3.5's interleaved with YaRN), with a row of positions per axis:
@@ -1476,6 +1495,7 @@ static Suite *norm_suite(void)
     tc = tcase_create("backward");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, test_backward_matrix, 0, 54);
+    tcase_add_loop_test(tc, test_backward_dw_chunks, 0, 8);
     tcase_add_loop_test(tc, test_rope_types_and_axes, 0, 4 * (ROPE_KINDS - 1));
     tcase_add_loop_test(tc, test_reference_finite_differences, 0, 12);
     tcase_add_loop_test(tc, test_threads_determinism, 0, 6);
