@@ -43,7 +43,13 @@ typedef struct ncase {
     int in_place;
     int k_present;
     int rope;            /* ROPE_*: the cache's rope type or position axes */
+    int posmode;         /* POS_*: implicit positions, plain or moved */
 } ncase;
+
+/* Implicit positions (no ids): from 0, from per-sequence offsets, or a
+ * context-parallel rank's two chunks (not THD: its sequences may be odd). */
+enum { POS_PLAIN, POS_OFFSETS, POS_CP };
+static const char *const pos_names[] = { "", " offsets", " context-parallel" };
 
 /* The caches of test_rope_types_and_axes (0, the default, elsewhere). */
 enum {
@@ -253,6 +259,18 @@ static void setup(run *R, const ncase *c, tu_rng *r)
             ids[i] = tu_int(r, 0, 255);
         R->pos.ids = ids;
         R->posp = &R->pos;
+    } else if (c->posmode == POS_OFFSETS) {
+        /* one offset a batch entry, or a packed sequence, inside the table */
+        const int64_t n = c->layout == LAY_THD ? R->pos.num_seqs : b;
+        int64_t *off = tu_alloc(sizeof(int64_t) * (size_t)n);
+        for (int64_t i = 0; i < n; i++)
+            off[i] = tu_int(r, 0, 256 - c->s);
+        R->pos.offsets = off;
+        R->posp = &R->pos;
+    } else if (c->posmode == POS_CP) {
+        R->pos.cp_size = c->tableless || c->s * 4 <= 256 ? 4 : 2;
+        R->pos.cp_rank = (int)tu_int(r, 0, R->pos.cp_size - 1);
+        R->posp = &R->pos;
     }
     R->positions = tu_positions(R->posp, c->s, b);
 }
@@ -275,12 +293,12 @@ static void describe(const ncase *c, char *buf, size_t n)
 {
     snprintf(buf, n,
              "%s %s weight %d rounding %d w_f32 %d %s s %lld b %lld hq %lld hk %lld hd %lld "
-             "rot %d %s%s%s%s (seed %llu)",
+             "rot %d %s%s%s%s%s (seed %llu)",
              ref_dtype_name(c->dt), c->style == FUSEDROPE_NEOX ? "neox" : "interleaved",
              c->weight, c->rounding, c->w_f32, tu_layout_name(c->layout), (long long)c->s,
              (long long)c->b, (long long)c->hq, (long long)c->hk, (long long)c->hd, c->rot_dim,
              rope_names[c->rope], c->tableless ? " table-less" : "", c->ids ? " ids" : "",
-             c->in_place ? " in place" : "", (unsigned long long)tu_seed);
+             pos_names[c->posmode], c->in_place ? " in place" : "", (unsigned long long)tu_seed);
 }
 
 /* The forward's output against ref_norm_forward; rstd against its rstd.
@@ -366,6 +384,15 @@ static void check_forward(run *R, const ncase *c)
 
 /* ---------------------------------------------------------------- forward */
 
+/* A case's layout and seq_len made fit for its position mode. */
+static void pos_fit(ncase *c)
+{
+    if (c->posmode == POS_CP && c->layout == LAY_THD)
+        c->posmode = POS_OFFSETS;
+    if (c->posmode == POS_CP)
+        c->s += c->s % 2;
+}
+
 static void random_case(ncase *c, tu_rng *r, int i)
 {
     static const int64_t hds[] = { 64, 128, 40, 6, 96, 34 };
@@ -387,6 +414,8 @@ static void random_case(ncase *c, tu_rng *r, int i)
     c->ids = c->layout != LAY_THD && tu_int(r, 0, 2) == 0;
     c->in_place = (int)tu_int(r, 0, 1);
     c->k_present = tu_int(r, 0, 5) != 0;
+    c->posmode = c->ids ? POS_PLAIN : (int)tu_int(r, 0, 2);
+    pos_fit(c);
 }
 
 /* 54 combinations of dtype x style x weight x rounding, random shapes. */
@@ -725,6 +754,7 @@ START_TEST(test_backward_dw_chunks)
     c.hq = tu_int(&r, 1, 3);
     c.hk = 1;
     c.ids = 0;
+    pos_fit(&c);
     backward_case(&c, &r, _i % 2, (int)tu_int(&r, 0, 1));
 }
 END_TEST
@@ -1315,6 +1345,43 @@ START_TEST(test_refusals)
                                                 &R.ko, NULL) == FUSEDROPE_OK,
                       "%s", fusedrope_last_error());
         memcpy(R.qob.p, snap.p, snap.nbytes); /* expect() compares q_out with snap */
+    }
+    {
+        /* rstd over pos->offsets (the call reads them while it writes
+         * rstd), then over a THD call's cu_seqlens */
+        fusedrope_positions P;
+        int64_t *area = tu_alloc(sizeof(int64_t) * (size_t)(R.tokens * c.hq + 8));
+        fusedrope_positions_init(&P);
+        memset(area, 0, sizeof(int64_t) * (size_t)(R.tokens * c.hq + 8));
+        P.offsets = area + 2;
+        R.norm.q_rstd = (float *)area;
+        expect(fusedrope_norm_forward_qk(R.cache, c.style, &P, &R.norm, &R.q, &R.qo, &R.k,
+                                         &R.ko, NULL),
+               FUSEDROPE_ERR_INVALID, "overlaps pos->offsets", "rstd over pos->offsets");
+        R.norm.q_rstd = rq;
+        ck_assert_msg(fusedrope_norm_forward_qk(R.cache, c.style, &P, &R.norm, &R.q, &R.qo,
+                                                &R.k, &R.ko, NULL) == FUSEDROPE_OK,
+                      "%s", fusedrope_last_error());
+        memcpy(R.qob.p, snap.p, snap.nbytes);
+        {
+            /* q and k as THD views of the same buffers (batch 1, seq_len
+             * s x b): two sequences whose cu_seqlens lie inside q_rstd */
+            fusedrope_tensor tq = R.q, tqo = R.qo, tk = R.k, tko = R.ko;
+            int32_t *cu = (int32_t *)rq + 3;
+            const float keep[3] = { rq[3], rq[4], rq[5] };
+            tq.seq_len = tqo.seq_len = tk.seq_len = tko.seq_len = c.s * c.b;
+            tq.batch = tqo.batch = tk.batch = tko.batch = 1;
+            tq.stride_batch = tqo.stride_batch = tk.stride_batch = tko.stride_batch = 0;
+            fusedrope_positions_init(&P);
+            cu[0] = 0, cu[1] = 3, cu[2] = (int32_t)(c.s * c.b);
+            P.cu_seqlens = cu;
+            P.num_seqs = 2;
+            expect(fusedrope_norm_forward_qk(R.cache, c.style, &P, &R.norm, &tq, &tqo, &tk,
+                                             &tko, NULL),
+                   FUSEDROPE_ERR_INVALID, "overlaps pos->cu_seqlens",
+                   "rstd over pos->cu_seqlens");
+            memcpy(rq + 3, keep, sizeof keep);
+        }
     }
     {
         /* an empty q (no heads) whose seq_len x batch is no int64: nothing
