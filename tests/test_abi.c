@@ -11,6 +11,7 @@
 #endif
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,10 +227,42 @@ START_TEST(test_init_sized_stays_inside)
         p = guarded(n ? n : 1);
         fusedrope_positions_init_sized((fusedrope_positions *)(void *)p, n);
         unguard(p);
+        p = guarded(n ? n : 1);
+        fusedrope_norm_init_sized((fusedrope_norm *)(void *)p, n);
+        unguard(p);
     }
     fusedrope_cache_config_init_sized(NULL, sizeof(fusedrope_cache_config), FUSEDROPE_ROPE_DEFAULT,
                                       8, 0, 10000.0);
     fusedrope_positions_init_sized(NULL, sizeof(fusedrope_positions));
+    fusedrope_norm_init_sized(NULL, sizeof(fusedrope_norm));
+}
+END_TEST
+
+/* fusedrope_norm_init's defaults, as its page and the header state them,
+ * over a struct full of garbage; a size of part of the struct fills that
+ * part only. */
+START_TEST(test_norm_init_defaults)
+{
+    fusedrope_norm nm;
+    unsigned char raw[sizeof(fusedrope_norm)];
+    memset(&nm, 0xab, sizeof nm);
+    fusedrope_norm_init(&nm);
+    ck_assert_uint_eq(nm.struct_size, sizeof nm);
+    ck_assert_int_eq(nm.weight, FUSEDROPE_NORM_WEIGHT_NONE);
+    ck_assert_int_eq(nm.rounding, FUSEDROPE_NORM_ROUND_ONCE);
+    ck_assert(nm.eps == 1e-6);
+    ck_assert_int_eq(nm.weight_dtype, FUSEDROPE_FLOAT32);
+    ck_assert_ptr_null(nm.q_weight);
+    ck_assert_ptr_null(nm.k_weight);
+    ck_assert_ptr_null(nm.q_rstd);
+    ck_assert_ptr_null(nm.k_rstd);
+    ck_assert_ptr_null(nm.dq_weight);
+    ck_assert_ptr_null(nm.dk_weight);
+    ck_assert_int_eq(nm.saved_output, 0);
+    memset(raw, 0xab, sizeof raw);
+    fusedrope_norm_init_sized((fusedrope_norm *)(void *)raw, offsetof(fusedrope_norm, eps));
+    for (size_t i = offsetof(fusedrope_norm, eps); i < sizeof raw; i++)
+        ck_assert_msg(raw[i] == 0xab, "byte %zu past the size written", i);
 }
 END_TEST
 
@@ -281,6 +314,7 @@ int main(void)
     tcase_add_test(tc, test_positions_refused_sizes);
     tcase_add_test(tc, test_positions_newer_header);
     tcase_add_test(tc, test_init_sized_stays_inside);
+    tcase_add_test(tc, test_norm_init_defaults);
     tcase_add_test(tc, test_config_layouts);
     suite_add_tcase(s, tc);
     return tu_main(s, "abi");

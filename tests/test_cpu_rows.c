@@ -70,10 +70,14 @@ static float from_bits(uint32_t u)
     return f;
 }
 
-static uint16_t ref_narrow_f16(float f) { return fr_float_to_half(f); }
-static uint16_t ref_narrow_bf16(float f) { return fr_float_to_bf16(f); }
-static float ref_widen_f16(uint16_t h) { return fr_half_to_float(h); }
-static float ref_widen_bf16(uint16_t h) { return fr_bf16_to_float(h); }
+/* The library's portable converters, not the reference: this file holds the
+ * vector rows to the portable rows bit for bit; the converters are tied to
+ * tests/ref.c exhaustively by test_helpers, and the rotation to the float64
+ * reference by test_apply. */
+static uint16_t portable_narrow_f16(float f) { return fr_float_to_half(f); }
+static uint16_t portable_narrow_bf16(float f) { return fr_float_to_bf16(f); }
+static float portable_widen_f16(uint16_t h) { return fr_half_to_float(h); }
+static float portable_widen_bf16(uint16_t h) { return fr_bf16_to_float(h); }
 
 typedef void (*rows_fn)(const uint16_t *, const uint16_t *, uint16_t *, uint16_t *,
                         const float *, const float *, int64_t, float, int);
@@ -94,8 +98,8 @@ typedef struct {
 } row_type;
 
 static const row_type types[2] = {
-    { "fp16", FUSEDROPE_FLOAT16, ref_widen_f16, ref_narrow_f16, 13, 0x7c00, 0x3c00 },
-    { "bf16", FUSEDROPE_BFLOAT16, ref_widen_bf16, ref_narrow_bf16, 16, 0x7f80, 0x3f80 },
+    { "fp16", FUSEDROPE_FLOAT16, portable_widen_f16, portable_narrow_f16, 13, 0x7c00, 0x3c00 },
+    { "bf16", FUSEDROPE_BFLOAT16, portable_widen_bf16, portable_narrow_bf16, 16, 0x7f80, 0x3f80 },
 };
 
 /* One file's rotations: whether the CPU runs them, each type's functions
