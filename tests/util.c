@@ -4,6 +4,7 @@
 #include "util.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,9 +69,16 @@ int tu_main(Suite *s, const char *name)
     const char *env = getenv("FUSEDROPE_TEST_SEED");
     SRunner *sr;
     int failed;
-    if (env && *env)
-        tu_seed = strtoull(env, NULL, 0);
-    else
+    if (env && *env) {
+        char *end;
+        errno = 0;
+        tu_seed = strtoull(env, &end, 0);
+        if (*end || errno || *env == '-') {
+            fprintf(stderr, "%s: FUSEDROPE_TEST_SEED=%s is not a seed (an unsigned 64-bit "
+                    "number)\n", name, env);
+            return 1;
+        }
+    } else
         tu_seed = ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
     printf("%s: FUSEDROPE_TEST_SEED=%" PRIu64 "\n", name, tu_seed);
     /* Small tests run the library on one thread (their calls are below any
