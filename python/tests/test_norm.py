@@ -113,6 +113,8 @@ def test_forward_equals_unfused(dtype, mode, weight, style, f32w):
                               rstd=(rq, rk), style=style, out=(qo, ko), **bf16_kw(dtype))
     vq, sq = unfused_v(q, dtype, qw, weight, mode, eps)
     vk, sk = unfused_v(k, dtype, kw, weight, mode, eps)
+    vdt = "float32" if mode == "once" else dtype
+    v64 = [ref.to_f64(v, vdt) for v in (vq, vk)]    # the rotation's inputs, exactly
     if mode == "once":
         # one rounding: the float32 rotation of v, rounded to the dtype once
         fusedrope.forward_qk(cache, vq, vk, style=style)
@@ -121,6 +123,15 @@ def test_forward_equals_unfused(dtype, mode, weight, style, f32w):
         fusedrope.forward_qk(cache, vq, vk, style=style, **bf16_kw(dtype))
         eq, ek = vq, vk
     seed = f"seed {ref.SEED}, {dtype} {mode} {weight} {style} float32 weights {f32w}"
+    # the unfused evaluation's rotation (the library's forward_qk) against
+    # the float64 reference, so that a fault it shares with the fused call
+    # cannot pass as agreement
+    inv, a = ref.inv_freq("default", rot, 10000.0, 64)
+    cos_t, sin_t = ref.table(np.arange(64), inv, a)
+    pos = np.broadcast_to(np.arange(q.shape[0])[:, None], q.shape[:2])
+    for got, v, name in ((eq, v64[0], "q"), (ek, v64[1], "k")):
+        want, mag = ref.rotate(v, pos, cos_t, sin_t, rot, style)
+        ref.assert_close(ref.to_f64(got, dtype), want, mag, dtype, what=f"{name} ({seed})")
     assert np.array_equal(qo.view(np.uint8), eq.view(np.uint8)), f"q differs ({seed})"
     assert np.array_equal(ko.view(np.uint8), ek.view(np.uint8)), f"k differs ({seed})"
     # rstd is [batch][seq][heads]; the reference's rows are [seq][batch][heads]
