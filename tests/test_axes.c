@@ -862,26 +862,40 @@ START_TEST(test_bad_configs)
         int s[4];
         const unsigned char *pa;
         const int *pc;
+        const char *names; /* last_error contains it */
     } bad[] = {
-        {"sections short of rot_dim/2", FUSEDROPE_AXES_SECTIONS, 32, {4, 4, 4, 0}, NULL, NULL},
-        {"sections past rot_dim/2", FUSEDROPE_AXES_SECTIONS, 32, {8, 8, 8, 0}, NULL, NULL},
-        {"a negative section", FUSEDROPE_AXES_SECTIONS, 32, {10, -2, 8, 0}, NULL, NULL},
+        {"sections short of rot_dim/2", FUSEDROPE_AXES_SECTIONS, 32, {4, 4, 4, 0}, NULL, NULL,
+         "sum to 12, but axes SECTIONS needs rot_dim/2 = 16"},
+        {"sections past rot_dim/2", FUSEDROPE_AXES_SECTIONS, 32, {8, 8, 8, 0}, NULL, NULL,
+         "sum to 24, but axes SECTIONS needs rot_dim/2 = 16"},
+        {"a negative section", FUSEDROPE_AXES_SECTIONS, 32, {10, -2, 8, 0}, NULL, NULL,
+         "sections[1] is -2"},
         {"interleaved with sections[3]", FUSEDROPE_AXES_INTERLEAVED, 32, {4, 4, 4, 4}, NULL,
-         NULL},
+         NULL, "sections[3] is 4; axes INTERLEAVED has three axes"},
         {"interleaved sections the preset cannot give", FUSEDROPE_AXES_INTERLEAVED, 32,
-         {2, 7, 7, 0}, NULL, NULL},
-        {"interleaved, short", FUSEDROPE_AXES_INTERLEAVED, 32, {5, 5, 5, 0}, NULL, NULL},
-        {"alternating s1 != s2", FUSEDROPE_AXES_ALTERNATING, 32, {4, 6, 6 - 1, 1}, NULL, NULL},
-        {"alternating unequal", FUSEDROPE_AXES_ALTERNATING, 32, {5, 6, 5, 0}, NULL, NULL},
+         {2, 7, 7, 0}, NULL, NULL, "do not fit axes INTERLEAVED"},
+        {"interleaved, short", FUSEDROPE_AXES_INTERLEAVED, 32, {5, 5, 5, 0}, NULL, NULL,
+         "sum to 15, but axes INTERLEAVED needs rot_dim/2 = 16"},
+        {"alternating s1 != s2", FUSEDROPE_AXES_ALTERNATING, 32, {4, 6, 6 - 1, 1}, NULL, NULL,
+         "axes ALTERNATING needs sections[1] == sections[2]"},
+        {"alternating unequal", FUSEDROPE_AXES_ALTERNATING, 32, {5, 6, 5, 0}, NULL, NULL,
+         "axes ALTERNATING needs sections[1] == sections[2]"},
         {"alternating with sections[3]", FUSEDROPE_AXES_ALTERNATING, 32, {2, 6, 6, 2}, NULL,
-         NULL},
-        {"vision 2D with rot_dim % 4", FUSEDROPE_AXES_VISION_2D, 70, {0, 0, 0, 0}, NULL, NULL},
-        {"custom without a map", FUSEDROPE_AXES_CUSTOM, 16, {0, 0, 0, 0}, NULL, NULL},
-        {"custom axis 4", FUSEDROPE_AXES_CUSTOM, 16, {0, 0, 0, 0}, ax_bad, NULL},
-        {"custom column rot_dim/2", FUSEDROPE_AXES_CUSTOM, 16, {0, 0, 0, 0}, ax_ok, col_big},
-        {"custom column -1", FUSEDROPE_AXES_CUSTOM, 16, {0, 0, 0, 0}, ax_ok, col_neg},
-        {"axes enum 6", (fusedrope_axes)6, 16, {8, 0, 0, 0}, NULL, NULL},
-        {"axes enum -1", (fusedrope_axes)-1, 16, {8, 0, 0, 0}, NULL, NULL},
+         NULL, "axes ALTERNATING needs sections[1] == sections[2]"},
+        {"vision 2D with rot_dim % 4", FUSEDROPE_AXES_VISION_2D, 70, {0, 0, 0, 0}, NULL, NULL,
+         "rot_dim is 70; axes VISION_2D"},
+        {"custom without a map", FUSEDROPE_AXES_CUSTOM, 16, {0, 0, 0, 0}, NULL, NULL,
+         "pair_axis is NULL"},
+        {"custom axis 4", FUSEDROPE_AXES_CUSTOM, 16, {0, 0, 0, 0}, ax_bad, NULL,
+         "pair_axis[3] is 4"},
+        {"custom column rot_dim/2", FUSEDROPE_AXES_CUSTOM, 16, {0, 0, 0, 0}, ax_ok, col_big,
+         "pair_col[7] is 8"},
+        {"custom column -1", FUSEDROPE_AXES_CUSTOM, 16, {0, 0, 0, 0}, ax_ok, col_neg,
+         "pair_col[4] is -1"},
+        {"axes enum 6", (fusedrope_axes)6, 16, {8, 0, 0, 0}, NULL, NULL,
+         "config->axes is 6"},
+        {"axes enum -1", (fusedrope_axes)-1, 16, {8, 0, 0, 0}, NULL, NULL,
+         "config->axes is -1"},
     };
     int k, rows;
     for (k = 0; k < (int)(sizeof bad / sizeof bad[0]); k++)
@@ -904,6 +918,9 @@ START_TEST(test_bad_configs)
                 fusedrope_cache_destroy(c);
             ck_assert_msg(st == FUSEDROPE_ERR_INVALID, "%s (%s): %s, not INVALID", bad[k].what,
                           rows ? "table" : "table-less", fusedrope_status_string(st));
+            ck_assert_msg(tu_contains(fusedrope_last_error(), bad[k].names),
+                          "%s: last_error \"%s\" lacks \"%s\"", bad[k].what,
+                          fusedrope_last_error(), bad[k].names);
         }
 }
 END_TEST
