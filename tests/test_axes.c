@@ -306,9 +306,10 @@ static const fusedrope_positions *make_positions(fusedrope_positions *p, int pm,
     }
     case PM_OFFSETS: {
         int64_t m = cu ? nseq : B, *off = tu_alloc(sizeof(int64_t) * (size_t)(m + 1));
-        int64_t hi = (rows ? rows : 100000) - S - 1;
+        /* the largest offset puts a sequence's last token on the table's last row */
+        int64_t hi = (rows ? rows : 100000) - S;
         for (k = 0; k < m; k++)
-            off[k] = tu_int(r, 0, hi);
+            off[k] = k == 0 ? hi : tu_int(r, 0, hi);
         p->offsets = off;
         break;
     }
