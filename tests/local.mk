@@ -8,7 +8,8 @@
 # the suites' helpers (tests/util.c).  Built once; a program links only the
 # members it uses, so fuzz and bench never need libcheck.
 noinst_LIBRARIES = tests/libfrtest.a
-tests_libfrtest_a_SOURCES = tests/ref.c tests/ref.h tests/under_valgrind.c tests/under_valgrind.h
+tests_libfrtest_a_SOURCES = tests/ref.c tests/ref.h tests/under_valgrind.c tests/under_valgrind.h \
+	tests/run_seed.c tests/run_seed.h
 tests_libfrtest_a_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 if HAVE_CHECK
 tests_libfrtest_a_SOURCES += tests/util.c tests/util.h

@@ -2,15 +2,13 @@
  * util.c - helpers shared by the libcheck suites (see util.h).
  */
 #include "util.h"
+#include "run_seed.h"
 
 #include <ctype.h>
-#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -66,20 +64,10 @@ void tu_threads(int n)
 
 int tu_main(Suite *s, const char *name)
 {
-    const char *env = getenv("FUSEDROPE_TEST_SEED");
     SRunner *sr;
     int failed;
-    if (env && *env) {
-        char *end;
-        errno = 0;
-        tu_seed = strtoull(env, &end, 0);
-        if (*end || errno || *env == '-') {
-            fprintf(stderr, "%s: FUSEDROPE_TEST_SEED=%s is not a seed (an unsigned 64-bit "
-                    "number)\n", name, env);
-            return 1;
-        }
-    } else
-        tu_seed = ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
+    if (tu_run_seed(name, &tu_seed) != 0)
+        return 1;
     printf("%s: FUSEDROPE_TEST_SEED=%" PRIu64 "\n", name, tu_seed);
     /* Small tests run the library on one thread (their calls are below any
      * sensible threading threshold anyway; this spares each forked test the

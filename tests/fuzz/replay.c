@@ -16,9 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "../run_seed.h"
 #include "../under_valgrind.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -91,14 +90,14 @@ int main(int argc, char **argv)
     const char *srcdir = getenv("srcdir");
     const char *rs = getenv("FUZZ_REPLAY_RANDOM");
     const char *save = getenv("FUZZ_REPLAY_SAVE");
-    const char *seed_env = getenv("FUSEDROPE_TEST_SEED");
     long random_inputs = rs ? atol(rs) : tu_under_valgrind() ? 30 : 300;
-    /* the pseudo-random inputs' seed: FUSEDROPE_TEST_SEED, as the libcheck
-     * programs read it, else a new one each run (printed) */
-    uint64_t seed = seed_env && *seed_env ? strtoull(seed_env, NULL, 0)
-                                          : ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
-    uint64_t x = seed ? seed : 0x853c49e6748fea9bull; /* xorshift needs a nonzero state */
+    /* the pseudo-random inputs' seed, as the libcheck programs take it (printed) */
+    uint64_t seed, x;
     char p[4096];
+
+    if (tu_run_seed("fuzz_replay", &seed) != 0)
+        return 2;
+    x = seed ? seed : 0x853c49e6748fea9bull; /* xorshift needs a nonzero state */
 
     printf("fuzz_replay: FUSEDROPE_TEST_SEED=%llu\n", (unsigned long long)seed);
     fflush(stdout);
