@@ -59,10 +59,10 @@ def library_flags():
     include_dirs = [f[2:] for f in cflags if f.startswith("-I")]
     other_cflags = [f for f in cflags if not f.startswith("-I")]
     libdirs = [f[2:] for f in libs if f.startswith("-L")]
+    archive = archive_in(libdirs)
     objects, link = [], []
     for f in libs:
         if f == "-lfusedrope":
-            archive = archive_in(libdirs)
             if archive:
                 objects.append(archive)
             else:
