@@ -481,6 +481,15 @@ def _qwen_vl(kind):
     return cfg, R(cfg), apply
 
 
+def _recomposed64(rotary, inv64, pos):
+    """cos and sin [b, s, rot_dim] in a multimodal rotary class's own layout
+    (its recomposition_frequencies) of the float64 angles pos x inv64, for
+    [3, b, s] position ids."""
+    freqs = pos[..., None].double() * inv64                   # [3, b, s, rot_dim/2]
+    return (rotary.recomposition_frequencies(freqs.cos()),
+            rotary.recomposition_frequencies(freqs.sin()))
+
+
 def _vl_positions(g, b, s, torch):
     """[3, b, s] position ids as a Qwen-VL prompt has them: text (all axes
     equal), then an image grid (t fixed, h and w walking the grid), then
@@ -528,9 +537,7 @@ def test_multimodal_rope_against_transformers(kind, dtype):
     # (a) float64: transformers' recomposition on float64 angles
     theta = cfg.rope_parameters["rope_theta"]
     inv64 = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    freqs = pos[..., None].double() * inv64                   # [3, b, s, d/2]
-    cos64 = rotary.recomposition_frequencies(freqs.cos())     # [b, s, d]
-    sin64 = rotary.recomposition_frequencies(freqs.sin())
+    cos64, sin64 = _recomposed64(rotary, inv64, pos)
     rq, rk = apply(q.double().transpose(1, 2), k.double().transpose(1, 2), cos64, sin64)
     # (b) transformers' own float32 path
     cos32, sin32 = rotary(q.float(), pos)
@@ -596,9 +603,7 @@ def test_multimodal_families_against_transformers(family):
     q = (torch.randn(b, s, hq, d, generator=g) * 3).to(torch.bfloat16)
     k = (torch.randn(b, s, hk, d, generator=g) * 3).to(torch.bfloat16)
     inv64 = theta ** (-torch.arange(0, rot, 2, dtype=torch.float64) / rot)
-    freqs = pos[..., None].double() * inv64
-    cos64 = rotary.recomposition_frequencies(freqs.cos())
-    sin64 = rotary.recomposition_frequencies(freqs.sin())
+    cos64, sin64 = _recomposed64(rotary, inv64, pos)
 
     def model(x):                        # [b, s, h, d] -> the model's rotation
         y, _ = mm.apply_rotary_pos_emb(x.transpose(1, 2), x.transpose(1, 2), cos64, sin64)
@@ -748,9 +753,7 @@ def test_ernie_multimodal_rope_against_transformers(dtype):
     inv64 = 5e5 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     t = sec[2]
     inv3d = torch.cat([inv64[:-t][0::2], inv64[:-t][1::2], inv64[-t:]])
-    freqs = pos[..., None].double() * inv3d                    # [3, b, s, d/2]
-    cos64 = rotary.recomposition_frequencies(freqs.cos())
-    sin64 = rotary.recomposition_frequencies(freqs.sin())
+    cos64, sin64 = _recomposed64(rotary, inv3d, pos)
     rq, rk = m.apply_rotary_pos_emb(q.double().transpose(1, 2), k.double().transpose(1, 2),
                                     cos64, sin64)
     # (b) transformers' own float32 path
