@@ -29,12 +29,11 @@
  * The generic kernels (any shape) read a row again in each pass (L1/L2)
  * with scalar loads; the common shapes (16-bit, head_dim 64 or 128, full
  * rotary, a table cache, 1D positions, rows on 16 bytes: rows_hd) take
- * kernels that hold a row in registers: the forward's norm_forward_rows (a
- * thread per row, 16-byte loads; bench/RESULTS.md: the H200 measurements,
- * 0.25-0.31 of a copy) or, in a call of at most FR_CUDA_NORM_WARP_ROWS rows,
- * norm_forward_warp (a row over a warp's lanes, a warp taking up to
- * FR_CUDA_NORM_WARP_HEADS rows of a token; the same bytes), and the
- * backward's norm_backward_items (a row over a warp's lanes).
+ * kernels that hold a row in registers: the forward's norm_forward_warp (a
+ * row over a warp's lanes, a warp taking up to FR_CUDA_NORM_WARP_HEADS rows
+ * of a token) or, where FR_CUDA_NORM_WARP_ROWS is set to say so,
+ * norm_forward_rows (a thread per row, 16-byte loads; the same bytes), and
+ * the backward's norm_backward_items (a row over a warp's lanes).
  *
  * With FR_CUDA_EMULATE (kernels/cuda_norm_emu.cc) the host C++ compiler
  * builds it and kernels/cuda_emu.h runs the kernels on the CPU: threads
@@ -71,25 +70,19 @@
 
 /* The forward's common rows take norm_forward_warp, rows over a warp, in a
  * call of at most this many rows, and norm_forward_rows, a thread per row,
- * in a larger one.  8192 warps are one wave of the warp kernel on a Hopper
- * (16 blocks of 4 warps on each of 132 SMs), where the thread-per-row kernel
- * would run 64 blocks on 64 SMs, each thread through a whole row: on the
- * H100 the decode step (64 tokens x 40 heads, 2560 rows) took 4.1 us a call
- * by the warp kernel and 19.5 by the row kernel, while at 4096 tokens
- * (163840 rows) the warp kernel took as long (bf16 qwen3) or 12-20% longer
- * (bf16 gemma, once, interleaved), though 26% less in fp16 qwen3
- * (bench/RESULTS.md, 2026-11-26).  Those times are of a warp kernel whose
- * every row found its position, angles and weights itself; with items of
- * several rows (FR_CUDA_NORM_WARP_HEADS) it is not yet measured, nor where
- * the two kernels cross.  NVCCFLAGS=-DFR_CUDA_NORM_WARP_ROWS=0 never takes
- * the warp kernel; a huge value always does. */
+ * in a larger one.  By default every call takes the warp kernel: on the H100
+ * it was faster at every size measured, 64 to 4096 tokens of 32 + 8 heads
+ * (2560 to 163840 rows; 0.563 of a copy against 0.357 at 4096 tokens, 2.9x
+ * at 64; bench/RESULTS.md, 2026-11-27).  The thread-per-row kernel stays for
+ * a device where that is not so: NVCCFLAGS=-DFR_CUDA_NORM_WARP_ROWS=0 always
+ * takes it, a row count takes it above that count. */
 #ifndef FR_CUDA_NORM_WARP_ROWS
-#define FR_CUDA_NORM_WARP_ROWS 8192
+#define FR_CUDA_NORM_WARP_ROWS INT64_MAX
 #endif
 
 /* Rows a warp of norm_forward_warp holds at a time (1, 2, 3 or 4; at most
- * its item's rows): 1 until a device measures more (bench/gpu-session.sh's
- * normwarp section). */
+ * its item's rows): 1, which the H100 ran faster than 2 from 1024 tokens up
+ * (bench/RESULTS.md, 2026-11-27). */
 #ifndef FR_CUDA_NORM_WARP_RPW
 #define FR_CUDA_NORM_WARP_RPW 1
 #endif
@@ -628,9 +621,9 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
 
 /*
  * The forward's rows spread over a warp (calls of at most
- * FR_CUDA_NORM_WARP_ROWS rows).  Lane l holds channels l, l + 32, ...
- * of the row, which are the contract's partial sum l, so the lane adds its
- * own in order, and the tree of the 32 partials is a butterfly of shuffles:
+ * FR_CUDA_NORM_WARP_ROWS rows: all, by default).  Lane l holds channels l,
+ * l + 32, ... of the row, which are the contract's partial sum l, so the
+ * lane adds its own in order, and the tree of the 32 partials is a butterfly of shuffles:
  * fr_norm_tree32 adds p[l] + p[l + off] for off 16, 8, 4, 2, 1, and after
  * each xor-shuffle every lane holds one of those sums (a + b and b + a are
  * the same float), so all end with the total.  A NeoX pair (i, i + HD/2)
@@ -1234,8 +1227,8 @@ int64_t rows_hd(const NParams &P, int count, bool backward)
 
 /* The rows of norm_forward_warp's items: FR_CUDA_NORM_WARP_HEADS, fewer
  * where the call has less than that many rows for each warp of one wave
- * (WARPS_PER_SM an SM), at most a token's heads.  Under FR_CUDA_NORM_WARP_ROWS'
- * default (8192 rows, one wave on a Hopper) that is one row an item. */
+ * (WARPS_PER_SM an SM), at most a token's heads (the decode step's 2560
+ * rows: one row an item on a Hopper). */
 int64_t warp_heads(const NParams &P, int64_t rows)
 {
     int64_t g = rows / (WARPS_PER_SM * (int64_t)sms());
