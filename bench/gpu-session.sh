@@ -221,11 +221,12 @@ section_cpunorm() {
 
 section_normbwd() {
   # the norm backward's block kernel (norm_backward_items) in each shape of
-  # FR_CUDA_NORM_BWD_WARPS:RPW (warps a block, rows a warp at a time):
-  # test_norm_gpu on each, then the backward lines (dw for q and k) at 1024,
-  # 4096 and 16384 tokens and in fp16 and interleaved; the default build last
+  # FR_CUDA_NORM_BWD_WARPS:RPW (warps a block, rows a warp at a time; the
+  # product at most 16 for head_dim 128's shared memory): test_norm_gpu on
+  # each, then the backward lines (dw for q and k) at 1024, 4096 and 16384
+  # tokens and in fp16 and interleaved; the default build last
   ( cd "$src" && b=./tools/fusedrope-bench
-    for v in ${NORMBWD_VARIANTS:-8:1 8:2 8:4 4:4 16:2} default; do
+    for v in ${NORMBWD_VARIANTS:-16:1 8:2 8:1 4:4} default; do
       norm_variant normbwd $v FR_CUDA_NORM_BWD_WARPS FR_CUDA_NORM_BWD_RPW || break
       { echo "== FR_CUDA_NORM_BWD_WARPS:RPW=$v"
         for tokens in 1024 4096 16384; do

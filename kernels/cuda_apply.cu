@@ -65,6 +65,7 @@
 namespace {
 
 #include "cuda_elem.cuh"
+#include "cuda_index.cuh"
 
 /*
  * Tuning knobs (NVCCFLAGS=-DFR_CUDA_...=N); the defaults won the H100 sweeps
@@ -564,20 +565,6 @@ __device__ __forceinline__ void pass_lane(const KParams &P, const TokenPtrs<type
 }
 
 /* ---------------------------------------------------------------- the kernel */
-
-/* q = a / d and r = a % d for a >= 0, d >= 1: in 32 bits when both fit, a
- * few instructions instead of the 64-bit division's call. */
-__device__ __forceinline__ void divmod(int64_t a, int64_t d, int64_t *q, int64_t *r)
-{
-    if (((uint64_t)a | (uint64_t)d) <= UINT32_MAX) {
-        const uint32_t q32 = (uint32_t)a / (uint32_t)d;
-        *q = (int64_t)q32;
-        *r = a - (int64_t)q32 * d;
-    } else {
-        *q = a / d;
-        *r = a - *q * d;
-    }
-}
 
 /* MODE: the path, one kernel each so each gets its own register budget. */
 enum { MODE_SCALAR, MODE_NEOX_VEC, MODE_INTER_VEC, MODE_NEOX_ONE };

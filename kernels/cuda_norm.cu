@@ -119,6 +119,7 @@ int fr_emu_norm_bwd_rpw = 0;
 namespace {
 
 #include "cuda_elem.cuh"
+#include "cuda_index.cuh"
 
 /* Whether a forward of `rows` common rows takes the warp kernel. */
 bool warp_rows(int64_t rows)
@@ -577,11 +578,26 @@ template <int HD, bool IL> struct LaneAngles {
     static constexpr int N = IL ? HD / 32 : HD / 64;
     float c[N], sn[N];
 
+    static __device__ __forceinline__ int pair(int k, int lane)
+    {
+        return IL ? (lane + 32 * k) / 2 : lane + 32 * k;
+    }
+
     __device__ __forceinline__ void load(const RowAngles &a, int lane)
     {
 #pragma unroll
         for (int k = 0; k < N; k++)
-            pair_angle(a, IL ? (lane + 32 * k) / 2 : lane + 32 * k, &c[k], &sn[k]);
+            pair_angle(a, pair(k, lane), &c[k], &sn[k]);
+    }
+
+    /* from a token's staged cos/sin ([0: cos, 1: sin][pair]) */
+    __device__ __forceinline__ void load(const float (&a)[2][HD / 2], int lane)
+    {
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+            c[k] = a[0][pair(k, lane)];
+            sn[k] = a[1][pair(k, lane)];
+        }
     }
 };
 
@@ -867,19 +883,32 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * partial, and the terms never leave the SM (the generic path writes them
  * to global scratch and sums them in a second kernel: 8 more bytes an
  * element).  A tensor without dw takes items of a few tokens (one batch of
- * rows).  Every lane reads only its own channels (a partner's come by
- * shuffle), so a row in place is safe.  The lane's weights are loaded once
- * an item and its angles once a token (a warp's rows of one token share
- * them), not per row (bench/RESULTS.md: per-row work that is the same for
- * a token's rows bound the forward's warp kernel).
+ * rows, at most a chunk).  Every lane reads only its own channels (a
+ * partner's come by shuffle), and a batch's loads of the rows after it
+ * touch other rows, so a row in place is safe.
+ *
+ * A block takes its chunk's rows one batch after another, so the chunk's
+ * time is that chain's: on the H100 a block of 8 warps, 2 rows each, took
+ * ~180 us for a q chunk of 32 tokens x 32 heads whether the call had 4
+ * blocks or 256 (0.15 of a copy at 4096 tokens; bench/RESULTS.md,
+ * 2026-11-27).  What is the same for an item's rows is found once an item
+ * and kept in shared memory: its tokens' cos/sin and (b, s) row bases, so
+ * a row's index is one division by the head count and its angles come from
+ * shared memory (they took two dependent global loads at each token before);
+ * the lane's weights are loaded once an item; and a batch's loads are
+ * issued before the batch ahead of it is worked, so they are in flight
+ * through its arithmetic and barrier.
  */
+/* Warps a block of norm_backward_items, and the rows each holds at a time
+ * (1 to 4, all their loads issued before any row's arithmetic): 16 x 1 puts
+ * 16 warps on a chunk at 64-77 registers without spill and 33.5 KiB of
+ * shared memory (8 x 2: 106 registers; 16 x 2 and 32 x 1 pass the 48 KiB of
+ * static shared memory); not yet measured on a device. */
 #ifndef FR_CUDA_NORM_BWD_WARPS
-#define FR_CUDA_NORM_BWD_WARPS 8
+#define FR_CUDA_NORM_BWD_WARPS 16
 #endif
-/* Rows a warp of norm_backward_items holds at a time (1 to 4): all their
- * loads are issued before any row's arithmetic.  Unmeasured (bench/RESULTS.md). */
 #ifndef FR_CUDA_NORM_BWD_RPW
-#define FR_CUDA_NORM_BWD_RPW 2
+#define FR_CUDA_NORM_BWD_RPW 1
 #endif
 static_assert(FR_CUDA_NORM_BWD_RPW >= 1 && FR_CUDA_NORM_BWD_RPW <= 4,
               "FR_CUDA_NORM_BWD_RPW: 1 to 4 rows a warp");
@@ -947,34 +976,73 @@ __device__ __forceinline__ void warp_dx(const float *wf, const LaneAngles<HD, IL
     }
 }
 
-/* Row r of an item of `rows` rows starting at token ta: head h of io at
- * token t = (b, s); false past the item's rows. */
-__device__ __forceinline__ bool item_row(const NParams &P, const NIo &io, int64_t ta, int64_t r,
-                                         int64_t rows, int64_t *t, int64_t *h, int64_t *b,
-                                         int64_t *s)
-{
-    if (r >= rows)
-        return false;
-    *t = ta + r / io.heads;
-    *h = r % io.heads;
-    *b = *t / P.seq_len;
-    *s = *t % P.seq_len;
-    return true;
-}
-
 /* Slots of a batch's terms: two sets (see backward_items). */
 template <int HD, int R> using Terms = float[2][FR_CUDA_NORM_BWD_WARPS * R][HD];
 
+/* An item's cos/sin, staged once an item: [token of the item][0: cos, 1:
+ * sin][pair]. */
+template <int HD> using ItemAngles = float[FUSEDROPE_NORM_DW_CHUNK][2][HD / 2];
+
+/* The shared memory of a block of norm_backward_items: the terms, and the
+ * item's angles and its tokens' rows of head 0 (dy, the saved tensor, dx). */
+template <int HD, int R> struct BwdShared {
+    Terms<HD, R> terms;
+    ItemAngles<HD> angles;
+    const uint16_t *dy[FUSEDROPE_NORM_DW_CHUNK], *xs[FUSEDROPE_NORM_DW_CHUNK];
+    uint16_t *dx[FUSEDROPE_NORM_DW_CHUNK];
+};
+#ifndef FR_CUDA_EMULATE
+static_assert(sizeof(BwdShared<128, FR_CUDA_NORM_BWD_RPW>) <= 48 * 1024,
+              "norm_backward_items: FR_CUDA_NORM_BWD_WARPS x RPW too many for static shared memory");
+#endif
+
+/* A batch's rows of one warp as loaded: dy and the saved row (this lane's
+ * channels, widened), rstd, and where dx goes and its token in the item;
+ * n rows of R (the rest past the item's rows). */
+template <int HD, int R> struct BwdRows {
+    float dy[R][HD / 32], xs[R][HD / 32], rstd[R];
+    uint16_t *dx[R];
+    int tok[R];
+    int n;
+};
+
+/* Loads the rows base + j x NW + warp (j < R) of the item of `rows` rows
+ * from token ta: row r is head r % heads of the item's token r / heads. */
+template <int DT, int HD, int R>
+__device__ __forceinline__ void bwd_load(const NIo &io, const BwdShared<HD, R> &sh, int64_t ta,
+                                         int64_t rows, int64_t base, int warp, int lane,
+                                         BwdRows<HD, R> &w)
+{
+    constexpr int K = HD / 32, NW = FR_CUDA_NORM_BWD_WARPS;
+    w.n = 0;
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const int64_t r = base + j * NW + warp;
+        if (r >= rows)
+            break;
+        int64_t tt, h;
+        divmod(r, io.heads, &tt, &h);
+        const uint16_t *d = sh.dy[tt] + h * io.in_sh, *x = sh.xs[tt] + h * io.x_sh;
+#pragma unroll
+        for (int k = 0; k < K; k++) {
+            w.dy[j][k] = Elem<DT>::to_f(d[lane + 32 * k]);
+            w.xs[j][k] = Elem<DT>::to_f(x[lane + 32 * k]);
+        }
+        w.rstd[j] = io.rstd[(ta + tt) * io.heads + h];
+        w.dx[j] = sh.dx[tt] + h * io.out_sh;
+        w.tok[j] = (int)tt;
+        w.n = j + 1;
+    }
+}
+
 template <int DT, int HD, bool IL, bool SY, int R>
-__device__ __forceinline__ void backward_items(const NParams &P, Terms<HD, R> &terms)
+__device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R> &sh)
 {
     constexpr int K = HD / 32, NW = FR_CUDA_NORM_BWD_WARPS, S = NW * R;
     static_assert(32 * NW >= HD, "a thread per channel adds the terms");
     const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x / 32);
     const int64_t n0 = P.io[0].items, n = n0 + P.io[1].items;
     int par = 0;
-    int64_t at = -1; /* the token whose angles are in an */
-    LaneAngles<HD, IL> an;
     for (int64_t it = blockIdx.x; it < n; it += gridDim.x) {
         const int q = it >= n0;
         const NIo &io = P.io[q];
@@ -985,40 +1053,43 @@ __device__ __forceinline__ void backward_items(const NParams &P, Terms<HD, R> &t
         const int64_t ta = (it - (q ? n0 : 0)) * io.item_tokens;
         const int64_t tb = ta + io.item_tokens < P.tokens ? ta + io.item_tokens : P.tokens;
         const int64_t rows = (tb - ta) * io.heads;
-        float acc = 0.0f;
-        for (int64_t base = 0; base < rows; base += S) {
-            float dy[R][K], xs[R][K], rstd[R];
-#pragma unroll
-            for (int j = 0; j < R; j++) {
-                int64_t t, h, b, s;
-                if (!item_row(P, io, ta, base + j * NW + warp, rows, &t, &h, &b, &s))
-                    break;
-                const uint16_t *d =
-                    (const uint16_t *)row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT);
-                const uint16_t *x =
-                    (const uint16_t *)row_ptr(io.x, s, b, h, io.x_ss, io.x_sb, io.x_sh, DT);
-#pragma unroll
-                for (int k = 0; k < K; k++) {
-                    dy[j][k] = Elem<DT>::to_f(d[lane + 32 * k]);
-                    xs[j][k] = Elem<DT>::to_f(x[lane + 32 * k]);
-                }
-                rstd[j] = io.rstd[t * io.heads + h];
+        /* the item's tokens: angles and rows of head 0, each token's
+         * position and (b, s) found once (the last item's readers are past
+         * this barrier) */
+        __syncthreads();
+        for (int64_t e = threadIdx.x; e < (tb - ta) * (HD / 2); e += blockDim.x) {
+            const int64_t tt = e / (HD / 2);
+            const int i = (int)(e % (HD / 2));
+            int64_t b, s;
+            int bad = 0;
+            divmod(ta + tt, P.seq_len, &b, &s);
+            const int64_t pos = row_position(P, b, s, &bad);
+            pair_angle(row_angles<HD>(P, pos, bad), i, &sh.angles[tt][0][i], &sh.angles[tt][1][i]);
+            if (i == 0) {
+                sh.dy[tt] = (const uint16_t *)row_ptr(io.in, s, b, 0, io.in_ss, io.in_sb, 0, DT);
+                sh.xs[tt] = (const uint16_t *)row_ptr(io.x, s, b, 0, io.x_ss, io.x_sb, 0, DT);
+                sh.dx[tt] = (uint16_t *)row_ptr(io.out, s, b, 0, io.out_ss, io.out_sb, 0, DT);
             }
+        }
+        __syncthreads();
+        float acc = 0.0f;
+        BwdRows<HD, R> cur, nxt;
+        bwd_load<DT, HD, R>(io, sh, ta, rows, 0, warp, lane, cur);
+        for (int64_t base = 0; base < rows; base += S) {
+            /* the next batch's loads in flight during this one's arithmetic
+             * and barrier */
+            const bool more = base + S < rows;
+            if (more)
+                bwd_load<DT, HD, R>(io, sh, ta, rows, base + S, warp, lane, nxt);
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                int64_t t, h, b, s;
-                if (!item_row(P, io, ta, base + j * NW + warp, rows, &t, &h, &b, &s))
+                if (j >= cur.n)
                     break;
-                if (t != at) { /* the warp's first row of token t */
-                    int bad = 0;
-                    const int64_t pos = row_position(P, b, s, &bad);
-                    an.load(row_angles<HD>(P, pos, bad), lane);
-                    at = t;
-                }
-                uint16_t *dx =
-                    (uint16_t *)row_ptr(io.out, s, b, h, io.out_ss, io.out_sb, io.out_sh, DT);
-                float *tr = io.part != nullptr ? terms[par][j * NW + warp] : nullptr;
-                warp_dx<DT, HD, IL, SY>(wf, an, rstd[j], lane, dy[j], xs[j], tr, dx);
+                LaneAngles<HD, IL> an;
+                an.load(sh.angles[cur.tok[j]], lane);
+                float *tr = io.part != nullptr ? sh.terms[par][j * NW + warp] : nullptr;
+                warp_dx<DT, HD, IL, SY>(wf, an, cur.rstd[j], lane, cur.dy[j], cur.xs[j], tr,
+                                        cur.dx[j]);
             }
             if (io.part != nullptr) {
                 /* two sets of slots: a batch's writes to one are behind the
@@ -1027,9 +1098,11 @@ __device__ __forceinline__ void backward_items(const NParams &P, Terms<HD, R> &t
                 const int64_t v = rows - base < S ? rows - base : S;
                 if (threadIdx.x < HD)
                     for (int64_t k = 0; k < v; k++)
-                        acc = acc + terms[par][k][threadIdx.x];
+                        acc = acc + sh.terms[par][k][threadIdx.x];
                 par ^= 1;
             }
+            if (more)
+                cur = nxt;
         }
         if (io.part != nullptr && threadIdx.x < HD)
             io.part[ta / FUSEDROPE_NORM_DW_CHUNK * HD + threadIdx.x] = acc;
@@ -1041,17 +1114,17 @@ __global__ void __launch_bounds__(32 * FR_CUDA_NORM_BWD_WARPS)
     norm_backward_items(const __grid_constant__ NParams P)
 {
     check_cu_ends(P);
-    __shared__ Terms<HD, R> terms;
+    __shared__ BwdShared<HD, R> sh;
 #ifdef FR_CUDA_EMULATE
     /* a block starts with whatever the last left (cuda_emu.h): NaN instead */
     if (threadIdx.x == 0)
-        memset(terms, 0xff, sizeof terms);
+        memset(&sh, 0xff, sizeof sh);
     __syncthreads();
 #endif
     if (P.saved_y)
-        backward_items<DT, HD, IL, true, R>(P, terms);
+        backward_items<DT, HD, IL, true, R>(P, sh);
     else
-        backward_items<DT, HD, IL, false, R>(P, terms);
+        backward_items<DT, HD, IL, false, R>(P, sh);
 }
 
 /* ---------------------------------------------------------------- host side */
@@ -1327,7 +1400,9 @@ cudaError_t launch_items_all(NParams &P, int count, int64_t hd, cudaStream_t str
     const int64_t S = FR_CUDA_NORM_BWD_WARPS * r;
     for (int k = 0; k < count; k++) {
         NIo &o = P.io[k];
-        o.item_tokens = o.part ? FUSEDROPE_NORM_DW_CHUNK : (S + o.heads - 1) / o.heads;
+        /* at most a chunk: the tokens of the item's staged angles */
+        const int64_t few = (S + o.heads - 1) / o.heads;
+        o.item_tokens = o.part || few > FUSEDROPE_NORM_DW_CHUNK ? FUSEDROPE_NORM_DW_CHUNK : few;
         o.items = (P.tokens + o.item_tokens - 1) / o.item_tokens;
     }
     if (P.dt == DT_F16)

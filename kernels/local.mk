@@ -14,7 +14,8 @@ CUDA_SRCS = \
 CUDA_HDRS = \
 	kernels/cuda_util.cuh \
 	kernels/cuda_device.cuh \
-	kernels/cuda_elem.cuh
+	kernels/cuda_elem.cuh \
+	kernels/cuda_index.cuh
 
 # kernels/cuda_emu.h: the host emulation of the kernels (tests/test_apply_emu)
 EXTRA_DIST += $(CUDA_SRCS) $(CUDA_HDRS) lib/cuda_stub.c kernels/cuda_emu.h \
