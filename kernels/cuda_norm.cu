@@ -655,10 +655,12 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
  * position, the lane's cos/sin and, per tensor, its weights are found once
  * (found per row, they made the warp kernel's rows several hundred
  * instructions each: bench/RESULTS.md); its rows are taken R at a time, all
- * R rows' loads issued before any row's sum, so that a warp has R rows in
- * flight (a row alone is one dependent chain of load, butterfly, rotation
- * and store).  Each row's operations are the same whatever the item and R:
- * no launch shape changes a result. */
+ * R rows' loads issued before any row's sum, and the next R rows' loads
+ * before these rows' work, so that a warp has 2R rows in flight (a row
+ * alone is one dependent chain of load, butterfly, rotation and store: at
+ * one row a warp in flight the kernel ran at 0.56 of a copy on the H100,
+ * bench/RESULTS.md, 2026-11-27).  Each row's operations are the same
+ * whatever the item and R: no launch shape changes a result. */
 template <int DT, int HD, bool IL, int R>
 __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__ NParams P)
 {
@@ -680,8 +682,8 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
         uint16_t *y0 = nullptr;
         float *r0 = nullptr;
         an.load(row_angles<HD>(P, pos, bad), lane);
-        for (int64_t hh = hh0; hh < hh1; hh += R) {
-            float v[R][K], p[R];
+        /* rows hh .. hh + R - 1 (those before hh1) into u */
+        auto load_rows = [&](int64_t hh, float (&u)[R][K]) {
 #pragma unroll
             for (int j = 0; j < R; j++) {
                 int64_t h;
@@ -696,8 +698,17 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
                 const uint16_t *x = x0 + h * io.in_sh;
 #pragma unroll
                 for (int c = 0; c < K; c++)
-                    v[j][c] = Elem<DT>::to_f(x[lane + 32 * c]);
+                    u[j][c] = Elem<DT>::to_f(x[lane + 32 * c]);
             }
+        };
+        float v[R][K], vn[R][K];
+        load_rows(hh0, v);
+        for (int64_t hh = hh0; hh < hh1; hh += R) {
+            float p[R];
+            /* the next rows' loads in flight during these rows' work */
+            const bool more = hh + R < hh1;
+            if (more)
+                load_rows(hh + R, vn);
 #pragma unroll
             for (int j = 0; j < R; j++) {
                 if (hh + j >= hh1)
@@ -736,6 +747,12 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
                 else
                     warp_pairs<DT, HD, IL, FR_ROUND_ONCE>(rstd, lane, v[j], wf, an, y);
             }
+            if (more)
+#pragma unroll
+                for (int j = 0; j < R; j++)
+#pragma unroll
+                    for (int c = 0; c < K; c++)
+                        v[j][c] = vn[j][c];
         }
     }
 }
