@@ -243,8 +243,8 @@ section_normbwd() {
 section_normprof() {
   # where the norm kernels' time goes: ncu's throughput, occupancy, launch and
   # warp-state sections (its rules name the top stall) for the kernels of one
-  # forward and one backward each: 4096 tokens (the thread-per-row forward,
-  # norm_backward_items) and the decode step's 64 (the warp forward)
+  # forward and one backward each (norm_forward_warp, norm_backward_items):
+  # 4096 tokens and the decode step's 64
   b=/tmp/inst/bin/fusedrope-bench
   for c in "t4096 --qk 32,8 --shape 4096,1,1,128" "t64 --qk 32,8 --shape 64,1,1,128"; do
     set -- $c; name=$1; shift
