@@ -639,8 +639,8 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
  * The forward's rows spread over a warp (calls of at most
  * FR_CUDA_NORM_WARP_ROWS rows: all, by default).  Lane l holds channels l,
  * l + 32, ... of the row, which are the contract's partial sum l, so the
- * lane adds its own in order, and the tree of the 32 partials is a butterfly of shuffles:
- * fr_norm_tree32 adds p[l] + p[l + off] for off 16, 8, 4, 2, 1, and after
+ * lane adds its own in order, and the tree of the 32 partials is a
+ * butterfly of shuffles: fr_norm_tree32 adds p[l] + p[l + off] for off 16, 8, 4, 2, 1, and after
  * each xor-shuffle every lane holds one of those sums (a + b and b + a are
  * the same float), so all end with the total.  A NeoX pair (i, i + HD/2)
  * lies in one lane; an interleaved pair (2i, 2i + 1) in lanes l and l ^ 1,
@@ -1010,7 +1010,7 @@ template <int HD, int R> struct BwdShared {
 };
 #ifndef FR_CUDA_EMULATE
 static_assert(sizeof(BwdShared<128, FR_CUDA_NORM_BWD_RPW>) <= 48 * 1024,
-              "norm_backward_items: FR_CUDA_NORM_BWD_WARPS x RPW too many for static shared memory");
+              "norm_backward_items: FR_CUDA_NORM_BWD_WARPS x RPW past static shared memory");
 #endif
 
 /* A batch's rows of one warp as loaded: dy and the saved row (this lane's
