@@ -701,7 +701,7 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
                     u[j][c] = Elem<DT>::to_f(x[lane + 32 * c]);
             }
         };
-        float v[R][K], vn[R][K];
+        float v[R][K] = {}, vn[R][K] = {}; /* rows past the item stay unused */
         load_rows(hh0, v);
         for (int64_t hh = hh0; hh < hh1; hh += R) {
             float p[R];
