@@ -10,8 +10,9 @@
  * backward's tokens in segments of 1, 2 and 3 chunks (kernels/cuda_norm.cu,
  * segment_tokens), the last two with the forward's rows spread over warps
  * (norm_forward_warp, its lanes in lockstep: items of 4 rows taken 3 a
- * warp at a time, then items as warp_heads sizes them for one SM, 2 at a
- * time) and the fourth with the backward's rows 3 a warp at a time
+ * warp at a time, then items as warp_heads sizes them for one SM, taken as
+ * the device build takes them, FR_CUDA_NORM_WARP_RPW at a time with the
+ * next ones' loads ahead) and the fourth with the backward's rows 3 a warp at a time
  * (norm_backward_items), from the same starting bytes, which must give the
  * same output bytes (y and rstd; dx and dw); then the real OpenMP backend
  * runs from the same bytes, and its output must be the kernels' to the bit
@@ -101,7 +102,7 @@ static int is_nan(const unsigned char *p, size_t es, fusedrope_dtype dt)
 static fusedrope_status both(const fr_norm_args *na, int backward)
 {
     static const int sms[] = { 132, 1, 5, 3, 1 }, seg_chunks[] = { 0, 1, 2, 3, 0 },
-                     warp[] = { 0, 0, 0, 1, 1 }, warp_rpw[] = { 0, 0, 0, 3, 2 },
+                     warp[] = { 0, 0, 0, 1, 1 }, warp_rpw[] = { 0, 0, 0, 3, 0 },
                      warp_heads[] = { 0, 0, 0, 4, 0 }, bwd_rpw[] = { 0, 0, 0, 3, 0 };
     const int max = 4 + 2 * (int)(na->a.seq_len * na->a.batch *
                                   (na->a.io[0].heads + (na->a.count > 1 ? na->a.io[1].heads : 0)));

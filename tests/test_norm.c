@@ -741,7 +741,9 @@ END_TEST
 
 /* dw over several FUSEDROPE_NORM_DW_CHUNK chunks of tokens (the matrix's
  * cases stay under one), every layout (THD's sequences cross the chunks'
- * borders), judged by ref_norm_backward. */
+ * borders), judged by ref_norm_backward; the last two with more heads than
+ * a batch of norm_backward_items' rows in q (a batch within a token) and
+ * fewer in k (a batch across tokens), as a model's 32 + 8 are. */
 START_TEST(test_backward_dw_chunks)
 {
     tu_rng r;
@@ -753,6 +755,15 @@ START_TEST(test_backward_dw_chunks)
     c.b = tu_int(&r, 1, 2);
     c.hq = tu_int(&r, 1, 3);
     c.hk = 1;
+    if (_i >= 6) { /* and the shape norm_backward_items takes */
+        c.hq = tu_int(&r, 17, 24);
+        c.hk = tu_int(&r, 4, 8);
+        c.b = 1;
+        c.dt = _i == 6 ? FUSEDROPE_BFLOAT16 : FUSEDROPE_FLOAT16;
+        c.hd = c.rot_dim = _i == 6 ? 128 : 64;
+        c.tableless = 0;
+        c.k_present = 1;
+    }
     c.ids = 0;
     pos_fit(&c);
     backward_case(&c, &r, _i % 2, (int)tu_int(&r, 0, 1));
