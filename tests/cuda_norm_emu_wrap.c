@@ -12,8 +12,8 @@
  * (norm_forward_warp, its lanes in lockstep: items of 4 rows taken 3 a
  * warp at a time, then items as warp_heads sizes them for one SM, taken as
  * the device build takes them, FR_CUDA_NORM_WARP_RPW at a time with the
- * next ones' loads ahead) and the fourth with the backward's rows 3 a warp at a time
- * (norm_backward_items), from the same starting bytes, which must give the
+ * next ones' loads ahead) and the fourth with the backward's rows 3 a warp
+ * at a time (norm_backward_items), from the same starting bytes, which must give the
  * same output bytes (y and rstd; dx and dw); then the real OpenMP backend
  * runs from the same bytes, and its output must be the kernels' to the bit
  * (a NaN need only be NaN).  The kernels' output stays.  The CPU cache
