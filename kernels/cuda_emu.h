@@ -221,14 +221,18 @@ static void fr_emu_thread_main()
     abort(); /* a finished thread is never resumed */
 }
 
-/* __shfl_xor_sync on a full warp: value v of lane (this lane ^ m). */
-template <typename T> static T __shfl_xor_sync(unsigned mask, T v, int m)
+/* A shuffle on a full warp: value v of lane src (of this lane l: the
+ * function of l the caller's intrinsic names; each lane offers its v, waits
+ * until the warp's 32 have, and reads its source's). */
+template <typename T, typename Src> static T fr_emu_shfl(const char *name, unsigned mask, T v, Src src)
 {
     static_assert(sizeof(T) <= sizeof(unsigned long long), "a shuffle moves 8 bytes at most");
     FrEmuBlock *k = fr_emu_block;
     const int i = fr_emu_thread, w = i / 32, l = i % 32;
-    if (k == nullptr || mask != 0xffffffffu || m < 0 || m > 31) {
-        fprintf(stderr, "cuda_emu: __shfl_xor_sync outside a lockstep launch or on part of a warp\n");
+    const int from = src(l);
+    if (k == nullptr || mask != 0xffffffffu || from < 0 || from > 31) {
+        fprintf(stderr, "cuda_emu: %s outside a lockstep launch, on part of a warp or "
+                        "from no lane\n", name);
         abort();
     }
     const unsigned set = k->wround[w] & 1;
@@ -236,8 +240,22 @@ template <typename T> static T __shfl_xor_sync(unsigned mask, T v, int m)
     memcpy(&k->slot[w][set][l], &v, sizeof v);
     k->state[i] = FR_EMU_SHFL;
     fr_emu_ctx_switch(&k->th[i], &k->sched);
-    memcpy(&r, &k->slot[w][set][l ^ m], sizeof r);
+    memcpy(&r, &k->slot[w][set][from], sizeof r);
     return r;
+}
+
+/* __shfl_xor_sync on a full warp: value v of lane (this lane ^ m). */
+template <typename T> static T __shfl_xor_sync(unsigned mask, T v, int m)
+{
+    return fr_emu_shfl("__shfl_xor_sync", mask, v,
+                       [m](int l) { return m < 0 || m > 31 ? -1 : l ^ m; });
+}
+
+/* __shfl_sync on a full warp: value v of lane src (0 to 31: this
+ * emulation's callers name a lane, never one past the warp). */
+template <typename T> static T __shfl_sync(unsigned mask, T v, int src)
+{
+    return fr_emu_shfl("__shfl_sync", mask, v, [src](int) { return src; });
 }
 
 /* __syncthreads: every thread of the block arrives before any goes on. */

@@ -80,14 +80,15 @@
 #define FR_CUDA_NORM_WARP_ROWS INT64_MAX
 #endif
 
-/* Rows a warp of norm_forward_warp holds at a time (1, 2, 3 or 4; at most
- * its item's rows): 1, which the H100 ran faster than 2 from 1024 tokens up
- * (bench/RESULTS.md, 2026-11-27). */
+/* Rows a warp of norm_forward_warp holds at a time (1 to 8; an item of
+ * fewer rows takes 1): 4, whose rows share one evaluation of rstd and the
+ * butterfly's shuffles (RowsTree).  Before they did, 1 ran faster than 2 on
+ * the H100 (bench/RESULTS.md, 2026-11-27). */
 #ifndef FR_CUDA_NORM_WARP_RPW
-#define FR_CUDA_NORM_WARP_RPW 1
+#define FR_CUDA_NORM_WARP_RPW 4
 #endif
-static_assert(FR_CUDA_NORM_WARP_RPW >= 1 && FR_CUDA_NORM_WARP_RPW <= 4,
-              "FR_CUDA_NORM_WARP_RPW: 1 to 4 rows a warp");
+static_assert(FR_CUDA_NORM_WARP_RPW >= 1 && FR_CUDA_NORM_WARP_RPW <= 8,
+              "FR_CUDA_NORM_WARP_RPW: 1 to 8 rows a warp");
 
 /* The most rows (heads of one token) a warp of norm_forward_warp takes as
  * one item: the token's position, cos/sin and the weights are found once an
@@ -601,6 +602,56 @@ template <int HD, bool IL> struct LaneAngles {
     }
 };
 
+/*
+ * The sums of R rows over a warp (R <= 8), each in the contract's order
+ * (fr_norm_tree32: lane l's partial is p[l], then p[l] += p[l + off] for off
+ * 16, 8, 4, 2, 1), with a warp-wide value per row evaluated once for all of
+ * them.  The rows are padded to N, a power of two.  While a lane carries
+ * more than one row, a level trades half of them: the lanes l and l ^ off
+ * each send the other the rows it keeps and add what they receive to their
+ * own (lane l's p[l] + p[l + off] is lane l + off's p[l + off] + p[l]: the
+ * same float), so each level is the tree's level and carries half the rows
+ * on; the last levels are the one-row butterfly.  Lane l ends with the sum
+ * of row (l >> (5 - log2 N)) & (N - 1): a per-row value (rstd, a mean)
+ * computed from it once a warp serves all N rows, and of_row gives row j's
+ * back to every lane from lane j x 32 / N.  One row a warp spent about a
+ * third of its instructions on the butterfly and rstd's IEEE division and
+ * square root (bench/RESULTS.md).
+ */
+template <int R> struct RowsTree {
+    static_assert(R >= 1 && R <= 8, "RowsTree: 1 to 8 rows");
+    static constexpr int N = R == 1 ? 1 : R == 2 ? 2 : R <= 4 ? 4 : 8;
+
+    static __device__ __forceinline__ float sum(float (&p)[N], int lane)
+    {
+        float q[N];
+#pragma unroll
+        for (int j = 0; j < N; j++)
+            q[j] = p[j];
+#pragma unroll
+        for (int off = 16, n = N; off >= 1; off /= 2) {
+            if (n > 1) {
+                const bool hi = (lane & off) != 0;
+#pragma unroll
+                for (int j = 0; j < n / 2; j++) {
+                    const float send = hi ? q[j] : q[j + n / 2];
+                    const float keep = hi ? q[j + n / 2] : q[j];
+                    q[j] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+                }
+                n /= 2;
+            } else {
+                q[0] = q[0] + __shfl_xor_sync(0xffffffffu, q[0], off);
+            }
+        }
+        return q[0];
+    }
+
+    static __device__ __forceinline__ float of_row(float lane_value, int j)
+    {
+        return N == 1 ? lane_value : __shfl_sync(0xffffffffu, lane_value, j * (32 / N));
+    }
+};
+
 /* A row's pairs over a warp, from the lane's channels v, weight factors wf
  * (channel lane + 32 k) and angles: normalised as RND says, rotated, stored
  * at y. */
@@ -656,11 +707,12 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
  * (found per row, they made the warp kernel's rows several hundred
  * instructions each: bench/RESULTS.md); its rows are taken R at a time, all
  * R rows' loads issued before any row's sum, and the next R rows' loads
- * before these rows' work, so that a warp has 2R rows in flight (a row
- * alone is one dependent chain of load, butterfly, rotation and store: at
- * one row a warp in flight the kernel ran at 0.56 of a copy on the H100,
- * bench/RESULTS.md, 2026-11-27).  Each row's operations are the same
- * whatever the item and R: no launch shape changes a result. */
+ * before these rows' work, so that a warp has 2R rows in flight; the R
+ * rows' trees are one RowsTree, whose rstd is evaluated once for them all
+ * (one row at a time the kernel ran at 0.52-0.56 of a copy on the H100,
+ * bound by its instructions, not by loads in flight: bench/RESULTS.md,
+ * 2026-11-27).  Each row's operations are the same whatever the item and
+ * R: no launch shape changes a result. */
 template <int DT, int HD, bool IL, int R>
 __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__ NParams P)
 {
@@ -704,7 +756,7 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
         float v[R][K] = {}, vn[R][K] = {}; /* rows past the item stay unused */
         load_rows(hh0, v);
         for (int64_t hh = hh0; hh < hh1; hh += R) {
-            float p[R];
+            float p[RowsTree<R>::N] = {}; /* rows past the item (or R) sum to 0 */
             /* the next rows' loads in flight during these rows' work */
             const bool more = hh + R < hh1;
             if (more)
@@ -713,14 +765,12 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
             for (int j = 0; j < R; j++) {
                 if (hh + j >= hh1)
                     break;
-                p[j] = 0.0f;
 #pragma unroll
                 for (int c = 0; c < K; c++)
                     p[j] = p[j] + v[j][c] * v[j][c];
-#pragma unroll
-                for (int off = 16; off >= 1; off /= 2)
-                    p[j] = p[j] + __shfl_xor_sync(0xffffffffu, p[j], off);
             }
+            /* every row's rstd from one evaluation: the lane's row's */
+            const float rstd_lane = fr_norm_rstd(RowsTree<R>::sum(p, lane), HD, P.eps);
 #pragma unroll
             for (int j = 0; j < R; j++) {
                 int64_t h;
@@ -737,7 +787,7 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
                         wf[c] = row_weight<DT>(P, io, lane + 32 * c);
                 }
                 uint16_t *y = y0 + h * io.out_sh;
-                const float rstd = fr_norm_rstd(p[j], HD, P.eps);
+                const float rstd = RowsTree<R>::of_row(rstd_lane, j);
                 if (lane == 0 && r0 != nullptr)
                     r0[h] = rstd;
                 if (P.rounding == FR_ROUND_LLAMA)
@@ -1338,16 +1388,18 @@ template <int DT, int HD> cudaError_t launch_rows(const NParams &P0, cudaStream_
         NParams P = P0;
         P.warp_heads = warp_heads(P, n);
         const int64_t warps = (P.t1 - P.t0) * warp_groups(P);
-        const int r = warp_rpw();
+        /* items of fewer rows than R at a time (the decode step's one row)
+         * take one row at a time: no padded rows' work */
+        const int r = P.warp_heads < warp_rpw() ? 1 : warp_rpw();
 #define FR_WARP_RPW(R)                                                                    \
     (P.interleaved ? launch_warps(norm_forward_warp<DT, HD, true, R>, warps, P, stream)    \
                    : launch_warps(norm_forward_warp<DT, HD, false, R>, warps, P, stream))
 #ifdef FR_CUDA_EMULATE
-        /* every count a test may choose */
+        /* every count a test may choose, and the default */
         return r == 4 ? FR_WARP_RPW(4) : r == 3 ? FR_WARP_RPW(3) : r == 2 ? FR_WARP_RPW(2)
-                                                                  : FR_WARP_RPW(1);
+             : r == 1 ? FR_WARP_RPW(1) : FR_WARP_RPW(FR_CUDA_NORM_WARP_RPW);
 #else
-        return FR_WARP_RPW(FR_CUDA_NORM_WARP_RPW);
+        return r == 1 ? FR_WARP_RPW(1) : FR_WARP_RPW(FR_CUDA_NORM_WARP_RPW);
 #endif
 #undef FR_WARP_RPW
     }

@@ -28,24 +28,30 @@ FR_HD float fr_norm_tree32(float *p)
     return p[0];
 }
 
+/* mean = sum / head_dim, rounded to float.  For a power-of-two head_dim
+ * (every model's) it is the product with 1 / head_dim, which is exact: both
+ * operations round the same real number, so the bits are the division's, and
+ * a multiplication is one instruction where the GPU's IEEE division is a
+ * few dozen (a row kernel's largest per-row cost after its rotations). */
+FR_HD float fr_norm_mean(float sum, int64_t head_dim)
+{
+    const float d = (float)head_dim;
+#ifdef __CUDA_ARCH__
+    return (head_dim & (head_dim - 1)) == 0 ? __fmul_rn(sum, __fdiv_rn(1.0f, d))
+                                            : __fdiv_rn(sum, d);
+#else
+    return (head_dim & (head_dim - 1)) == 0 ? sum * (1.0f / d) : sum / d;
+#endif
+}
+
 /* rstd = 1 / sqrt(sum / head_dim + eps), each operation rounded to float
  * (IEEE division and square root on the GPU too, never rsqrt). */
 FR_HD float fr_norm_rstd(float sum, int64_t head_dim, float eps)
 {
 #ifdef __CUDA_ARCH__
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, (float)head_dim), eps)));
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(fr_norm_mean(sum, head_dim), eps)));
 #else
-    return 1.0f / sqrtf(sum / (float)head_dim + eps);
-#endif
-}
-
-/* mean = sum / head_dim, rounded to float. */
-FR_HD float fr_norm_mean(float sum, int64_t head_dim)
-{
-#ifdef __CUDA_ARCH__
-    return __fdiv_rn(sum, (float)head_dim);
-#else
-    return sum / (float)head_dim;
+    return 1.0f / sqrtf(fr_norm_mean(sum, head_dim) + eps);
 #endif
 }
 
