@@ -176,10 +176,11 @@ section_normwarp() {
   # 0: a thread per row; huge: rows over warps, items of at most HEADS rows of
   # a token, RPW of them at a time), test_norm_gpu on each, then the same
   # norm lines on each; the default build comes back last (NORMWARP_VARIANTS
-  # chooses ROWS:RPW:HEADS; by default the item sizes not yet measured: the
-  # 2026-11-27 run measured 0:1:8, huge:1:8 and huge:2:8)
+  # chooses ROWS:RPW:HEADS; by default the rows at a time beside the
+  # default's 4, each sharing one tree since RowsTree: the 2026-11-27 runs
+  # measured 0:1:8, huge:1:8 and huge:2:8 before it)
   ( cd "$src" && b=./tools/fusedrope-bench
-    for v in ${NORMWARP_VARIANTS:-1000000000:1:4 1000000000:1:16 1000000000:1:40} default; do
+    for v in ${NORMWARP_VARIANTS:-1000000000:1:8 1000000000:2:8 1000000000:8:8} default; do
       norm_variant normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW \
         FR_CUDA_NORM_WARP_HEADS || break
       { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS=$v"
@@ -221,14 +222,16 @@ section_cpunorm() {
 
 section_normbwd() {
   # the norm backward's block kernel (norm_backward_items) in each shape of
-  # FR_CUDA_NORM_BWD_WARPS:RPW (warps a block, rows a warp at a time; the
-  # product at most 16 for head_dim 128's shared memory): test_norm_gpu on
-  # each, then the backward lines (dw for q and k) at 1024, 4096 and 16384
-  # tokens and in fp16 and interleaved; the default build last
+  # FR_CUDA_NORM_BWD_WARPS:RPW:BATCHES (warps a block, rows a warp at a time,
+  # the product at most 16 for head_dim 128's shared memory; batches held in
+  # flight): test_norm_gpu on each, then the backward lines (dw for q and k)
+  # at 1024, 4096 and 16384 tokens and in fp16 and interleaved; the default
+  # build last (the 2026-11-27 runs measured 8:2:2, 16:1:2, 8:1:2)
   ( cd "$src" && b=./tools/fusedrope-bench
-    for v in ${NORMBWD_VARIANTS:-16:1 8:2 8:1 4:4} default; do
-      norm_variant normbwd $v FR_CUDA_NORM_BWD_WARPS FR_CUDA_NORM_BWD_RPW || break
-      { echo "== FR_CUDA_NORM_BWD_WARPS:RPW=$v"
+    for v in ${NORMBWD_VARIANTS:-16:1:2 16:1:4 8:2:3} default; do
+      norm_variant normbwd $v FR_CUDA_NORM_BWD_WARPS FR_CUDA_NORM_BWD_RPW \
+        FR_CUDA_NORM_BWD_BATCHES || break
+      { echo "== FR_CUDA_NORM_BWD_WARPS:RPW:BATCHES=$v"
         for tokens in 1024 4096 16384; do
           $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_bwd|FAIL)'
         done

@@ -977,6 +977,16 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
 #ifndef FR_CUDA_NORM_BWD_RPW
 #define FR_CUDA_NORM_BWD_RPW 1
 #endif
+/* Batches a block of norm_backward_items holds loaded or in flight (1 to
+ * 4): its chunk is a chain of batches, and with 2 (the batch worked and the
+ * next) a batch cost about a load's round trip under load on the H100
+ * (~1.7 us, against ~0.5 us of arithmetic and barrier: bench/RESULTS.md,
+ * 2026-11-27, second entry); with 3 two round trips overlap each batch. */
+#ifndef FR_CUDA_NORM_BWD_BATCHES
+#define FR_CUDA_NORM_BWD_BATCHES 3
+#endif
+static_assert(FR_CUDA_NORM_BWD_BATCHES >= 1 && FR_CUDA_NORM_BWD_BATCHES <= 4,
+              "FR_CUDA_NORM_BWD_BATCHES: 1 to 4 batches held");
 static_assert(FR_CUDA_NORM_BWD_RPW >= 1 && FR_CUDA_NORM_BWD_RPW <= 4,
               "FR_CUDA_NORM_BWD_RPW: 1 to 4 rows a warp");
 
@@ -1140,36 +1150,42 @@ __device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R
         }
         __syncthreads();
         float acc = 0.0f;
-        BwdRows<HD, R> cur, nxt;
-        bwd_load<DT, HD, R>(io, sh, ta, rows, 0, warp, lane, cur);
-        for (int64_t base = 0; base < rows; base += S) {
-            /* the next batch's loads in flight during this one's arithmetic
-             * and barrier */
-            const bool more = base + S < rows;
-            if (more)
-                bwd_load<DT, HD, R>(io, sh, ta, rows, base + S, warp, lane, nxt);
+        /* the batches held: D slots, batch i in slot i % D, each refilled
+         * with the batch D on once it is worked */
+        constexpr int D = FR_CUDA_NORM_BWD_BATCHES;
+        BwdRows<HD, R> ring[D];
 #pragma unroll
-            for (int j = 0; j < R; j++) {
-                if (j >= cur.n)
+        for (int d = 0; d < D; d++)
+            bwd_load<DT, HD, R>(io, sh, ta, rows, d * S, warp, lane, ring[d]);
+        for (int64_t base = 0; base < rows; base += D * S) {
+#pragma unroll
+            for (int d = 0; d < D; d++) {
+                const int64_t b0 = base + d * S;
+                if (b0 >= rows) /* the same for the whole block */
                     break;
-                LaneAngles<HD, IL> an;
-                an.load(sh.angles[cur.tok[j]], lane);
-                float *tr = io.part != nullptr ? sh.terms[par][j * NW + warp] : nullptr;
-                warp_dx<DT, HD, IL, SY>(wf, an, cur.rstd[j], lane, cur.dy[j], cur.xs[j], tr,
-                                        cur.dx[j]);
+                BwdRows<HD, R> &cur = ring[d];
+#pragma unroll
+                for (int j = 0; j < R; j++) {
+                    if (j >= cur.n)
+                        break;
+                    LaneAngles<HD, IL> an;
+                    an.load(sh.angles[cur.tok[j]], lane);
+                    float *tr = io.part != nullptr ? sh.terms[par][j * NW + warp] : nullptr;
+                    warp_dx<DT, HD, IL, SY>(wf, an, cur.rstd[j], lane, cur.dy[j], cur.xs[j],
+                                            tr, cur.dx[j]);
+                }
+                if (io.part != nullptr) {
+                    /* two sets of slots: a batch's writes to one are behind
+                     * the barrier after the reads of the batch before last */
+                    __syncthreads();
+                    const int64_t v = rows - b0 < S ? rows - b0 : S;
+                    if (threadIdx.x < HD)
+                        for (int64_t k = 0; k < v; k++)
+                            acc = acc + sh.terms[par][k][threadIdx.x];
+                    par ^= 1;
+                }
+                bwd_load<DT, HD, R>(io, sh, ta, rows, b0 + D * S, warp, lane, cur);
             }
-            if (io.part != nullptr) {
-                /* two sets of slots: a batch's writes to one are behind the
-                 * barrier after the reads of the batch before last */
-                __syncthreads();
-                const int64_t v = rows - base < S ? rows - base : S;
-                if (threadIdx.x < HD)
-                    for (int64_t k = 0; k < v; k++)
-                        acc = acc + sh.terms[par][k][threadIdx.x];
-                par ^= 1;
-            }
-            if (more)
-                cur = nxt;
         }
         if (io.part != nullptr && threadIdx.x < HD)
             io.part[ta / FUSEDROPE_NORM_DW_CHUNK * HD + threadIdx.x] = acc;
