@@ -176,11 +176,12 @@ section_normwarp() {
   # 0: a thread per row; huge: rows over warps, items of at most HEADS rows of
   # a token, RPW of them at a time), test_norm_gpu on each, then the same
   # norm lines on each; the default build comes back last (NORMWARP_VARIANTS
-  # chooses ROWS:RPW:HEADS; by default the rows at a time beside the
-  # default's 4, each sharing one tree since RowsTree: the 2026-11-27 runs
-  # measured 0:1:8, huge:1:8 and huge:2:8 before it)
+  # chooses ROWS:RPW:HEADS; by default 2 and 4 rows at a time sharing one
+  # RowsTree without the next rows' loads ahead, and items of 4 rows: the
+  # 2026-11-27 runs measured 0:1:8, huge:1:8, huge:2:8 before RowsTree, and
+  # huge:4:8 with it and the loads ahead)
   ( cd "$src" && b=./tools/fusedrope-bench
-    for v in ${NORMWARP_VARIANTS:-1000000000:1:8 1000000000:2:8 1000000000:8:8} default; do
+    for v in ${NORMWARP_VARIANTS:-1000000000:2:8 1000000000:4:8 1000000000:1:4} default; do
       norm_variant normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW \
         FR_CUDA_NORM_WARP_HEADS || break
       { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS=$v"

@@ -80,15 +80,18 @@
 #define FR_CUDA_NORM_WARP_ROWS INT64_MAX
 #endif
 
-/* Rows a warp of norm_forward_warp holds at a time (1 to 8; an item of
- * fewer rows takes 1): 4, whose rows share one evaluation of rstd and the
- * butterfly's shuffles (RowsTree).  Before they did, 1 ran faster than 2 on
- * the H100 (bench/RESULTS.md, 2026-11-27). */
+/* Rows a warp of norm_forward_warp holds at a time (1 to 4; an item of
+ * fewer rows takes 1): 1.  On the H100 the kernel's time followed the warps
+ * an SM holds, which its registers set, and neither its instructions nor its
+ * loads in flight: 4 rows sharing one tree and rstd (92 registers, 20 warps
+ * an SM) ran at 0.42 of a copy, 2 rows (70, 28 warps) 0.47, 1 row with the
+ * next one's loads ahead (64, 32 warps) 0.52, 1 row (56, 36 warps) 0.56
+ * (bench/RESULTS.md, 2026-11-27). */
 #ifndef FR_CUDA_NORM_WARP_RPW
-#define FR_CUDA_NORM_WARP_RPW 4
+#define FR_CUDA_NORM_WARP_RPW 1
 #endif
-static_assert(FR_CUDA_NORM_WARP_RPW >= 1 && FR_CUDA_NORM_WARP_RPW <= 8,
-              "FR_CUDA_NORM_WARP_RPW: 1 to 8 rows a warp");
+static_assert(FR_CUDA_NORM_WARP_RPW >= 1 && FR_CUDA_NORM_WARP_RPW <= 4,
+              "FR_CUDA_NORM_WARP_RPW: 1 to 4 rows a warp");
 
 /* The most rows (heads of one token) a warp of norm_forward_warp takes as
  * one item: the token's position, cos/sin and the weights are found once an
@@ -603,24 +606,23 @@ template <int HD, bool IL> struct LaneAngles {
 };
 
 /*
- * The sums of R rows over a warp (R <= 8), each in the contract's order
- * (fr_norm_tree32: lane l's partial is p[l], then p[l] += p[l + off] for off
- * 16, 8, 4, 2, 1), with a warp-wide value per row evaluated once for all of
- * them.  The rows are padded to N, a power of two.  While a lane carries
- * more than one row, a level trades half of them: the lanes l and l ^ off
- * each send the other the rows it keeps and add what they receive to their
- * own (lane l's p[l] + p[l + off] is lane l + off's p[l + off] + p[l]: the
- * same float), so each level is the tree's level and carries half the rows
- * on; the last levels are the one-row butterfly.  Lane l ends with the sum
- * of row (l >> (5 - log2 N)) & (N - 1): a per-row value (rstd, a mean)
- * computed from it once a warp serves all N rows, and of_row gives row j's
- * back to every lane from lane j x 32 / N.  One row a warp spent about a
- * third of its instructions on the butterfly and rstd's IEEE division and
- * square root (bench/RESULTS.md).
+ * The sums of R rows over a warp (R <= 4; the emulated tests run 1, 2 and
+ * 3), each in the contract's order (fr_norm_tree32: lane l's partial is
+ * p[l], then p[l] += p[l + off] for off 16, 8, 4, 2, 1), for a per-row value
+ * (rstd) evaluated once for all of them.  The rows are padded to N, a power
+ * of two.  While a lane carries more than one row, a level trades half of
+ * them: lanes l and l ^ off each send the rows the other keeps and add what
+ * they receive to their own (lane l's p[l] + p[l + off] is lane l + off's
+ * p[l + off] + p[l]: the same float), so each level is the tree's level on
+ * half the rows; the last levels are the one-row butterfly.  Lane l ends
+ * with the sum of row (l >> (5 - log2 N)) & (N - 1), and of_row gives row
+ * j's value to every lane from lane j x 32 / N.  At R = 1 this is the plain
+ * butterfly; at R = 4 one rstd serves four rows, but the rows' registers
+ * cost warps an SM and the kernel ran slower (FR_CUDA_NORM_WARP_RPW).
  */
 template <int R> struct RowsTree {
-    static_assert(R >= 1 && R <= 8, "RowsTree: 1 to 8 rows");
-    static constexpr int N = R == 1 ? 1 : R == 2 ? 2 : R <= 4 ? 4 : 8;
+    static_assert(R >= 1 && R <= 4, "RowsTree: 1 to 4 rows");
+    static constexpr int N = R == 1 ? 1 : R == 2 ? 2 : 4;
 
     static __device__ __forceinline__ float sum(float (&p)[N], int lane)
     {
@@ -706,13 +708,12 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
  * position, the lane's cos/sin and, per tensor, its weights are found once
  * (found per row, they made the warp kernel's rows several hundred
  * instructions each: bench/RESULTS.md); its rows are taken R at a time, all
- * R rows' loads issued before any row's sum, and the next R rows' loads
- * before these rows' work, so that a warp has 2R rows in flight; the R
- * rows' trees are one RowsTree, whose rstd is evaluated once for them all
- * (one row at a time the kernel ran at 0.52-0.56 of a copy on the H100,
- * bound by its instructions, not by loads in flight: bench/RESULTS.md,
- * 2026-11-27).  Each row's operations are the same whatever the item and
- * R: no launch shape changes a result. */
+ * R rows' loads issued before any row's sum, their trees one RowsTree whose
+ * rstd is evaluated once for them all.  Loading the next rows ahead of a
+ * row's work, and more rows at a time, cost registers and so warps an SM,
+ * and ran slower on the H100 (FR_CUDA_NORM_WARP_RPW).  Each row's
+ * operations are the same whatever the item and R: no launch shape changes
+ * a result. */
 template <int DT, int HD, bool IL, int R>
 __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__ NParams P)
 {
@@ -753,14 +754,10 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
                     u[j][c] = Elem<DT>::to_f(x[lane + 32 * c]);
             }
         };
-        float v[R][K] = {}, vn[R][K] = {}; /* rows past the item stay unused */
-        load_rows(hh0, v);
         for (int64_t hh = hh0; hh < hh1; hh += R) {
+            float v[R][K] = {}; /* rows past the item stay unused */
             float p[RowsTree<R>::N] = {}; /* rows past the item (or R) sum to 0 */
-            /* the next rows' loads in flight during these rows' work */
-            const bool more = hh + R < hh1;
-            if (more)
-                load_rows(hh + R, vn);
+            load_rows(hh, v);
 #pragma unroll
             for (int j = 0; j < R; j++) {
                 if (hh + j >= hh1)
@@ -797,12 +794,6 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
                 else
                     warp_pairs<DT, HD, IL, FR_ROUND_ONCE>(rstd, lane, v[j], wf, an, y);
             }
-            if (more)
-#pragma unroll
-                for (int j = 0; j < R; j++)
-#pragma unroll
-                    for (int c = 0; c < K; c++)
-                        v[j][c] = vn[j][c];
         }
     }
 }
