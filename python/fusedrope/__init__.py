@@ -263,7 +263,7 @@ class Cache:
         if self._h.device_id < 0:
             return
         with _cuda_device(self._h.device_id):
-            self._h.check(_stream_of([], self._h.device_id, stream))
+            self._h.check(_stream_of([], self._h.device_id, stream)[0])
 
     def __repr__(self):
         return (f"fusedrope.Cache(type={self.type!r}, rot_dim={self.rot_dim}, "
@@ -276,25 +276,38 @@ def _stream_of(arrays, dev_id, stream):
     """The CUDA stream to run on: the one given, else PyTorch's current
     stream when PyTorch tensors are passed (so calls are captured in CUDA
     graphs), else CuPy's current stream for CuPy arrays, else the default
-    stream (0)."""
+    stream (0); and whether it is PyTorch's current stream by that rule."""
     if stream is not None:
-        return int(getattr(stream, "cuda_stream", getattr(stream, "ptr", stream)))
+        return int(getattr(stream, "cuda_stream", getattr(stream, "ptr", stream))), False
     for a in arrays:
         mod = type(a).__module__
         if mod.startswith("torch"):
             import torch
-            return torch.cuda.current_stream(dev_id).cuda_stream
+            return torch.cuda.current_stream(dev_id).cuda_stream, True
         if mod.startswith("cupy"):
             import cupy
-            return cupy.cuda.get_current_stream().ptr
+            return cupy.cuda.get_current_stream().ptr, False
     if not arrays:
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_available():
-            return torch.cuda.current_stream(dev_id).cuda_stream
-    return 0
+            return torch.cuda.current_stream(dev_id).cuda_stream, True
+    return 0, False
 
 
-def _capsule(a, what, cuda_stream):
+def _export_stream(a, cuda_stream, torch_current):
+    """The stream a CUDA array's __dlpack__ is asked to order its work
+    before: -1 (DLPack: no synchronisation) for a PyTorch tensor when the
+    call runs on PyTorch's current stream (torch_current), whose work is
+    ordered already, else the call's stream (1, DLPack's legacy default
+    stream, for stream 0, which DLPack does not allow).  PyTorch answers any
+    other value with a current-stream lookup, an ExternalStream and, on a
+    different stream, an event: Python work on every array of every call."""
+    if torch_current and type(a).__module__.startswith("torch"):
+        return -1
+    return cuda_stream if cuda_stream else 1
+
+
+def _capsule(a, what, cuda_stream, torch_current=False):
     """a.__dlpack__(), asking for a versioned capsule (it carries the
     read-only flag) where the producer offers one."""
     if not hasattr(a, "__dlpack__"):
@@ -303,8 +316,7 @@ def _capsule(a, what, cuda_stream):
     dev_type, _ = a.__dlpack_device__()
     kw = {}
     if int(dev_type) in (_DL_CUDA, _DL_CUDA_MANAGED):
-        # DLPack: 1 names the legacy default stream; 0 is not allowed.
-        kw["stream"] = cuda_stream if cuda_stream else 1
+        kw["stream"] = _export_stream(a, cuda_stream, torch_current)
     try:
         try:
             return a.__dlpack__(max_version=(1, 0), **kw)
@@ -406,18 +418,19 @@ def _prepare(cache, arrays, names, style, layout, ids, offsets, cu_seqlens, dtyp
     cu_seqlens = _positions(cu_seqlens, "cu_seqlens", np.int32, cache)
     dev_id = cache._h.device_id
     cuda = dev_id >= 0
-    s = _stream_of([a for a in arrays if a is not None], dev_id, stream) if cuda else 0
+    s, tc = _stream_of([a for a in arrays if a is not None], dev_id, stream) if cuda \
+        else (0, False)
     caps, seen = [], {}
     for a, name in zip(views, names):
         # The same object as input and output (in place) is exported once.
         if a is not None and id(a) not in seen:
-            seen[id(a)] = _capsule(a, name, s)
+            seen[id(a)] = _capsule(a, name, s, tc)
         caps.append(None if a is None else seen[id(a)])
-    extra_caps = [None if a is None else _capsule(a, n, s)
+    extra_caps = [None if a is None else _capsule(a, n, s, tc)
                   for a, (_, n) in zip(extra_views, extra)]
     if range_status is not None and not hasattr(range_status, "__dlpack__"):
         raise TypeError("range_status must be an array (DLPack) of one int32")
-    pos = [None if p is None else _capsule(p, n, s)
+    pos = [None if p is None else _capsule(p, n, s, tc)
            for p, n in ((ids, "ids"), (offsets, "offsets"), (cu_seqlens, "cu_seqlens"),
                         (range_status, "range_status"))]
     ctx = _cuda_device(dev_id) if cuda else contextlib.nullcontext()

@@ -561,6 +561,19 @@ def test_cuda_array_on_cpu_cache(cache8):
     check()
 
 
+def test_export_stream():
+    """The stream a CUDA array's export names: DLPack's -1 (no
+    synchronisation) only for PyTorch tensors on PyTorch's current stream,
+    whose work is ordered already; the call's stream otherwise, 1 for 0."""
+    torch_like = type("Tensor", (), {"__module__": "torch"})()
+    cupy_like = type("ndarray", (), {"__module__": "cupy._core.core"})()
+    assert fusedrope._export_stream(torch_like, 0x1234, True) == -1
+    assert fusedrope._export_stream(torch_like, 0x1234, False) == 0x1234
+    assert fusedrope._export_stream(cupy_like, 0x1234, True) == 0x1234
+    assert fusedrope._export_stream(cupy_like, 0, False) == 1
+    assert fusedrope._export_stream(torch_like, 0, False) == 1
+
+
 def test_version():
     v, n = fusedrope.version()
     assert v == fusedrope.__version__ and n == fusedrope._fusedrope.HEADER_VERSION_NUMBER
