@@ -90,6 +90,15 @@
 #ifndef FR_CUDA_NORM_WARP_RPW
 #define FR_CUDA_NORM_WARP_RPW 1
 #endif
+
+/* Whether a warp of norm_forward_warp issues its item's next rows' loads
+ * before it works the current ones (1) or after (0).  Measured on the H100
+ * only while the loads' widening waited for them (0.0617 ms against 0.0574
+ * without, bench/RESULTS.md, 2026-11-27): overlapping nothing, it cost
+ * registers alone; now the bits stay unwidened until used. */
+#ifndef FR_CUDA_NORM_WARP_AHEAD
+#define FR_CUDA_NORM_WARP_AHEAD 1
+#endif
 static_assert(FR_CUDA_NORM_WARP_RPW >= 1 && FR_CUDA_NORM_WARP_RPW <= 4,
               "FR_CUDA_NORM_WARP_RPW: 1 to 4 rows a warp");
 
@@ -490,6 +499,37 @@ __device__ __forceinline__ float row_weight(const NParams &P, const NIo &io, int
     return fr_norm_wf(P.weight, w);
 }
 
+/* row_weight of the lane's channels lane + 32 k (k < K) of a warp row
+ * kernel, into wf: the K loads issued before any is used, so they make one
+ * round trip (row_weight in a loop made K: each load's widening came right
+ * after it, in the same basic block, and waited for it). */
+template <int DT, int K>
+__device__ __forceinline__ void lane_weights(const NParams &P, const NIo &io, int lane,
+                                             float (&wf)[K])
+{
+    if (P.weight == 0) {
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            wf[k] = 1.0f;
+    } else if (P.wdt == 0) {
+        float w[K];
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            w[k] = ((const float *)io.w)[lane + 32 * k];
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            wf[k] = fr_norm_wf(P.weight, w[k]);
+    } else {
+        uint16_t w[K];
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            w[k] = ((const uint16_t *)io.w)[lane + 32 * k];
+#pragma unroll
+        for (int k = 0; k < K; k++)
+            wf[k] = fr_norm_wf(P.weight, Elem<DT>::to_f(w[k]));
+    }
+}
+
 /* fr_norm_value for the register-row kernels: the rounding to the dtype DT
  * by cuda_elem.cuh's conversions there and back (the hardware's on a GPU,
  * one instruction each way instead of fr_norm_round's integer steps; the
@@ -728,15 +768,15 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
         const int64_t hh1 = hh0 + G < P.heads ? hh0 + G : P.heads;
         const int64_t b = t / P.seq_len, s = t % P.seq_len;
         int bad = 0, xslot = -1, slot = -1;
-        const int64_t pos = row_position(P, b, s, &bad);
         LaneAngles<HD, IL> an;
-        float wf[K];
+        float wf[K] = {}; /* set at the item's first row of each tensor */
         const uint16_t *x0 = nullptr; /* the item's tensors' head 0 at (b, s), per tensor */
         uint16_t *y0 = nullptr;
         float *r0 = nullptr;
-        an.load(row_angles<HD>(P, pos, bad), lane);
-        /* rows hh .. hh + R - 1 (those before hh1) into u */
-        auto load_rows = [&](int64_t hh, float (&u)[R][K]) {
+        /* rows hh .. hh + R - 1 (those before hh1): their bits into u, widened
+         * only where they are used, so that the loads stay in flight until
+         * then (widened here, each row's loads were waited for at once) */
+        auto load_rows = [&](int64_t hh, uint16_t (&u)[R][K]) {
 #pragma unroll
             for (int j = 0; j < R; j++) {
                 int64_t h;
@@ -751,13 +791,27 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
                 const uint16_t *x = x0 + h * io.in_sh;
 #pragma unroll
                 for (int c = 0; c < K; c++)
-                    u[j][c] = Elem<DT>::to_f(x[lane + 32 * c]);
+                    u[j][c] = x[lane + 32 * c];
             }
         };
+        /* rows past the item stay unused */
+        uint16_t raw[R][K] = {}, raw_next[R][K] = {};
+        /* the first rows' loads in flight while the position and angles are
+         * found (two dependent round trips) */
+        load_rows(hh0, raw);
+        const int64_t pos = row_position(P, b, s, &bad);
+        an.load(row_angles<HD>(P, pos, bad), lane);
         for (int64_t hh = hh0; hh < hh1; hh += R) {
-            float v[R][K] = {}; /* rows past the item stay unused */
-            float p[RowsTree<R>::N] = {}; /* rows past the item (or R) sum to 0 */
-            load_rows(hh, v);
+            /* the next rows' loads in flight during these rows' work */
+            const bool more = FR_CUDA_NORM_WARP_AHEAD && hh + R < hh1;
+            if (more)
+                load_rows(hh + R, raw_next);
+            float v[R][K], p[RowsTree<R>::N] = {}; /* rows past the item (or R) sum to 0 */
+#pragma unroll
+            for (int j = 0; j < R; j++)
+#pragma unroll
+                for (int c = 0; c < K; c++)
+                    v[j][c] = Elem<DT>::to_f(raw[j][c]);
 #pragma unroll
             for (int j = 0; j < R; j++) {
                 if (hh + j >= hh1)
@@ -779,9 +833,7 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
                     slot = k;
                     y0 = (uint16_t *)row_ptr(io.out, s, b, 0, io.out_ss, io.out_sb, 0, DT);
                     r0 = io.rstd != nullptr ? io.rstd + t * io.heads : nullptr;
-#pragma unroll
-                    for (int c = 0; c < K; c++)
-                        wf[c] = row_weight<DT>(P, io, lane + 32 * c);
+                    lane_weights<DT>(P, io, lane, wf);
                 }
                 uint16_t *y = y0 + h * io.out_sh;
                 const float rstd = RowsTree<R>::of_row(rstd_lane, j);
@@ -793,6 +845,15 @@ __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__
                     warp_pairs<DT, HD, IL, FR_ROUND_GEMMA>(rstd, lane, v[j], wf, an, y);
                 else
                     warp_pairs<DT, HD, IL, FR_ROUND_ONCE>(rstd, lane, v[j], wf, an, y);
+            }
+            if (more) {
+#pragma unroll
+                for (int j = 0; j < R; j++)
+#pragma unroll
+                    for (int c = 0; c < K; c++)
+                        raw[j][c] = raw_next[j][c];
+            } else if (hh + R < hh1) {
+                load_rows(hh + R, raw);
             }
         }
     }
@@ -969,10 +1030,11 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
 #define FR_CUDA_NORM_BWD_RPW 1
 #endif
 /* Batches a block of norm_backward_items holds loaded or in flight (1 to
- * 4): its chunk is a chain of batches, and with 2 (the batch worked and the
- * next) a batch cost about a load's round trip under load on the H100
- * (~1.7 us, against ~0.5 us of arithmetic and barrier: bench/RESULTS.md,
- * 2026-11-27, second entry); with 3 two round trips overlap each batch. */
+ * 4): its chunk is a chain of batches, ~1.7 us each on the H100 with 2 (the
+ * batch worked and the next), 3 no better (0.1384 and 0.1345 ms at 4096
+ * tokens, bench/RESULTS.md, 2026-11-27): bwd_load widened the loads it
+ * issued and so waited for them, and no batch was in flight behind another.
+ * The bits now stay unwidened until their batch is worked (BwdRows). */
 #ifndef FR_CUDA_NORM_BWD_BATCHES
 #define FR_CUDA_NORM_BWD_BATCHES 3
 #endif
@@ -1065,10 +1127,14 @@ static_assert(sizeof(BwdShared<128, FR_CUDA_NORM_BWD_RPW>) <= 48 * 1024,
 #endif
 
 /* A batch's rows of one warp as loaded: dy and the saved row (this lane's
- * channels, widened), rstd, and where dx goes and its token in the item;
- * n rows of R (the rest past the item's rows). */
+ * channels, their bits: widened only when the batch is worked, so that a
+ * batch's loads stay in flight until then; widened in bwd_load, each load
+ * was waited for right there, and the batches held ahead overlapped
+ * nothing), rstd, and where dx goes and its token in the item; n rows of R
+ * (the rest past the item's rows). */
 template <int HD, int R> struct BwdRows {
-    float dy[R][HD / 32], xs[R][HD / 32], rstd[R];
+    uint16_t dy[R][HD / 32], xs[R][HD / 32];
+    float rstd[R];
     uint16_t *dx[R];
     int tok[R];
     int n;
@@ -1093,8 +1159,8 @@ __device__ __forceinline__ void bwd_load(const NIo &io, const BwdShared<HD, R> &
         const uint16_t *d = sh.dy[tt] + h * io.in_sh, *x = sh.xs[tt] + h * io.x_sh;
 #pragma unroll
         for (int k = 0; k < K; k++) {
-            w.dy[j][k] = Elem<DT>::to_f(d[lane + 32 * k]);
-            w.xs[j][k] = Elem<DT>::to_f(x[lane + 32 * k]);
+            w.dy[j][k] = d[lane + 32 * k];
+            w.xs[j][k] = x[lane + 32 * k];
         }
         w.rstd[j] = io.rstd[(ta + tt) * io.heads + h];
         w.dx[j] = sh.dx[tt] + h * io.out_sh;
@@ -1115,9 +1181,7 @@ __device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R
         const int q = it >= n0;
         const NIo &io = P.io[q];
         float wf[K]; /* the lane's weight factors, once an item (of one tensor) */
-#pragma unroll
-        for (int k = 0; k < K; k++)
-            wf[k] = row_weight<DT>(P, io, lane + 32 * k);
+        lane_weights<DT>(P, io, lane, wf);
         const int64_t ta = (it - (q ? n0 : 0)) * io.item_tokens;
         const int64_t tb = ta + io.item_tokens < P.tokens ? ta + io.item_tokens : P.tokens;
         const int64_t rows = (tb - ta) * io.heads;
@@ -1162,8 +1226,13 @@ __device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R
                     LaneAngles<HD, IL> an;
                     an.load(sh.angles[cur.tok[j]], lane);
                     float *tr = io.part != nullptr ? sh.terms[par][j * NW + warp] : nullptr;
-                    warp_dx<DT, HD, IL, SY>(wf, an, cur.rstd[j], lane, cur.dy[j], cur.xs[j],
-                                            tr, cur.dx[j]);
+                    float dy[K], xs[K];
+#pragma unroll
+                    for (int k = 0; k < K; k++) {
+                        dy[k] = Elem<DT>::to_f(cur.dy[j][k]);
+                        xs[k] = Elem<DT>::to_f(cur.xs[j][k]);
+                    }
+                    warp_dx<DT, HD, IL, SY>(wf, an, cur.rstd[j], lane, dy, xs, tr, cur.dx[j]);
                 }
                 if (io.part != nullptr) {
                     /* two sets of slots: a batch's writes to one are behind
