@@ -174,17 +174,17 @@ norm_variant() {
 section_normwarp() {
   # the norm forward's row kernels, each build taking one (FR_CUDA_NORM_WARP_ROWS
   # 0: a thread per row; huge: rows over warps, items of at most HEADS rows of
-  # a token, RPW of them at a time), test_norm_gpu on each, then the same
-  # norm lines on each; the default build comes back last (NORMWARP_VARIANTS
-  # chooses ROWS:RPW:HEADS; by default 2 and 4 rows at a time sharing one
-  # RowsTree without the next rows' loads ahead, and items of 4 rows: the
-  # 2026-11-27 runs measured 0:1:8, huge:1:8, huge:2:8 before RowsTree, and
-  # huge:4:8 with it and the loads ahead)
+  # a token, RPW of them at a time, the next RPW rows' loads AHEAD or not),
+  # test_norm_gpu on each, then the same norm lines on each; the default build
+  # comes back last (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD; by default
+  # one row without the next ahead, 2 rows with, 4 without, since the loads
+  # stay unwidened until used (a7e5f09); the 2026-11-27 runs measured 0:1:8,
+  # huge:1:8, huge:2:8 and huge:4:8 while every load was waited for at once)
   ( cd "$src" && b=./tools/fusedrope-bench
-    for v in ${NORMWARP_VARIANTS:-1000000000:2:8 1000000000:4:8 1000000000:1:4} default; do
+    for v in ${NORMWARP_VARIANTS:-1000000000:1:8:0 1000000000:2:8:1 1000000000:4:8:0} default; do
       norm_variant normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW \
-        FR_CUDA_NORM_WARP_HEADS || break
-      { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS=$v"
+        FR_CUDA_NORM_WARP_HEADS FR_CUDA_NORM_WARP_AHEAD || break
+      { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS:AHEAD=$v"
         for tokens in 64 256 1024 4096 16384; do
           $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_fwd|FAIL)'
         done
@@ -227,7 +227,8 @@ section_normbwd() {
   # the product at most 16 for head_dim 128's shared memory; batches held in
   # flight): test_norm_gpu on each, then the backward lines (dw for q and k)
   # at 1024, 4096 and 16384 tokens and in fp16 and interleaved; the default
-  # build last (the 2026-11-27 runs measured 8:2:2, 16:1:2, 8:1:2)
+  # build last (the 2026-11-27 runs measured 8:2:2, 16:1:2, 8:1:2 and 16:1:3
+  # while bwd_load waited for its loads; a7e5f09 leaves them in flight)
   ( cd "$src" && b=./tools/fusedrope-bench
     for v in ${NORMBWD_VARIANTS:-16:1:2 16:1:4 8:2:3} default; do
       norm_variant normbwd $v FR_CUDA_NORM_BWD_WARPS FR_CUDA_NORM_BWD_RPW \
