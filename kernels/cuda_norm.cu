@@ -81,12 +81,13 @@
 #endif
 
 /* Rows a warp of norm_forward_warp holds at a time (1 to 4; an item of
- * fewer rows takes 1): 1.  On the H100 the kernel's time followed the warps
- * an SM holds, which its registers set, and neither its instructions nor its
- * loads in flight: 4 rows sharing one tree and rstd (92 registers, 20 warps
- * an SM) ran at 0.42 of a copy, 2 rows (70, 28 warps) 0.47, 1 row with the
- * next one's loads ahead (64, 32 warps) 0.52, 1 row (56, 36 warps) 0.56
- * (bench/RESULTS.md, 2026-11-27). */
+ * fewer rows takes 1): 1.  While each load was waited for where it was
+ * issued (its widening came right after it), the H100 ran the kernel at the
+ * speed of the warps an SM holds, which its registers set: 4 rows sharing
+ * one tree and rstd (92 registers, 20 warps an SM) 0.42 of a copy, 2 rows
+ * (70, 28 warps) 0.47, 1 row with the next one's loads "ahead" (64, 32
+ * warps) 0.52, 1 row (56, 36 warps) 0.56 (bench/RESULTS.md, 2026-11-27);
+ * not yet measured since the loads stay in flight. */
 #ifndef FR_CUDA_NORM_WARP_RPW
 #define FR_CUDA_NORM_WARP_RPW 1
 #endif
@@ -657,8 +658,8 @@ template <int HD, bool IL> struct LaneAngles {
  * half the rows; the last levels are the one-row butterfly.  Lane l ends
  * with the sum of row (l >> (5 - log2 N)) & (N - 1), and of_row gives row
  * j's value to every lane from lane j x 32 / N.  At R = 1 this is the plain
- * butterfly; at R = 4 one rstd serves four rows, but the rows' registers
- * cost warps an SM and the kernel ran slower (FR_CUDA_NORM_WARP_RPW).
+ * butterfly; at R = 4 one rstd serves four rows (its registers cost warps
+ * an SM: FR_CUDA_NORM_WARP_RPW).
  */
 template <int R> struct RowsTree {
     static_assert(R >= 1 && R <= 4, "RowsTree: 1 to 4 rows");
@@ -749,11 +750,12 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
  * (found per row, they made the warp kernel's rows several hundred
  * instructions each: bench/RESULTS.md); its rows are taken R at a time, all
  * R rows' loads issued before any row's sum, their trees one RowsTree whose
- * rstd is evaluated once for them all.  Loading the next rows ahead of a
- * row's work, and more rows at a time, cost registers and so warps an SM,
- * and ran slower on the H100 (FR_CUDA_NORM_WARP_RPW).  Each row's
- * operations are the same whatever the item and R: no launch shape changes
- * a result. */
+ * rstd is evaluated once for them all, and (FR_CUDA_NORM_WARP_AHEAD) the
+ * next R rows' loads issued before these rows' work; the loaded bits are
+ * widened only where they are worked, so the loads stay in flight until then
+ * (FR_CUDA_NORM_WARP_RPW: what the H100 measured while they did not).  Each
+ * row's operations are the same whatever the item and R: no launch shape
+ * changes a result. */
 template <int DT, int HD, bool IL, int R>
 __global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__ NParams P)
 {
