@@ -25,9 +25,10 @@
  * bounds of tests/test_norm.c.  Rows the float32 contract sends elsewhere
  * are judged by IEEE rules: a NaN in the row gives rstd NaN and a NaN row; an
  * infinity, or a sum of squares past FLT_MAX, gives rstd 0 and outputs that
- * are 0 or NaN (NaN in each pair holding the infinity).  Rows at the float32
- * edges (sum of squares near FLT_MAX, mean + eps below 2^-100) and elements
- * beyond a quarter of the dtype's range are not value-checked.
+ * are 0 or NaN (NaN in each pair holding the infinity), and so does mean +
+ * eps past FLT_MAX (a huge eps).  Rows at the float32 edges (sum of squares
+ * or mean + eps near FLT_MAX, mean + eps below 2^-100) and elements beyond a
+ * quarter of the dtype's range are not value-checked.
  *
  * Backward (after an accepted forward, 3 times in 4): the saved x (a copy of
  * the forward's input) or y (saved_output 1), a random dq_out, dq_in in place
@@ -415,12 +416,14 @@ static void check_forward(const cache_t *ct, const fz_call *fc, const nrun *R, c
                       YAT(c));
             continue;
         }
-        if (anyinf || ss >= FLT_MAX * (1 + 0x1p-10)) {
-            /* sum of squares Inf: rstd 0, n = x * 0 (NaN where x is Inf) */
+        /* mean + eps, which overflows float32 too with a huge eps */
+        const double me = ss / (double)hd + eps32;
+        if (anyinf || ss >= FLT_MAX * (1 + 0x1p-10) || me >= FLT_MAX * (1 + 0x1p-10)) {
+            /* sum of squares or mean + eps Inf: rstd 0, n = x * 0 (NaN where x is Inf) */
             stats.inf_rows++;
-            CHECK(!rstd || got_r == 0, "%s row (s %lld b %lld h %lld): sum of squares past "
-                  "FLT_MAX, rstd %.9g (want 0)", k ? "k" : "q", (long long)s, (long long)b,
-                  (long long)h, got_r);
+            CHECK(!rstd || got_r == 0, "%s row (s %lld b %lld h %lld): sum of squares or mean "
+                  "+ eps past FLT_MAX, rstd %.9g (want 0)", k ? "k" : "q", (long long)s,
+                  (long long)b, (long long)h, got_r);
             for (int64_t c = 0; c < hd; c++) {
                 int inf_pair = isinf(xr[c]);
                 if (c < rot) {
@@ -430,13 +433,14 @@ static void check_forward(const cache_t *ct, const fz_call *fc, const nrun *R, c
                     inf_pair = isinf(xr[ca]) || isinf(xr[cb]);
                 }
                 CHECK(inf_pair ? isnan(YAT(c)) : is_zero_or_nan(YAT(c)),
-                      "%s row (s %lld b %lld h %lld): sum of squares past FLT_MAX, y[%lld] = "
-                      "%.9g (want %s)", k ? "k" : "q", (long long)s, (long long)b, (long long)h,
-                      (long long)c, YAT(c), inf_pair ? "NaN" : "0 or NaN");
+                      "%s row (s %lld b %lld h %lld): sum of squares or mean + eps past "
+                      "FLT_MAX, y[%lld] = %.9g (want %s)", k ? "k" : "q", (long long)s,
+                      (long long)b, (long long)h, (long long)c, YAT(c),
+                      inf_pair ? "NaN" : "0 or NaN");
             }
             continue;
         }
-        if (ss > FLT_MAX * (1 - 0x1p-10) || ss / (double)hd + eps32 < 0x1p-100)
+        if (ss > FLT_MAX * (1 - 0x1p-10) || me > FLT_MAX * (1 - 0x1p-10) || me < 0x1p-100)
             continue; /* float32's edges: either answer */
         stats.fwd_rows++;
         if (rstd)
