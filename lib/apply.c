@@ -450,6 +450,13 @@ static fusedrope_status check_position_values(const fr_pos_args *pa, int64_t bat
                     snprintf(token, sizeof token, "token %lld of the packed tokens", (ll)s);
                 else
                     snprintf(token, sizeof token, "token (batch %lld, seq %lld)", (ll)b, (ll)s);
+                /* bad without a negative position: the offset's sum left int64
+                 * (the host has checked cu_seqlens, so no token is outside a
+                 * sequence) */
+                if (bad && p >= 0)
+                    return fr_fail(FUSEDROPE_ERR_RANGE,
+                                   "%s: its position plus pos->offsets lies outside int64_t",
+                                   token);
                 if (max_positions > 0)
                     return fr_fail(FUSEDROPE_ERR_RANGE,
                                    "%s has position %lld%s, outside the table's [0, %lld)", token,

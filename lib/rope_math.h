@@ -161,8 +161,9 @@ FR_HD int fr_cu_ends_bad(const fr_pos_args *pa, int64_t tokens)
 /*
  * Position of token (b, s); for THD, s is the packed token index.  Sets *bad
  * when the position arrays describe no valid position for it (a token outside
- * every sequence, a negative result); the caller then skips the token.  Sums
- * wrap instead of overflowing so garbage in device memory is never UB.
+ * every sequence, a negative result, a sum past int64); the caller then
+ * skips the token.  No sum overflows, so garbage in device memory is never
+ * UB.
  *
  * The one position rule, for every caller.  Where host and device differ is
  * only in when the rule's verdict is taken: lib/apply.c runs it over every
@@ -191,8 +192,16 @@ FR_HD int64_t fr_token_position(const fr_pos_args *pa, int64_t b, int64_t s, int
         p = pa->ids[fr_ids_index(pa, b, s)];
     } else {
         p = fr_cp_position(j, len, pa->cp_size, pa->cp_rank);
-        if (pa->offsets)
-            p = (int64_t)((uint64_t)p + (uint64_t)pa->offsets[seq]);
+        if (pa->offsets) {
+            const int64_t off = pa->offsets[seq];
+            /* a sum past int64 is no position, even where negatives are
+             * (a cache with axes): wrapped, it would pass for one */
+            if (off > 0 ? p > INT64_MAX - off : p < INT64_MIN - off) {
+                *bad = 1;
+                return 0;
+            }
+            p += off;
+        }
     }
     *bad = p < 0 && !pa->negative_ok;
     return p;

@@ -1048,6 +1048,19 @@ START_TEST(test_bad_positions)
                 ck_assert_msg(st == FUSEDROPE_ERR_INVALID, "%s, table-less: %s", what,
                               fusedrope_status_string(st));
             }
+            /* offsets whose sum with a position passes INT64_MAX: no position,
+             * with axes too (wrapped, the sum would be a negative one, which
+             * a table-less cache with axes takes), nothing written */
+            if (kase == 6 && form == 0) {
+                qos = tu_buf_copy(&qob); /* the call above wrote it */
+                ((int64_t *)P.offsets)[1] = INT64_MAX - 1; /* tokens 2 and 3 past */
+                st = call1(cl.cache, sp->style, &P, &q, &qo, 0);
+                ck_assert_msg(st == FUSEDROPE_ERR_RANGE && strstr(fusedrope_last_error(), "int64"),
+                              "%s, table-less, offsets past INT64_MAX: %s (%s)", what,
+                              fusedrope_status_string(st), fusedrope_last_error());
+                ck_assert_msg(tu_changed(&qob, &qos, &first) == 0, "%s: output written (byte "
+                              "%zu)", what, first);
+            }
         }
     end_test();
 }
