@@ -32,15 +32,24 @@ FR_HD float fr_norm_tree32(float *p)
  * (every model's) it is the product with 1 / head_dim, which is exact: both
  * operations round the same real number, so the bits are the division's, and
  * a multiplication is one instruction where the GPU's IEEE division is a
- * few dozen (a row kernel's largest per-row cost after its rotations). */
+ * few dozen (a row kernel's largest per-row cost after its rotations).  The
+ * reciprocal 2^-k is built from its exponent bits: nvcc does not fold
+ * __fdiv_rn(1, 128), and computed it on every row. */
 FR_HD float fr_norm_mean(float sum, int64_t head_dim)
 {
-    const float d = (float)head_dim;
+    if ((head_dim & (head_dim - 1)) == 0) {
 #ifdef __CUDA_ARCH__
-    return (head_dim & (head_dim - 1)) == 0 ? __fmul_rn(sum, __fdiv_rn(1.0f, d))
-                                            : __fdiv_rn(sum, d);
+        const int k = __ffsll(head_dim) - 1;
+        return __fmul_rn(sum, fr_u2f((uint32_t)(127 - k) << 23));
 #else
-    return (head_dim & (head_dim - 1)) == 0 ? sum * (1.0f / d) : sum / d;
+        const int k = __builtin_ctzll((unsigned long long)head_dim);
+        return sum * fr_u2f((uint32_t)(127 - k) << 23);
+#endif
+    }
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(sum, (float)head_dim);
+#else
+    return sum / (float)head_dim;
 #endif
 }
 
