@@ -488,22 +488,14 @@ __device__ __forceinline__ void pair_angle(const RowAngles &a, int i, float *c, 
     fr_pair_cos_sin(a.cos, a.sin, nullptr, 1.0, 0, 0, i, c, sn);
 }
 
-/* weight_factor's value for the register-row kernels: a 16-bit weight is in
- * the tensors' dtype, so the one conversion of cuda_elem.cuh replaces
- * load_f's three (the same value: widening is exact). */
-template <int DT>
-__device__ __forceinline__ float row_weight(const NParams &P, const NIo &io, int c)
-{
-    const float w = P.weight == 0 ? 1.0f
-                    : P.wdt == 0  ? ((const float *)io.w)[c]
-                                  : Elem<DT>::to_f(((const uint16_t *)io.w)[c]);
-    return fr_norm_wf(P.weight, w);
-}
-
-/* row_weight of the lane's channels lane + 32 k (k < K) of a warp row
- * kernel, into wf: the K loads issued before any is used, so they make one
- * round trip (row_weight in a loop made K: each load's widening came right
- * after it, in the same basic block, and waited for it). */
+/* weight_factor's value for the register-row kernels, channels lane + 32 k
+ * (k < K) of a warp row kernel into wf: a 16-bit weight is in the tensors'
+ * dtype, so the one conversion of cuda_elem.cuh replaces load_f's three (the
+ * same value: widening is exact).  The K loads are issued before any is
+ * widened, so they make one round trip (a load and its widening per channel
+ * made K: the widening came right after its load, in the same basic block,
+ * and waited for it).  The float and 16-bit loads stay apart: through one
+ * 32-bit word the kernels took 2-7 more registers. */
 template <int DT, int K>
 __device__ __forceinline__ void lane_weights(const NParams &P, const NIo &io, int lane,
                                              float (&wf)[K])
@@ -529,6 +521,15 @@ __device__ __forceinline__ void lane_weights(const NParams &P, const NIo &io, in
         for (int k = 0; k < K; k++)
             wf[k] = fr_norm_wf(P.weight, Elem<DT>::to_f(w[k]));
     }
+}
+
+/* The weight factor of channel c alone (norm_forward_rows). */
+template <int DT>
+__device__ __forceinline__ float row_weight(const NParams &P, const NIo &io, int c)
+{
+    float wf[1];
+    lane_weights<DT>(P, io, c, wf);
+    return wf[0];
 }
 
 /* fr_norm_value for the register-row kernels: the rounding to the dtype DT
