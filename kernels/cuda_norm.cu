@@ -1474,9 +1474,9 @@ template <int DT, int HD> cudaError_t launch_rows(const NParams &P0, cudaStream_
     (P.interleaved ? launch_warps(norm_forward_warp<DT, HD, true, R>, warps, P, stream)    \
                    : launch_warps(norm_forward_warp<DT, HD, false, R>, warps, P, stream))
 #ifdef FR_CUDA_EMULATE
-        /* every count a test may choose, and the default */
+        /* every count a test may choose, the default among them */
         return r == 4 ? FR_WARP_RPW(4) : r == 3 ? FR_WARP_RPW(3) : r == 2 ? FR_WARP_RPW(2)
-             : r == 1 ? FR_WARP_RPW(1) : FR_WARP_RPW(FR_CUDA_NORM_WARP_RPW);
+                                                                  : FR_WARP_RPW(1);
 #else
         return r == 1 ? FR_WARP_RPW(1) : FR_WARP_RPW(FR_CUDA_NORM_WARP_RPW);
 #endif
