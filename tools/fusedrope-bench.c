@@ -302,10 +302,12 @@ typedef struct {
     int64_t heads[2];
     size_t elems[2], bytes[2]; /* one tensor of each part */
     size_t in_off[2], out_off[2];
+    size_t dy_off[2];          /* --norm: the backward's dy, its own region of each set */
     size_t set_bytes;
     int nsets;
     char *base;                /* nsets buffer sets, on the run's device */
     fusedrope_tensor *tin, *tout; /* [nsets][2] */
+    fusedrope_tensor *tdy;     /* --norm: [nsets][2] */
     fusedrope_cache *cache;
     fusedrope_positions pos;
     const fusedrope_positions *ppos;
@@ -318,8 +320,9 @@ typedef struct {
     fusedrope_positions hpos;  /* the positions, host arrays (for the reference) */
     ref_rope ref;              /* the reference's inv_freq and attention factor */
     void *h_in[2], *h_out[2];  /* host copies for verification */
-    double bytes_moved;
-    size_t copy_bytes;
+    void *h_dy[2];             /* --norm: the backward's dy */
+    double bytes_moved[2];     /* by enum op */
+    size_t copy_bytes[2];
     char shape_str[96];
     /* --norm: weights ([head_dim] of the dtype), rstd ([tokens][heads]) and
      * weight gradients per part, on the device; their host copies */
@@ -337,6 +340,18 @@ static char *in_ptr(const bcase *c, int set, int p)
 static char *out_ptr(const bcase *c, int set, int p)
 {
     return opt.inplace ? in_ptr(c, set, p) : c->base + (size_t)set * c->set_bytes + c->out_off[p];
+}
+
+static char *dy_ptr(const bcase *c, int set, int p)
+{
+    return c->base + (size_t)set * c->set_bytes + c->dy_off[p];
+}
+
+/* Where op writes: the output region, but the norm's backward in place
+ * writes dx over dy (x is the saved input, which it must not change). */
+static char *result_ptr(const bcase *c, enum op op, int set, int p)
+{
+    return opt.norm && op == OP_BWD && opt.inplace ? dy_ptr(c, set, p) : out_ptr(c, set, p);
 }
 
 static fusedrope_tensor make_tensor(const bcase *c, void *data, int64_t heads)
@@ -496,7 +511,7 @@ static void case_setup(bcase *c, shape sh)
     size_t es = ref_dtype_size(opt.dtype), off = 0, target;
     fusedrope_cache_config cfg;
     fusedrope_device dev = g_cuda ? FUSEDROPE_DEVICE_CUDA : FUSEDROPE_DEVICE_CPU;
-    double moved = 0;
+    double moved = 0, moved_bwd = 0;
 
     memset(c, 0, sizeof *c);
     c->sh = sh;
@@ -521,14 +536,29 @@ static void case_setup(bcase *c, shape sh)
             c->out_off[p] = off;
             off += align_up(c->bytes[p]);
         }
-        /* Bytes that must move: in place, only the rotated channels. */
-        if (opt.inplace)
+        if (opt.norm) {
+            /* The backward reads dy and the saved x, and writes dx: three
+             * tensors (dy in place or not), as in training, where dy is never
+             * the saved input; the norm writes every channel, rotated or
+             * not; rstd (a float a row) written forward, read backward.
+             * (Before 2026-11-27 dy was the saved input, and two tensors
+             * were counted without rstd.) */
+            const double rstd = 4.0 * (double)c->tokens * (double)c->heads[p];
+            c->dy_off[p] = off;
+            off += align_up(c->bytes[p]);
+            moved += 2.0 * (double)c->bytes[p] + rstd;
+            moved_bwd += 3.0 * (double)c->bytes[p] + rstd;
+        } else if (opt.inplace) {
+            /* Bytes that must move: in place, only the rotated channels. */
             moved += 2.0 * (double)c->tokens * (double)c->heads[p] * (double)c->rot * (double)es;
-        else
+        } else {
             moved += 2.0 * (double)c->bytes[p];
+        }
     }
-    c->bytes_moved = moved;
-    c->copy_bytes = (size_t)(moved / 2);
+    c->bytes_moved[OP_FWD] = moved;
+    c->bytes_moved[OP_BWD] = opt.norm ? moved_bwd : moved;
+    for (int o = 0; o < 2; o++)
+        c->copy_bytes[o] = (size_t)(c->bytes_moved[o] / 2);
     c->set_bytes = off;
 
     target = working_set_target();
@@ -552,6 +582,10 @@ static void case_setup(bcase *c, shape sh)
         c->h_out[p] = xmalloc(c->bytes[p]);
         fill_random(c->h_in[p], c->elems[p], opt.seed * 1000003u + (uint64_t)p * 7919u +
                                                   (uint64_t)(sh.s * 31 + sh.b * 17 + sh.h * 5 + sh.d));
+        if (opt.norm) {
+            c->h_dy[p] = xmalloc(c->bytes[p]);
+            fill_random(c->h_dy[p], c->elems[p], opt.seed * 2000003u + (uint64_t)p * 7919u + 1u);
+        }
     }
 
     /* Device buffer sets: everything written once (no page faults while
@@ -562,13 +596,21 @@ static void case_setup(bcase *c, shape sh)
         buf_upload(in_ptr(c, 0, p), c->h_in[p], c->bytes[p]);
         for (int s = 1; s < c->nsets; s++)
             buf_copy(in_ptr(c, s, p), in_ptr(c, 0, p), c->bytes[p]);
+        if (opt.norm) {
+            buf_upload(dy_ptr(c, 0, p), c->h_dy[p], c->bytes[p]);
+            for (int s = 1; s < c->nsets; s++)
+                buf_copy(dy_ptr(c, s, p), dy_ptr(c, 0, p), c->bytes[p]);
+        }
     }
     c->tin = xmalloc((size_t)c->nsets * 2 * sizeof *c->tin);
     c->tout = xmalloc((size_t)c->nsets * 2 * sizeof *c->tout);
+    c->tdy = xmalloc((size_t)c->nsets * 2 * sizeof *c->tdy);
     for (int s = 0; s < c->nsets; s++)
         for (int p = 0; p < c->nparts; p++) {
             c->tin[2 * s + p] = make_tensor(c, in_ptr(c, s, p), c->heads[p]);
             c->tout[2 * s + p] = make_tensor(c, out_ptr(c, s, p), c->heads[p]);
+            if (opt.norm)
+                c->tdy[2 * s + p] = make_tensor(c, dy_ptr(c, s, p), c->heads[p]);
         }
     dev_barrier();
 
@@ -646,10 +688,12 @@ static void case_free(bcase *c)
     free(c->ids_host);
     free(c->tin);
     free(c->tout);
+    free(c->tdy);
     ref_rope_free(&c->ref);
     for (int p = 0; p < c->nparts; p++) {
         free(c->h_in[p]);
         free(c->h_out[p]);
+        free(c->h_dy[p]);
         free(c->w_host[p]);
         if (c->w_dev[p])
             buf_free(c->w_dev[p]);
@@ -665,16 +709,20 @@ static fusedrope_status run_op(const bcase *c, enum op op, int set)
     const fusedrope_tensor *ti = &c->tin[2 * set], *to = &c->tout[2 * set];
     void *stream = stream_arg();
     if (opt.norm) {
-        /* backward: the saved x and dy are both the input (timing only
-         * needs valid data; verify() checks the same call) */
+        /* backward: the saved x is the input region (the forward's x, whose
+         * rstd the forward saved), dy its own region, dx the output or, in
+         * place, over dy.  Timed in place, dx becomes the next call's dy and
+         * grows (about rstd x w a call) to Inf: the GPU's and the CPU's
+         * arithmetic take no longer on it; verify() uploads fresh data. */
         const int two = c->nparts == 2;
+        const fusedrope_tensor *td = &c->tdy[2 * set], *tx = opt.inplace ? td : to;
         if (op == OP_FWD)
             return fusedrope_norm_forward_qk(c->cache, opt.style, c->ppos, &c->norm, &ti[0],
                                              &to[0], two ? &ti[1] : NULL, two ? &to[1] : NULL,
                                              stream);
-        return fusedrope_norm_backward_qk(c->cache, opt.style, c->ppos, &c->norm, &ti[0], &ti[0],
-                                          &to[0], two ? &ti[1] : NULL, two ? &ti[1] : NULL,
-                                          two ? &to[1] : NULL, stream);
+        return fusedrope_norm_backward_qk(c->cache, opt.style, c->ppos, &c->norm, &ti[0], &td[0],
+                                          &tx[0], two ? &ti[1] : NULL, two ? &td[1] : NULL,
+                                          two ? &tx[1] : NULL, stream);
     }
     if (c->nparts == 1)
         return op == OP_FWD
@@ -789,14 +837,16 @@ static void verify_part(const bcase *c, enum op op, int p, vstats *v)
 /* --norm: the whole output against tests/ref.c's float64 ref_norm_forward
  * (the tolerance of tests/test_norm.c: float32 rstd and n, and a value the
  * mode rounds to the dtype may round the other way near a tie) or
- * ref_norm_backward (saved x = dy = the input; float32 arithmetic against the
- * size of dx's terms).  'err/tol' is over that tolerance. */
+ * ref_norm_backward (saved x = the input, dy its own data; float32
+ * arithmetic against the size of dx's terms).  'err/tol' is over that
+ * tolerance. */
 static void verify_norm_part(const bcase *c, enum op op, int p, vstats *v)
 {
     const int64_t H = c->heads[p], D = c->sh.d, R = c->rot, half = R / 2, T = c->tokens;
     const int thd = opt.layout == L_THD;
     const int64_t S = thd ? T : c->sh.s, B = thd ? 1 : c->sh.b;
     fusedrope_tensor x = make_tensor(c, c->h_in[p], H), y = make_tensor(c, c->h_out[p], H);
+    fusedrope_tensor dy = make_tensor(c, c->h_dy[p], H);
     double *ref = xmalloc((size_t)(T * H * D) * sizeof(double));
     double *aux = xmalloc((size_t)(T * H * D) * sizeof(double));
     int64_t *positions = xmalloc((size_t)T * sizeof(int64_t));
@@ -809,7 +859,7 @@ static void verify_norm_part(const bcase *c, enum op op, int p, vstats *v)
         ref_norm_forward(&c->ref, opt.style, positions, &x, kind, w, c->norm.eps, rounding, ref,
                          aux, NULL);
     else
-        ref_norm_backward(&c->ref, opt.style, positions, &x, 0, &x, kind, w, c->norm.eps, NULL,
+        ref_norm_backward(&c->ref, opt.style, positions, &x, 0, &dy, kind, w, c->norm.eps, NULL,
                           ref, NULL, NULL, aux);
     for (int64_t s = 0; s < S; s++)
         for (int64_t b = 0; b < B; b++)
@@ -865,6 +915,8 @@ static int verify(bcase *c, enum op op, vstats *v)
     memset(v, 0, sizeof *v);
     for (int p = 0; p < c->nparts; p++) {
         buf_upload(in_ptr(c, 0, p), c->h_in[p], c->bytes[p]);
+        if (opt.norm)
+            buf_upload(dy_ptr(c, 0, p), c->h_dy[p], c->bytes[p]);
         if (!opt.inplace)
             buf_fill(out_ptr(c, 0, p), 0xff, c->bytes[p]);
     }
@@ -873,7 +925,7 @@ static int verify(bcase *c, enum op op, vstats *v)
     dev_sync();
     lib_check(fusedrope_cache_check(c->cache, stream_arg()), "fusedrope_cache_check");
     for (int p = 0; p < c->nparts; p++) {
-        buf_download(c->h_out[p], out_ptr(c, 0, p), c->bytes[p]);
+        buf_download(c->h_out[p], result_ptr(c, op, 0, p), c->bytes[p]);
         if (opt.norm)
             verify_norm_part(c, op, p, v);
         else
@@ -1094,10 +1146,10 @@ static void usage(FILE *f)
 "                      (the H of --shape, still >= 1, is ignored)\n"
 "  --norm KIND         time the fused per-head RMSNorm + RoPE\n"
 "                      (fusedrope_norm_forward_qk / _backward_qk, rstd saved,\n"
-"                      backward with dw) instead: qwen3 (w, Llama rounding),\n"
-"                      gemma (1 + w, Gemma rounding), once (w, one rounding)\n"
-"                      or none (no weight); verified against the float64\n"
-"                      reference of the norm\n"
+"                      backward from x and a dy of its own, with dw) instead:\n"
+"                      qwen3 (w, Llama rounding), gemma (1 + w, Gemma\n"
+"                      rounding), once (w, one rounding) or none (no weight);\n"
+"                      verified against the float64 reference of the norm\n"
 "  --graph N           (CUDA) also time N calls captured in one CUDA graph and\n"
 "                      replayed (--iters replays), beside the same N calls issued\n"
 "                      one by one on the stream and the host's time to issue one\n"
@@ -1108,17 +1160,18 @@ static void usage(FILE *f)
 "  -h, --help          show this and exit\n"
 "\n"
 "GB/s counts the bytes that must move: input + output (in place with rot_dim <\n"
-"head_dim: only the rotated channels, read and written). 'of copy' is that rate\n"
-"over a copy of the same bytes timed in the same run (GPU: device-to-device\n"
+"head_dim: only the rotated channels, read and written; --norm: rstd too, and\n"
+"its backward reads dy and the saved x, dx over dy in place). 'of copy' is that\n"
+"rate over a copy of the same bytes timed in the same run (GPU: device-to-device\n"
 "cudaMemcpyAsync; CPU: memcpy split over the library's OpenMP threads). Times\n"
 "are medians. Each case is verified first on up to %d tokens spread over the\n"
 "tensor (all heads and channels of each): 'max ulp' is max |y - ref| / ulp(ref)\n"
-"in the output dtype; 'err/tol' is the error over the library's precision\n"
-"bound, ulp(ref) + 2^-22 (|a| + |b|) max(1, attention factor) (stated in\n"
+"in the output dtype; 'err/tol' is the error over the library's precision bound,\n"
+"ulp(ref) + 2^-22 (|a| + |b|) max(1, attention factor) (stated in\n"
 "fusedrope_forward(3), Rotation; the default rope's attention factor is 1),\n"
-"which must be <= 1; the whole output is scanned for\n"
-"non-finite values and, out of place, for elements left unwritten (the output\n"
-"is poisoned with NaN bytes before the call).\n"
+"which must be <= 1; the whole output is scanned for non-finite values and, out\n"
+"of place, for elements left unwritten (the output is poisoned with NaN bytes\n"
+"before the call).\n"
 "Exit status: 0 all verified, 1 a verification or a call failed, 2 bad options.\n",
             OFFSET_POSITIONS, OFFSET_POSITIONS, MAX_SAMPLED_TOKENS);
 }
@@ -1530,11 +1583,11 @@ int main(int argc, char **argv)
             r->ratio = v.max_ratio;
 
             t = time_op(&c, op, opt.iters, opt.warmup, times);
-            copy_s = time_copy(c.copy_bytes, opt.iters, opt.warmup, times);
-            r->mb = c.bytes_moved / 1e6;
+            copy_s = time_copy(c.copy_bytes[op], opt.iters, opt.warmup, times);
+            r->mb = c.bytes_moved[op] / 1e6;
             r->ms = 1e3 * t;
-            r->gbs = c.bytes_moved / t / 1e9;
-            r->copy_gbs = 2.0 * (double)c.copy_bytes / copy_s / 1e9;
+            r->gbs = c.bytes_moved[op] / t / 1e9;
+            r->copy_gbs = 2.0 * (double)c.copy_bytes[op] / copy_s / 1e9;
 #ifdef HAVE_CUDA
             if (opt.graph)
                 time_graph(&c, op, opt.graph, opt.iters, opt.warmup, times, &r->graph);
