@@ -6,9 +6,11 @@
 # peers); core is the short lineup (bf16 both shapes, decode with and without
 # offsets, decode kernel time under Nsight Compute at the GPU's own clocks);
 # graph times the decode step's calls replayed from one CUDA graph; sweep
-# runs bench/sweep-knobs.sh; normwarp the norm forward's two row kernels
-# at the sizes where the choice between them falls; normbwd the norm
-# backward's block kernel in several shapes (NORMBWD_VARIANTS); normprof
+# runs bench/sweep-knobs.sh; normwarp the norm forward's row kernel in
+# several shapes (NORMWARP_VARIANTS) at several sizes; normbwd the norm
+# backward's block kernel in several shapes (NORMBWD_VARIANTS), each
+# variant built in its own tree in the background from the start (so run
+# cuda or norm before them); normprof
 # ncu's sections for the norm kernels (where their time goes); cpunorm
 # the fused norm forward against plain on the host's CPUs;
 # cuda builds and runs the CUDA test programs alone (no CPU suites: for a short
@@ -53,6 +55,46 @@ cd /tmp/build/fusedrope-*/ || exit 1
 src=$(pwd)
 ./configure --with-cuda-arch=90 --prefix=/tmp/inst > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
 make -j16 > "$out/make.log" 2>&1 && make install >> "$out/make.log" 2>&1 || { tail -40 "$out/make.log"; exit 1; }
+note "built and installed"
+
+# The sweep sections' variants (normwarp, normbwd), each in a tree of its own
+# (the tarball unpacked again and configured alike) with its NVCCFLAGS,
+# built niced in the background from here on, while the sections before the
+# sweeps run (a rebuild in the one tree took 50-75 s of device time each);
+# a section that times what the host's load could change waits for them
+# first (quiet_host).
+declare -A vdir vpid
+prebuild() {  # SECTION VARIANT KNOB... (VARIANT: A:B:... one value a knob)
+  local sec=$1 v=$2 dir=/tmp/var/$1-${2//:/-} flags= vals i
+  shift 2; local knobs=("$@")
+  IFS=: read -r -a vals <<< "$v"
+  for i in "${!vals[@]}"; do flags="$flags -D${knobs[$i]}=${vals[$i]}"; done
+  mkdir -p "$dir" && tar -xzf "$here"/.devcarry/fusedrope-*.tar.gz -C "$dir" --strip-components=1
+  ( cd "$dir" && nice ./configure --with-cuda-arch=90 > configure.log 2>&1 &&
+      nice make -j4 NVCCFLAGS="$flags" libfusedrope_core.la tools/fusedrope-bench \
+        tests/test_norm_gpu > build.log 2>&1 ) &
+  vdir[$sec:$v]=$dir vpid[$sec:$v]=$!
+}
+quiet_host() {
+  local k n=0
+  for k in "${!vpid[@]}"; do wait "${vpid[$k]}" 2> /dev/null; n=$((n + 1)); done
+  [ $n -gt 0 ] && note "quiet host: the $n variant builds done"
+  vpid=()
+}
+normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:0:0 1000000000:2:8:1:0 1000000000:1:8:1:10}
+normbwd_variants=${NORMBWD_VARIANTS:-16:1:2:1 16:1:4:1 8:1:3:2 16:1:3:2}
+case " $sections " in *" normwarp "*)
+  for v in $normwarp_variants; do
+    prebuild normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW FR_CUDA_NORM_WARP_HEADS \
+      FR_CUDA_NORM_WARP_AHEAD FR_CUDA_NORM_WARP_MINB
+  done ;;
+esac
+case " $sections " in *" normbwd "*)
+  for v in $normbwd_variants; do
+    prebuild normbwd $v FR_CUDA_NORM_BWD_WARPS FR_CUDA_NORM_BWD_RPW FR_CUDA_NORM_BWD_BATCHES \
+      FR_CUDA_NORM_BWD_MINB
+  done ;;
+esac
 
 section_check() {
   timeout ${CHECK_TIMEOUT:-900} make -j16 check > "$out/check.log" 2>&1; rc=$?
@@ -108,6 +150,7 @@ section_downstream() (
 )
 
 section_core() {
+  quiet_host
   b=/tmp/inst/bin/fusedrope-bench
   { $b --iters 200
     $b --shape 1,64,32,128 --qk 32,8 --iters 1000
@@ -132,6 +175,7 @@ section_core() {
 }
 
 section_graph() {
+  quiet_host
   # the decode step's 100 calls replayed from one CUDA graph, beside the same
   # calls issued one by one and the host's cost of one (fusedrope-bench --graph)
   b=/tmp/inst/bin/fusedrope-bench rc=0
@@ -145,57 +189,55 @@ section_graph() {
 }
 
 section_sweep() {
+  quiet_host
   # bench/sweep-knobs.sh on this build (VARIANTS chooses the launch knobs)
   bash "$here/bench/sweep-knobs.sh" > "$out/sweep.log" 2>&1
   note "sweep: rc $?"
   grep -E '^(==|forward|backward)' "${OUT:-/tmp/out}/sweep.txt" | tee -a "$summary"
 }
 
-# norm_variant SECTION A:B[:C] KNOB_A KNOB_B [KNOB_C] (in the build tree): the
-# library, the bench and test_norm_gpu rebuilt with NVCCFLAGS="-DKNOB_A=A
-# -DKNOB_B=B ..." (the variant "default": none), then test_norm_gpu run and
-# noted; fails on a failed build, and after rebuilding the default (the
-# caller's last variant)
-norm_variant() {
-  local sec=$1 v=$2 log="$out/$1-${2//:/-}" flags= vals knobs i
-  shift 2; knobs=("$@")
-  rm -f kernels/cuda_norm.o kernels/cuda_norm.lo libfusedrope_core.la tools/fusedrope-bench tests/test_norm_gpu
-  if [ $v != default ]; then
-    IFS=: read -r -a vals <<< "$v"
-    for i in "${!vals[@]}"; do flags="$flags -D${knobs[$i]}=${vals[$i]}"; done
+# variant_tree SECTION VARIANT (after quiet_host): vt= the variant's tree
+# (the variant "default": the main build's), its test_norm_gpu run and
+# noted; fails (noted) where its build failed
+variant_tree() {
+  vt=$src
+  [ "$2" = default ] && return 0
+  vt=${vdir[$1:$2]}
+  if [ ! -x "$vt/tools/fusedrope-bench" ] || [ ! -x "$vt/tests/test_norm_gpu" ]; then
+    note "$1 $2: build failed: $(grep -h -m3 -E 'error' "$vt/build.log" "$vt/configure.log" 2>/dev/null)"
+    return 1
   fi
-  make -j16 NVCCFLAGS="$flags" libfusedrope_core.la tools/fusedrope-bench \
-    tests/test_norm_gpu > "$log-build.log" 2>&1 || { note "$sec: build $v failed"; return 1; }
-  [ $v = default ] && return 1
-  timeout 120 ./tests/test_norm_gpu > "$log-test.log" 2>&1
-  note "$(IFS=:; echo "${knobs[*]}")=$v: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$log-test.log")"
+  ( cd "$vt" && timeout 120 ./tests/test_norm_gpu > test.log 2>&1 )
+  note "$1 $2: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$vt/test.log")"
 }
 
 section_normwarp() {
-  # the norm forward's row kernels, each build taking one (FR_CUDA_NORM_WARP_ROWS
-  # 0: a thread per row; huge: rows over warps, items of at most HEADS rows of
-  # a token, RPW of them at a time, the next RPW rows' loads AHEAD or not),
-  # test_norm_gpu on each, then the same norm lines on each; the default build
-  # comes back last (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD; by default
-  # one row without the next ahead, 2 rows with, 4 without, since the loads
-  # stay unwidened until used (a7e5f09); the 2026-11-27 runs measured 0:1:8,
-  # huge:1:8, huge:2:8 and huge:4:8 while every load was waited for at once)
-  ( cd "$src" && b=./tools/fusedrope-bench
-    for v in ${NORMWARP_VARIANTS:-1000000000:1:8:0 1000000000:2:8:1 1000000000:4:8:0} default; do
-      norm_variant normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW \
-        FR_CUDA_NORM_WARP_HEADS FR_CUDA_NORM_WARP_AHEAD || break
-      { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS:AHEAD=$v"
-        for tokens in 64 256 1024 4096 16384; do
-          $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_fwd|FAIL)'
-        done
-        for opts in "--norm gemma" "--norm once" "--norm qwen3 --style interleaved" \
-                    "--norm qwen3 --dtype fp16"; do
-          $b --qk 32,8 --shape 4096,1,1,128 --iters 100 $opts | grep -E '^(norm_fwd|FAIL)'
-        done
-        $b --shape 1,64,32,128 --qk 32,8 --offsets --iters 200 --graph 100 --norm qwen3 |
-          grep -A3 -E '^op +shape +one call' | grep -E '^norm_fwd'
-      } >> "$out/bench-normwarp.txt" 2>> "$out/bench-progress.txt"
-    done )
+  # the norm forward's row kernels, each variant's build taking one
+  # (FR_CUDA_NORM_WARP_ROWS 0: a thread per row; huge: rows over warps,
+  # items of at most HEADS rows of a token, RPW of them at a time, the next
+  # RPW rows' loads AHEAD or not, MINB blocks an SM asked of ptxas or 0),
+  # test_norm_gpu on each, then the same norm lines on each and on the
+  # default build last (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD:MINB;
+  # by default one row without the next ahead, 2 rows with, one row with
+  # at 48 registers, since the loads stay unwidened until used (a7e5f09);
+  # the 2026-11-27 runs measured 0:1:8, huge:1:8, huge:2:8 and huge:4:8
+  # while every load was waited for at once)
+  quiet_host
+  for v in $normwarp_variants default; do
+    variant_tree normwarp $v || continue
+    b=$vt/tools/fusedrope-bench
+    { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS:AHEAD:MINB=$v"
+      for tokens in 64 256 1024 4096 16384; do
+        $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_fwd|FAIL)'
+      done
+      for opts in "--norm gemma" "--norm once" "--norm qwen3 --style interleaved" \
+                  "--norm qwen3 --dtype fp16"; do
+        $b --qk 32,8 --shape 4096,1,1,128 --iters 100 $opts | grep -E '^(norm_fwd|FAIL)'
+      done
+      $b --shape 1,64,32,128 --qk 32,8 --offsets --iters 200 --graph 100 --norm qwen3 |
+        grep -A3 -E '^op +shape +one call' | grep -E '^norm_fwd'
+    } >> "$out/bench-normwarp.txt" 2>> "$out/bench-progress.txt"
+  done
   grep -E '^(==|norm_fwd|FAIL)' "$out/bench-normwarp.txt" | tee -a "$summary"
 }
 
@@ -206,6 +248,7 @@ section_cpunorm() {
   # CPUNORM_ROUNDS rounds at each of CPUNORM_THREADS; the bench's lines
   # (forward and backward, ms and of copy) go to bench-cpunorm.txt
   local b=/tmp/inst/bin/fusedrope-bench nt r n
+  quiet_host
   note "host CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(nproc) CPUs"
   for nt in ${CPUNORM_THREADS:-1 4 $(nproc)}; do
     for r in $(seq ${CPUNORM_ROUNDS:-3}); do
@@ -223,25 +266,28 @@ section_cpunorm() {
 
 section_normbwd() {
   # the norm backward's block kernel (norm_backward_items) in each shape of
-  # FR_CUDA_NORM_BWD_WARPS:RPW:BATCHES (warps a block, rows a warp at a time,
-  # the product at most 16 for head_dim 128's shared memory; batches held in
-  # flight): test_norm_gpu on each, then the backward lines (dw for q and k)
-  # at 1024, 4096 and 16384 tokens and in fp16 and interleaved; the default
-  # build last (the 2026-11-27 runs measured 8:2:2, 16:1:2, 8:1:2 and 16:1:3
-  # while bwd_load waited for its loads; a7e5f09 leaves them in flight)
-  ( cd "$src" && b=./tools/fusedrope-bench
-    for v in ${NORMBWD_VARIANTS:-16:1:2 16:1:4 8:2:3} default; do
-      norm_variant normbwd $v FR_CUDA_NORM_BWD_WARPS FR_CUDA_NORM_BWD_RPW \
-        FR_CUDA_NORM_BWD_BATCHES || break
-      { echo "== FR_CUDA_NORM_BWD_WARPS:RPW:BATCHES=$v"
-        for tokens in 1024 4096 16384; do
-          $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_bwd|FAIL)'
-        done
-        for opts in "--dtype fp16" "--style interleaved"; do
-          $b --qk 32,8 --shape 4096,1,1,128 --iters 100 --norm qwen3 $opts | grep -E '^(norm_bwd|FAIL)'
-        done
-      } >> "$out/bench-normbwd.txt" 2>> "$out/bench-progress.txt"
-    done )
+  # FR_CUDA_NORM_BWD_WARPS:RPW:BATCHES:MINB (warps a block, rows a warp at a
+  # time, the product at most 16 for head_dim 128's shared memory; batches
+  # held in flight; blocks an SM asked of ptxas: 8:1:3:2 two 8-warp blocks
+  # at 96 registers, 16:1:3:2 two 16-warp blocks at 64 with spills), each
+  # variant's build: test_norm_gpu on each, then the backward
+  # lines (dw for q and k) at 1024, 4096 and 16384 tokens and in fp16 and
+  # interleaved, on each and on the default build last (the 2026-11-27 runs
+  # measured 8:2:2, 16:1:2, 8:1:2 and 16:1:3 while bwd_load waited for its
+  # loads; a7e5f09 leaves them in flight)
+  quiet_host
+  for v in $normbwd_variants default; do
+    variant_tree normbwd $v || continue
+    b=$vt/tools/fusedrope-bench
+    { echo "== FR_CUDA_NORM_BWD_WARPS:RPW:BATCHES:MINB=$v"
+      for tokens in 1024 4096 16384; do
+        $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_bwd|FAIL)'
+      done
+      for opts in "--dtype fp16" "--style interleaved"; do
+        $b --qk 32,8 --shape 4096,1,1,128 --iters 100 --norm qwen3 $opts | grep -E '^(norm_bwd|FAIL)'
+      done
+    } >> "$out/bench-normbwd.txt" 2>> "$out/bench-progress.txt"
+  done
   grep -E '^(==|norm_bwd|FAIL)' "$out/bench-normbwd.txt" | tee -a "$summary"
 }
 
@@ -263,6 +309,7 @@ section_normprof() {
 }
 
 section_bench() {
+  quiet_host
   b=/tmp/inst/bin/fusedrope-bench
   { $b
     $b --dtype fp16; $b --dtype fp32
@@ -277,6 +324,7 @@ section_bench() {
 }
 
 section_peers() {
+  quiet_host
   for shape in 4096,1,128,128 512,32,24,128; do
     PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 "$src/bench/peers.py" --bench /tmp/inst/bin/fusedrope-bench \
       --shape $shape > "$out/peers-$shape.txt" 2>&1
@@ -301,6 +349,7 @@ section_norm() {
   ( unset PKG_CONFIG_SYSROOT_DIR; cd "$src/python" && FUSEDROPE_PREFIX=/tmp/inst PKG_CONFIG_PATH=/tmp/inst/lib/pkgconfig \
       timeout 120 python3 setup.py build_ext --inplace ) > "$out/python-build.log" 2>&1
   note "python binding build: rc $?"
+  quiet_host   # the peers are timed a call at a time from Python
   for family in ${NORM_FAMILIES-qwen3 gemma3}; do   # NORM_FAMILIES="": none
     PYTHONPATH="$src/python" PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 "$src/bench/peers_norm.py" \
       --bench /tmp/inst/bin/fusedrope-bench --family $family --shape 4096,1,32,8,128 \

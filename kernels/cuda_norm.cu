@@ -113,6 +113,20 @@ static_assert(FR_CUDA_NORM_WARP_RPW >= 1 && FR_CUDA_NORM_WARP_RPW <= 4,
 #endif
 static_assert(FR_CUDA_NORM_WARP_HEADS >= 1, "FR_CUDA_NORM_WARP_HEADS: at least 1 row an item");
 
+/* The blocks of 128 threads norm_forward_warp asks ptxas to fit an SM (0:
+ * none asked): what the H100 measured followed the warps an SM holds, which
+ * the registers set (FR_CUDA_NORM_WARP_RPW's numbers), so fewer registers
+ * may pay even for a few spilled to L1; 10 blocks allow 48 registers, 12
+ * allow 40 (ptxas's counts: bench/RESULTS.md).  Not yet measured. */
+#ifndef FR_CUDA_NORM_WARP_MINB
+#define FR_CUDA_NORM_WARP_MINB 0
+#endif
+#if FR_CUDA_NORM_WARP_MINB > 0
+#define FR_NORM_WARP_BOUNDS __launch_bounds__(128, FR_CUDA_NORM_WARP_MINB)
+#else
+#define FR_NORM_WARP_BOUNDS __launch_bounds__(128)
+#endif
+
 #ifdef FR_CUDA_EMULATE
 /* Emulated, a test chooses: the forward's row kernel (1: the warp's, 0: the
  * thread's, -1: FR_CUDA_NORM_WARP_ROWS decides) and the warp's rows at a time
@@ -758,7 +772,7 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
  * row's operations are the same whatever the item and R: no launch shape
  * changes a result. */
 template <int DT, int HD, bool IL, int R>
-__global__ void __launch_bounds__(128) norm_forward_warp(const __grid_constant__ NParams P)
+__global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NParams P)
 {
     check_cu_ends(P);
     constexpr int K = HD / 32;
@@ -1023,9 +1037,9 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  */
 /* Warps a block of norm_backward_items, and the rows each holds at a time
  * (1 to 4, all their loads issued before any row's arithmetic): 16 x 1 puts
- * 16 warps on a chunk at 64-77 registers without spill and 33.5 KiB of
- * shared memory (8 x 2: 106 registers; 16 x 2 and 32 x 1 pass the 48 KiB of
- * static shared memory); not yet measured on a device. */
+ * 16 warps on a chunk, at 96 registers (bf16 NeoX 128, CUDA 13's ptxas) one
+ * block an SM, and 33.5 KiB of shared memory (16 x 2 and 32 x 1 pass the
+ * 48 KiB of static shared memory); the H100's figures: bench/RESULTS.md. */
 #ifndef FR_CUDA_NORM_BWD_WARPS
 #define FR_CUDA_NORM_BWD_WARPS 16
 #endif
@@ -1040,6 +1054,12 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * The bits now stay unwidened until their batch is worked (BwdRows). */
 #ifndef FR_CUDA_NORM_BWD_BATCHES
 #define FR_CUDA_NORM_BWD_BATCHES 3
+#endif
+/* The blocks norm_backward_items asks ptxas to fit an SM (its register
+ * budget): one by default (16 warps at ~100 registers); 2 with 8 warps a
+ * block leave ~128, with 16 warps 64.  Not yet measured. */
+#ifndef FR_CUDA_NORM_BWD_MINB
+#define FR_CUDA_NORM_BWD_MINB 1
 #endif
 static_assert(FR_CUDA_NORM_BWD_BATCHES >= 1 && FR_CUDA_NORM_BWD_BATCHES <= 4,
               "FR_CUDA_NORM_BWD_BATCHES: 1 to 4 batches held");
@@ -1256,7 +1276,7 @@ __device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R
 }
 
 template <int DT, int HD, bool IL, int R>
-__global__ void __launch_bounds__(32 * FR_CUDA_NORM_BWD_WARPS)
+__global__ void __launch_bounds__(32 * FR_CUDA_NORM_BWD_WARPS, FR_CUDA_NORM_BWD_MINB)
     norm_backward_items(const __grid_constant__ NParams P)
 {
     check_cu_ends(P);
