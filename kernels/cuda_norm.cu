@@ -779,6 +779,10 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
     const int lane = (int)(threadIdx.x & 31);
     const int64_t G = P.warp_heads, groups = warp_groups(P);
     const int64_t items = (P.t1 - P.t0) * groups, warps = (int64_t)gridDim.x * blockDim.x / 32;
+    /* the lane's weight factors, of tensor wslot's weights (kept from item
+     * to item: they are the same for every row of a tensor) */
+    int wslot = -1;
+    float wf[K] = {};
     for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items;
          it += warps) {
         const int64_t t = P.t0 + it / groups, hh0 = (it % groups) * G;
@@ -786,7 +790,6 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
         const int64_t b = t / P.seq_len, s = t % P.seq_len;
         int bad = 0, xslot = -1, slot = -1;
         LaneAngles<HD, IL> an;
-        float wf[K] = {}; /* set at the item's first row of each tensor */
         const uint16_t *x0 = nullptr; /* the item's tensors' head 0 at (b, s), per tensor */
         uint16_t *y0 = nullptr;
         float *r0 = nullptr;
@@ -814,10 +817,22 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
         /* rows past the item stay unused */
         uint16_t raw[R][K] = {}, raw_next[R][K] = {};
         /* the first rows' loads in flight while the position and angles are
-         * found (two dependent round trips) */
+         * found (two dependent round trips), and the angles' and the rows'
+         * while the first row's weights are (found at its first row, they
+         * took a round trip of their own an item) */
         load_rows(hh0, raw);
         const int64_t pos = row_position(P, b, s, &bad);
         an.load(row_angles<HD>(P, pos, bad), lane);
+        auto weights_of = [&](int k) {
+            if (k != wslot) {
+                wslot = k;
+                lane_weights<DT>(P, P.io[k], lane, wf);
+            }
+        };
+        {
+            int64_t h;
+            weights_of(head_of(P, hh0, &h));
+        }
         for (int64_t hh = hh0; hh < hh1; hh += R) {
             /* the next rows' loads in flight during these rows' work */
             const bool more = FR_CUDA_NORM_WARP_AHEAD && hh + R < hh1;
@@ -850,7 +865,7 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
                     slot = k;
                     y0 = (uint16_t *)row_ptr(io.out, s, b, 0, io.out_ss, io.out_sb, 0, DT);
                     r0 = io.rstd != nullptr ? io.rstd + t * io.heads : nullptr;
-                    lane_weights<DT>(P, io, lane, wf);
+                    weights_of(k);
                 }
                 uint16_t *y = y0 + h * io.out_sh;
                 const float rstd = RowsTree<R>::of_row(rstd_lane, j);
