@@ -1152,10 +1152,12 @@ template <int HD, int R> using Terms = float[2][FR_CUDA_NORM_BWD_WARPS * R][HD];
 template <int HD> using ItemAngles = float[FUSEDROPE_NORM_DW_CHUNK][2][HD / 2];
 
 /* The shared memory of a block of norm_backward_items: the terms, and the
- * item's angles and its tokens' rows of head 0 (dy, the saved tensor, dx). */
+ * item's angles, its tokens' table rows and rows of head 0 (dy, the saved
+ * tensor, dx). */
 template <int HD, int R> struct BwdShared {
     Terms<HD, R> terms;
     ItemAngles<HD> angles;
+    RowAngles rows[FUSEDROPE_NORM_DW_CHUNK];
     const uint16_t *dy[FUSEDROPE_NORM_DW_CHUNK], *xs[FUSEDROPE_NORM_DW_CHUNK];
     uint16_t *dx[FUSEDROPE_NORM_DW_CHUNK];
 };
@@ -1218,27 +1220,46 @@ __device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R
     for (int64_t it = blockIdx.x; it < n; it += gridDim.x) {
         const int q = it >= n0;
         const NIo &io = P.io[q];
-        float wf[K]; /* the lane's weight factors, once an item (of one tensor) */
-        lane_weights<DT>(P, io, lane, wf);
         const int64_t ta = (it - (q ? n0 : 0)) * io.item_tokens;
         const int64_t tb = ta + io.item_tokens < P.tokens ? ta + io.item_tokens : P.tokens;
         const int64_t rows = (tb - ta) * io.heads;
         /* the item's tokens: angles and rows of head 0, each token's
-         * position and (b, s) found once (the last item's readers are past
-         * this barrier) */
+         * position and (b, s) found once, by a thread of its own (the last
+         * item's readers are past this barrier); then a thread's E pairs'
+         * loads all issued before any is stored, so the staging takes two
+         * round trips (a loop of position, load and store a pair took E, and
+         * E divisions) */
         __syncthreads();
-        for (int64_t e = threadIdx.x; e < (tb - ta) * (HD / 2); e += blockDim.x) {
-            const int64_t tt = e / (HD / 2);
-            const int i = (int)(e % (HD / 2));
+        if (threadIdx.x < tb - ta) {
+            const int64_t tt = threadIdx.x;
             int64_t b, s;
             int bad = 0;
             divmod(ta + tt, P.seq_len, &b, &s);
             const int64_t pos = row_position(P, b, s, &bad);
-            pair_angle(row_angles<HD>(P, pos, bad), i, &sh.angles[tt][0][i], &sh.angles[tt][1][i]);
-            if (i == 0) {
-                sh.dy[tt] = (const uint16_t *)row_ptr(io.in, s, b, 0, io.in_ss, io.in_sb, 0, DT);
-                sh.xs[tt] = (const uint16_t *)row_ptr(io.x, s, b, 0, io.x_ss, io.x_sb, 0, DT);
-                sh.dx[tt] = (uint16_t *)row_ptr(io.out, s, b, 0, io.out_ss, io.out_sb, 0, DT);
+            sh.rows[tt] = row_angles<HD>(P, pos, bad);
+            sh.dy[tt] = (const uint16_t *)row_ptr(io.in, s, b, 0, io.in_ss, io.in_sb, 0, DT);
+            sh.xs[tt] = (const uint16_t *)row_ptr(io.x, s, b, 0, io.x_ss, io.x_sb, 0, DT);
+            sh.dx[tt] = (uint16_t *)row_ptr(io.out, s, b, 0, io.out_ss, io.out_sb, 0, DT);
+        }
+        __syncthreads();
+        {
+            /* thread: pair i of tokens t0, t0 + PT, ... */
+            constexpr int PT = 32 * NW / (HD / 2), E = (FUSEDROPE_NORM_DW_CHUNK + PT - 1) / PT;
+            static_assert(32 * NW % (HD / 2) == 0, "a thread's pairs: one column");
+            const int i = (int)(threadIdx.x % (HD / 2)), t0 = (int)(threadIdx.x / (HD / 2));
+            float c[E], sn[E];
+#pragma unroll
+            for (int j = 0; j < E; j++) {
+                if (t0 + j * PT >= tb - ta)
+                    break;
+                pair_angle(sh.rows[t0 + j * PT], i, &c[j], &sn[j]);
+            }
+#pragma unroll
+            for (int j = 0; j < E; j++) {
+                if (t0 + j * PT >= tb - ta)
+                    break;
+                sh.angles[t0 + j * PT][0][i] = c[j];
+                sh.angles[t0 + j * PT][1][i] = sn[j];
             }
         }
         __syncthreads();
@@ -1250,6 +1271,11 @@ __device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R
 #pragma unroll
         for (int d = 0; d < D; d++)
             bwd_load<DT, HD, R>(io, sh, ta, rows, d * S, warp, lane, ring[d]);
+        /* the lane's weight factors, once an item (of one tensor), while
+         * the first batches' loads are in flight (loaded before the staging,
+         * they were live through it, and it took ~25 more registers) */
+        float wf[K];
+        lane_weights<DT>(P, io, lane, wf);
         for (int64_t base = 0; base < rows; base += D * S) {
 #pragma unroll
             for (int d = 0; d < D; d++) {
@@ -1290,7 +1316,10 @@ __device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R
     }
 }
 
-template <int DT, int HD, bool IL, int R>
+/* A kernel for each kind of saved tensor (SY: the forward's output y): the
+ * saved y's IEEE divisions, with their slow path's calls, took the saved x's
+ * kernel from ~96 registers to 123 while they shared one. */
+template <int DT, int HD, bool IL, bool SY, int R>
 __global__ void __launch_bounds__(32 * FR_CUDA_NORM_BWD_WARPS, FR_CUDA_NORM_BWD_MINB)
     norm_backward_items(const __grid_constant__ NParams P)
 {
@@ -1302,10 +1331,7 @@ __global__ void __launch_bounds__(32 * FR_CUDA_NORM_BWD_WARPS, FR_CUDA_NORM_BWD_
         memset(&sh, 0xff, sizeof sh);
     __syncthreads();
 #endif
-    if (P.saved_y)
-        backward_items<DT, HD, IL, true, R>(P, sh);
-    else
-        backward_items<DT, HD, IL, false, R>(P, sh);
+    backward_items<DT, HD, IL, SY, R>(P, sh);
 }
 
 /* ---------------------------------------------------------------- host side */
@@ -1559,17 +1585,19 @@ cudaError_t launch_items(const NParams &P, int r, cudaStream_t stream)
         fprintf(stderr, "cuda_norm: %d rows a warp not built for the emulation\n", r);
         abort();
     }
-#define FR_BWD_RPW(IL) \
-    (r == 3 ? FR_BWD_LAUNCH((norm_backward_items<DT, HD, IL, 3>)) \
-            : FR_BWD_LAUNCH((norm_backward_items<DT, HD, IL, FR_CUDA_NORM_BWD_RPW>)))
+#define FR_BWD_RPW(IL, SY) \
+    (r == 3 ? FR_BWD_LAUNCH((norm_backward_items<DT, HD, IL, SY, 3>)) \
+            : FR_BWD_LAUNCH((norm_backward_items<DT, HD, IL, SY, FR_CUDA_NORM_BWD_RPW>)))
 #else
     (void)r;
-#define FR_BWD_RPW(IL) \
-    cudaLaunchKernelEx(&cfg, norm_backward_items<DT, HD, IL, FR_CUDA_NORM_BWD_RPW>, P)
+#define FR_BWD_RPW(IL, SY) \
+    cudaLaunchKernelEx(&cfg, norm_backward_items<DT, HD, IL, SY, FR_CUDA_NORM_BWD_RPW>, P)
 #endif
+#define FR_BWD_SY(IL) (P.saved_y ? FR_BWD_RPW(IL, true) : FR_BWD_RPW(IL, false))
     if (items == 0)
         return cudaSuccess;
-    return P.interleaved ? FR_BWD_RPW(true) : FR_BWD_RPW(false);
+    return P.interleaved ? FR_BWD_SY(true) : FR_BWD_SY(false);
+#undef FR_BWD_SY
 #undef FR_BWD_RPW
 #undef FR_BWD_LAUNCH
 }
