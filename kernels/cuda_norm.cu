@@ -1242,6 +1242,14 @@ __device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R
             sh.dx[tt] = (uint16_t *)row_ptr(io.out, s, b, 0, io.out_ss, io.out_sb, 0, DT);
         }
         __syncthreads();
+        /* the batches held: D slots, batch i in slot i % D, each refilled
+         * with the batch D on once it is worked; the first D batches' loads
+         * in flight from here, through the angles' staging */
+        constexpr int D = FR_CUDA_NORM_BWD_BATCHES;
+        BwdRows<HD, R> ring[D];
+#pragma unroll
+        for (int d = 0; d < D; d++)
+            bwd_load<DT, HD, R>(io, sh, ta, rows, d * S, warp, lane, ring[d]);
         {
             /* thread: pair i of tokens t0, t0 + PT, ... */
             constexpr int PT = 32 * NW / (HD / 2), E = (FUSEDROPE_NORM_DW_CHUNK + PT - 1) / PT;
@@ -1264,13 +1272,6 @@ __device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R
         }
         __syncthreads();
         float acc = 0.0f;
-        /* the batches held: D slots, batch i in slot i % D, each refilled
-         * with the batch D on once it is worked */
-        constexpr int D = FR_CUDA_NORM_BWD_BATCHES;
-        BwdRows<HD, R> ring[D];
-#pragma unroll
-        for (int d = 0; d < D; d++)
-            bwd_load<DT, HD, R>(io, sh, ta, rows, d * S, warp, lane, ring[d]);
         /* the lane's weight factors, once an item (of one tensor), while
          * the first batches' loads are in flight (loaded before the staging,
          * they were live through it, and it took ~25 more registers) */
