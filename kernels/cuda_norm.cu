@@ -1044,8 +1044,8 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * blocks or 256 (0.15 of a copy at 4096 tokens; bench/RESULTS.md,
  * 2026-11-27).  What is the same for an item's rows is found once an item
  * and kept in shared memory: its tokens' cos/sin and (b, s) row bases, so
- * a row's index is one division by the head count and its angles come from
- * shared memory (they took two dependent global loads at each token before);
+ * a row's token and head step on from the last (BwdItem) and its angles come
+ * from shared memory (they took two dependent global loads at each token before);
  * the lane's weights are loaded once an item; and a batch's loads are
  * issued before the batch ahead of it is worked, so they are in flight
  * through its arithmetic and barrier.
@@ -1176,35 +1176,70 @@ template <int HD, int R> struct BwdRows {
     uint16_t dy[R][HD / 32], xs[R][HD / 32];
     float rstd[R];
     uint16_t *dx[R];
-    int tok[R];
+    int tok[R], head[R]; /* row j: head head[j] of the item's token tok[j] */
     int n;
 };
 
-/* Loads the rows base + j x NW + warp (j < R) of the item of `rows` rows
- * from token ta: row r is head r % heads of the item's token r / heads. */
+/* What bwd_load needs of an item, found once: its tokens, the tensor's
+ * heads (at most 2^24: rows_hd), a slot's step (the D x S rows after which
+ * it is refilled) as tokens and heads, rstd at the item's first token, and
+ * the heads' strides.  Row r of the item is head r % heads of its token
+ * r / heads; a slot's rows step on from the last by an add and a compare,
+ * where a division a row (64-bit, then 32-bit) and the 64-bit index
+ * arithmetic around it were a third of the kernel's instructions. */
+struct BwdItem {
+    int ntok, heads, dtok, dhead;
+    const float *rstd;
+    int64_t in_sh, x_sh, out_sh;
+};
+
+/* w's rows: base + j x NW + warp (j < R). */
+template <int HD, int R>
+__device__ __forceinline__ void bwd_start(const BwdItem &m, int base, int warp, BwdRows<HD, R> &w)
+{
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        const int r = base + j * FR_CUDA_NORM_BWD_WARPS + warp;
+        w.tok[j] = r / m.heads;
+        w.head[j] = r % m.heads;
+    }
+}
+
+/* w's rows D x S rows on. */
+template <int HD, int R> __device__ __forceinline__ void bwd_next(const BwdItem &m, BwdRows<HD, R> &w)
+{
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        int h = w.head[j] + m.dhead, t = w.tok[j] + m.dtok;
+        if (h >= m.heads) {
+            h -= m.heads;
+            t++;
+        }
+        w.head[j] = h;
+        w.tok[j] = t;
+    }
+}
+
+/* Loads w's rows that are in the item (n of them: rows grow with j). */
 template <int DT, int HD, int R>
-__device__ __forceinline__ void bwd_load(const NIo &io, const BwdShared<HD, R> &sh, int64_t ta,
-                                         int64_t rows, int64_t base, int warp, int lane,
+__device__ __forceinline__ void bwd_load(const BwdItem &m, const BwdShared<HD, R> &sh, int lane,
                                          BwdRows<HD, R> &w)
 {
-    constexpr int K = HD / 32, NW = FR_CUDA_NORM_BWD_WARPS;
+    constexpr int K = HD / 32;
     w.n = 0;
 #pragma unroll
     for (int j = 0; j < R; j++) {
-        const int64_t r = base + j * NW + warp;
-        if (r >= rows)
+        const int tt = w.tok[j], h = w.head[j];
+        if (tt >= m.ntok)
             break;
-        int64_t tt, h;
-        divmod(r, io.heads, &tt, &h);
-        const uint16_t *d = sh.dy[tt] + h * io.in_sh, *x = sh.xs[tt] + h * io.x_sh;
+        const uint16_t *d = sh.dy[tt] + h * m.in_sh, *x = sh.xs[tt] + h * m.x_sh;
 #pragma unroll
         for (int k = 0; k < K; k++) {
             w.dy[j][k] = d[lane + 32 * k];
             w.xs[j][k] = x[lane + 32 * k];
         }
-        w.rstd[j] = io.rstd[(ta + tt) * io.heads + h];
-        w.dx[j] = sh.dx[tt] + h * io.out_sh;
-        w.tok[j] = (int)tt;
+        w.rstd[j] = m.rstd[tt * m.heads + h];
+        w.dx[j] = sh.dx[tt] + h * m.out_sh;
         w.n = j + 1;
     }
 }
@@ -1222,7 +1257,16 @@ __device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R
         const NIo &io = P.io[q];
         const int64_t ta = (it - (q ? n0 : 0)) * io.item_tokens;
         const int64_t tb = ta + io.item_tokens < P.tokens ? ta + io.item_tokens : P.tokens;
-        const int64_t rows = (tb - ta) * io.heads;
+        const int rows = (int)((tb - ta) * io.heads);
+        BwdItem m;
+        m.ntok = (int)(tb - ta);
+        m.heads = (int)io.heads;
+        m.dtok = FR_CUDA_NORM_BWD_BATCHES * S / m.heads;
+        m.dhead = FR_CUDA_NORM_BWD_BATCHES * S % m.heads;
+        m.rstd = io.rstd + ta * io.heads;
+        m.in_sh = io.in_sh;
+        m.x_sh = io.x_sh;
+        m.out_sh = io.out_sh;
         /* the item's tokens: angles and rows of head 0, each token's
          * position and (b, s) found once, by a thread of its own (the last
          * item's readers are past this barrier); then a thread's E pairs'
@@ -1248,8 +1292,10 @@ __device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R
         constexpr int D = FR_CUDA_NORM_BWD_BATCHES;
         BwdRows<HD, R> ring[D];
 #pragma unroll
-        for (int d = 0; d < D; d++)
-            bwd_load<DT, HD, R>(io, sh, ta, rows, d * S, warp, lane, ring[d]);
+        for (int d = 0; d < D; d++) {
+            bwd_start<HD, R>(m, d * S, warp, ring[d]);
+            bwd_load<DT, HD, R>(m, sh, lane, ring[d]);
+        }
         {
             /* thread: pair i of tokens t0, t0 + PT, ... */
             constexpr int PT = 32 * NW / (HD / 2), E = (FUSEDROPE_NORM_DW_CHUNK + PT - 1) / PT;
@@ -1277,10 +1323,10 @@ __device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R
          * they were live through it, and it took ~25 more registers) */
         float wf[K];
         lane_weights<DT>(P, io, lane, wf);
-        for (int64_t base = 0; base < rows; base += D * S) {
+        for (int base = 0; base < rows; base += D * S) {
 #pragma unroll
             for (int d = 0; d < D; d++) {
-                const int64_t b0 = base + d * S;
+                const int b0 = base + d * S;
                 if (b0 >= rows) /* the same for the whole block */
                     break;
                 BwdRows<HD, R> &cur = ring[d];
@@ -1303,13 +1349,14 @@ __device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R
                     /* two sets of slots: a batch's writes to one are behind
                      * the barrier after the reads of the batch before last */
                     __syncthreads();
-                    const int64_t v = rows - b0 < S ? rows - b0 : S;
+                    const int v = rows - b0 < S ? rows - b0 : S;
                     if (threadIdx.x < HD)
-                        for (int64_t k = 0; k < v; k++)
+                        for (int k = 0; k < v; k++)
                             acc = acc + sh.terms[par][k][threadIdx.x];
                     par ^= 1;
                 }
-                bwd_load<DT, HD, R>(io, sh, ta, rows, b0 + D * S, warp, lane, cur);
+                bwd_next<HD, R>(m, cur);
+                bwd_load<DT, HD, R>(m, sh, lane, cur);
             }
         }
         if (io.part != nullptr && threadIdx.x < HD)
@@ -1488,6 +1535,10 @@ bool rows_on_16(const void *base, int64_t ss, int64_t sb, int64_t sh, int64_t es
            (sh * es) % 16 == 0;
 }
 
+/* The most heads norm_backward_items takes: it counts an item's rows (a
+ * chunk's tokens x heads, and a slot's D x S rows past them) in int. */
+constexpr int64_t BWD_MAX_HEADS = (int64_t)1 << 24;
+
 /* The head_dim of the register-row kernels that take this call, or 0 for
  * the generic walk (see norm_forward_rows). */
 int64_t rows_hd(const NParams &P, int count, bool backward)
@@ -1500,7 +1551,8 @@ int64_t rows_hd(const NParams &P, int count, bool backward)
         const NIo &o = P.io[k];
         if (o.hd != hd || !rows_on_16(o.in, o.in_ss, o.in_sb, o.in_sh, es) ||
             !rows_on_16(o.out, o.out_ss, o.out_sb, o.out_sh, es) ||
-            (backward && !rows_on_16(o.x, o.x_ss, o.x_sb, o.x_sh, es)))
+            (backward && !rows_on_16(o.x, o.x_ss, o.x_sb, o.x_sh, es)) ||
+            (backward && o.heads > BWD_MAX_HEADS))
             return 0;
     }
     return hd;
