@@ -267,12 +267,18 @@ __device__ __forceinline__ int head_of(const NParams &P, int64_t hh, int64_t *h)
     return k;
 }
 
-/* norm_forward_warp's items a token: the token's heads in groups of
- * P.warp_heads, the last fewer (the launcher sizes its grid by them, the
- * kernel walks them). */
+/* norm_forward_warp's items a token: each tensor's heads in groups of
+ * P.warp_heads (its last fewer), q's groups then k's, so that an item's
+ * rows are of one tensor (the launcher sizes its grid by them, the kernel
+ * walks them); warp_groups0: q's. */
+FR_HD int64_t warp_groups0(const NParams &P)
+{
+    return (P.heads0 + P.warp_heads - 1) / P.warp_heads;
+}
+
 FR_HD int64_t warp_groups(const NParams &P)
 {
-    return (P.heads + P.warp_heads - 1) / P.warp_heads;
+    return warp_groups0(P) + (P.heads - P.heads0 + P.warp_heads - 1) / P.warp_heads;
 }
 
 /* Row r = (token t, head hh of q's then k's heads). */
@@ -759,9 +765,11 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
  * are rotate_row's.  The shuffles come before any store, so a row in place
  * is read whole first.  kernels/cuda_emu.h runs it as 32 fibers per warp.
  */
-/* A warp's item is P.warp_heads rows of one token (the token's last item
- * fewer), q's heads then k's; the items grid-stride.  Per item the token's
- * position, the lane's cos/sin and, per tensor, its weights are found once
+/* A warp's item is P.warp_heads rows (heads) of one tensor at one token
+ * (the tensor's last item of a token fewer: warp_groups); the items
+ * grid-stride.  Per item the token's position, the lane's cos/sin and the
+ * rows' first addresses are found once, and the weights when the tensor
+ * changes
  * (found per row, they made the warp kernel's rows several hundred
  * instructions each: bench/RESULTS.md); its rows are taken R at a time, all
  * R rows' loads issued before any row's sum, their trees one RowsTree whose
@@ -777,7 +785,7 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
     check_cu_ends(P);
     constexpr int K = HD / 32;
     const int lane = (int)(threadIdx.x & 31);
-    const int64_t G = P.warp_heads, groups = warp_groups(P);
+    const int64_t G = P.warp_heads, g0 = warp_groups0(P), groups = warp_groups(P);
     const int64_t items = (P.t1 - P.t0) * groups, warps = (int64_t)gridDim.x * blockDim.x / 32;
     /* the lane's weight factors, of tensor wslot's weights (kept from item
      * to item: they are the same for every row of a tensor) */
@@ -785,59 +793,53 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
     float wf[K] = {};
     for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items;
          it += warps) {
-        const int64_t t = P.t0 + it / groups, hh0 = (it % groups) * G;
-        const int64_t hh1 = hh0 + G < P.heads ? hh0 + G : P.heads;
+        const int64_t t = P.t0 + it / groups, g = it % groups;
+        const int k = g >= g0;
+        const NIo &io = P.io[k];
+        const int64_t h0 = (k ? g - g0 : g) * G;
+        const int n = (int)(h0 + G < io.heads ? G : io.heads - h0); /* the item's rows */
         const int64_t b = t / P.seq_len, s = t % P.seq_len;
-        int bad = 0, xslot = -1, slot = -1;
+        int bad = 0;
         LaneAngles<HD, IL> an;
-        const uint16_t *x0 = nullptr; /* the item's tensors' head 0 at (b, s), per tensor */
-        uint16_t *y0 = nullptr;
-        float *r0 = nullptr;
-        /* rows hh .. hh + R - 1 (those before hh1): their bits into u, widened
+        /* rows j0 .. j0 + R - 1 (those before n): their bits into u, widened
          * only where they are used, so that the loads stay in flight until
-         * then (widened here, each row's loads were waited for at once) */
-        auto load_rows = [&](int64_t hh, uint16_t (&u)[R][K]) {
+         * then (widened here, each row's loads were waited for at once); the
+         * next row to load at xn, one head stride on from the last (the
+         * item's rows are heads h0, h0 + 1, ... of one tensor: a row's
+         * address from its head took ~45 instructions of its ~185) */
+        const uint16_t *xn =
+            (const uint16_t *)row_ptr(io.in, s, b, h0, io.in_ss, io.in_sb, io.in_sh, DT);
+        auto load_rows = [&](int j0, uint16_t (&u)[R][K]) {
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                int64_t h;
-                if (hh + j >= hh1)
+                if (j0 + j >= n)
                     break;
-                const int k = head_of(P, hh + j, &h);
-                const NIo &io = P.io[k];
-                if (k != xslot) {
-                    xslot = k;
-                    x0 = (const uint16_t *)row_ptr(io.in, s, b, 0, io.in_ss, io.in_sb, 0, DT);
-                }
-                const uint16_t *x = x0 + h * io.in_sh;
 #pragma unroll
                 for (int c = 0; c < K; c++)
-                    u[j][c] = x[lane + 32 * c];
+                    u[j][c] = xn[lane + 32 * c];
+                xn += io.in_sh;
             }
         };
         /* rows past the item stay unused */
         uint16_t raw[R][K] = {}, raw_next[R][K] = {};
         /* the first rows' loads in flight while the position and angles are
          * found (two dependent round trips), and the angles' and the rows'
-         * while the first row's weights are (found at its first row, they
-         * took a round trip of their own an item) */
-        load_rows(hh0, raw);
+         * while the weights are (found at the item's first row, they took a
+         * round trip of their own an item) */
+        load_rows(0, raw);
         const int64_t pos = row_position(P, b, s, &bad);
         an.load(row_angles<HD>(P, pos, bad), lane);
-        auto weights_of = [&](int k) {
-            if (k != wslot) {
-                wslot = k;
-                lane_weights<DT>(P, P.io[k], lane, wf);
-            }
-        };
-        {
-            int64_t h;
-            weights_of(head_of(P, hh0, &h));
+        if (k != wslot) {
+            wslot = k;
+            lane_weights<DT>(P, io, lane, wf);
         }
-        for (int64_t hh = hh0; hh < hh1; hh += R) {
+        uint16_t *y = (uint16_t *)row_ptr(io.out, s, b, h0, io.out_ss, io.out_sb, io.out_sh, DT);
+        float *r = io.rstd != nullptr ? io.rstd + t * io.heads + h0 : nullptr;
+        for (int j0 = 0; j0 < n; j0 += R) {
             /* the next rows' loads in flight during these rows' work */
-            const bool more = FR_CUDA_NORM_WARP_AHEAD && hh + R < hh1;
+            const bool more = FR_CUDA_NORM_WARP_AHEAD && j0 + R < n;
             if (more)
-                load_rows(hh + R, raw_next);
+                load_rows(j0 + R, raw_next);
             float v[R][K], p[RowsTree<R>::N] = {}; /* rows past the item (or R) sum to 0 */
 #pragma unroll
             for (int j = 0; j < R; j++)
@@ -846,7 +848,7 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
                     v[j][c] = Elem<DT>::to_f(raw[j][c]);
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                if (hh + j >= hh1)
+                if (j0 + j >= n)
                     break;
 #pragma unroll
                 for (int c = 0; c < K; c++)
@@ -856,27 +858,18 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
             const float rstd_lane = fr_norm_rstd(RowsTree<R>::sum(p, lane), HD, P.eps);
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                int64_t h;
-                if (hh + j >= hh1)
+                if (j0 + j >= n)
                     break;
-                const int k = head_of(P, hh + j, &h);
-                const NIo &io = P.io[k];
-                if (k != slot) { /* the item's first row of this tensor */
-                    slot = k;
-                    y0 = (uint16_t *)row_ptr(io.out, s, b, 0, io.out_ss, io.out_sb, 0, DT);
-                    r0 = io.rstd != nullptr ? io.rstd + t * io.heads : nullptr;
-                    weights_of(k);
-                }
-                uint16_t *y = y0 + h * io.out_sh;
                 const float rstd = RowsTree<R>::of_row(rstd_lane, j);
-                if (lane == 0 && r0 != nullptr)
-                    r0[h] = rstd;
+                if (lane == 0 && r != nullptr)
+                    r[j0 + j] = rstd;
                 if (P.rounding == FR_ROUND_LLAMA)
                     warp_pairs<DT, HD, IL, FR_ROUND_LLAMA>(rstd, lane, v[j], wf, an, y);
                 else if (P.rounding == FR_ROUND_GEMMA)
                     warp_pairs<DT, HD, IL, FR_ROUND_GEMMA>(rstd, lane, v[j], wf, an, y);
                 else
                     warp_pairs<DT, HD, IL, FR_ROUND_ONCE>(rstd, lane, v[j], wf, an, y);
+                y += io.out_sh;
             }
             if (more) {
 #pragma unroll
@@ -884,8 +877,8 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
 #pragma unroll
                     for (int c = 0; c < K; c++)
                         raw[j][c] = raw_next[j][c];
-            } else if (hh + R < hh1) {
-                load_rows(hh + R, raw);
+            } else if (j0 + R < n) {
+                load_rows(j0 + R, raw);
             }
         }
     }

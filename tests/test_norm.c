@@ -44,7 +44,25 @@ typedef struct ncase {
     int k_present;
     int rope;            /* ROPE_*: the cache's rope type or position axes */
     int posmode;         /* POS_*: implicit positions, plain or moved */
+    int out_layout;      /* 1 + the outputs' LAY_* (y, dx apart), 0 the input's: out_layout() */
+    int dy_layout;       /* 1 + the backward's dy's LAY_*, 0 the input's: dy_layout() */
 } ncase;
+
+/* The layouts of the outputs (the forward's y, the backward's dx apart from
+ * dy) and of the backward's dy, drawn apart from the input's, so that a
+ * kernel that takes one tensor's strides for another's fails (a warp
+ * kernel's output stepped by the input's head stride passed every test
+ * while all a case's tensors had one layout); THD's are THD, and a case
+ * that draws none (zeroed) has the input's. */
+static int out_layout(const ncase *c)
+{
+    return c->layout == LAY_THD || c->out_layout == 0 ? c->layout : c->out_layout - 1;
+}
+
+static int dy_layout(const ncase *c)
+{
+    return c->layout == LAY_THD || c->dy_layout == 0 ? c->layout : c->dy_layout - 1;
+}
 
 /* Implicit positions (no ids): from 0, from per-sequence offsets, or a
  * context-parallel rank's two chunks (not THD: its sequences may be odd). */
@@ -201,7 +219,7 @@ static void setup(run *R, const ncase *c, tu_rng *r)
     if (c->in_place) {
         R->qo = R->q;
     } else {
-        R->qo = tu_tensor(c->layout, c->dt, c->s, b, c->hq, c->hd, &R->qob);
+        R->qo = tu_tensor(out_layout(c), c->dt, c->s, b, c->hq, c->hd, &R->qob);
     }
     if (c->k_present) {
         R->k = tu_tensor(c->layout, c->dt, c->s, b, c->hk, c->hd, &R->kb);
@@ -211,7 +229,7 @@ static void setup(run *R, const ncase *c, tu_rng *r)
         if (c->in_place)
             R->ko = R->k;
         else
-            R->ko = tu_tensor(c->layout, c->dt, c->s, b, c->hk, c->hd, &R->kob);
+            R->ko = tu_tensor(out_layout(c), c->dt, c->s, b, c->hk, c->hd, &R->kob);
     }
     R->tokens = c->s * b;
     fusedrope_norm_init(&R->norm);
@@ -293,12 +311,13 @@ static void describe(const ncase *c, char *buf, size_t n)
 {
     snprintf(buf, n,
              "%s %s weight %d rounding %d w_f32 %d %s s %lld b %lld hq %lld hk %lld hd %lld "
-             "rot %d %s%s%s%s%s (seed %llu)",
+             "rot %d %s%s%s%s%s, y/dx %s, dy %s (seed %llu)",
              ref_dtype_name(c->dt), c->style == FUSEDROPE_NEOX ? "neox" : "interleaved",
              c->weight, c->rounding, c->w_f32, tu_layout_name(c->layout), (long long)c->s,
              (long long)c->b, (long long)c->hq, (long long)c->hk, (long long)c->hd, c->rot_dim,
              rope_names[c->rope], c->tableless ? " table-less" : "", c->ids ? " ids" : "",
-             pos_names[c->posmode], c->in_place ? " in place" : "", (unsigned long long)tu_seed);
+             pos_names[c->posmode], c->in_place ? " in place" : "", tu_layout_name(out_layout(c)),
+             tu_layout_name(dy_layout(c)), (unsigned long long)tu_seed);
 }
 
 /* The forward's output against ref_norm_forward; rstd against its rstd.
@@ -416,6 +435,8 @@ static void random_case(ncase *c, tu_rng *r, int i)
     c->k_present = tu_int(r, 0, 5) != 0;
     c->posmode = c->ids ? POS_PLAIN : (int)tu_int(r, 0, 2);
     pos_fit(c);
+    c->out_layout = 1 + (int)tu_int(r, 0, LAY_THD - 1);
+    c->dy_layout = 1 + (int)tu_int(r, 0, LAY_THD - 1);
 }
 
 /* 54 combinations of dtype x style x weight x rounding, random shapes. */
@@ -683,13 +704,15 @@ static void backward_case(ncase *c, tu_rng *r, int saved_y, int in_place_dx)
         for (int64_t i = 0; i < c->hd; i++)
             ck_assert(fabs(1 + R.wq[i]) > 0.3);
     }
-    dq = tu_tensor(c->layout, c->dt, c->s, R.q.batch, c->hq, c->hd, &dqb);
+    dq = tu_tensor(dy_layout(c), c->dt, c->s, R.q.batch, c->hq, c->hd, &dqb);
     tu_fill_view(&dq, r, -1, 1);
-    dxq = in_place_dx ? dq : tu_tensor(c->layout, c->dt, c->s, R.q.batch, c->hq, c->hd, &dxqb);
+    dxq = in_place_dx ? dq
+                      : tu_tensor(out_layout(c), c->dt, c->s, R.q.batch, c->hq, c->hd, &dxqb);
     if (c->k_present) {
-        dk = tu_tensor(c->layout, c->dt, c->s, R.q.batch, c->hk, c->hd, &dkb);
+        dk = tu_tensor(dy_layout(c), c->dt, c->s, R.q.batch, c->hk, c->hd, &dkb);
         tu_fill_view(&dk, r, -1, 1);
-        dxk = in_place_dx ? dk : tu_tensor(c->layout, c->dt, c->s, R.q.batch, c->hk, c->hd, &dxkb);
+        dxk = in_place_dx ? dk
+                          : tu_tensor(out_layout(c), c->dt, c->s, R.q.batch, c->hk, c->hd, &dxkb);
     }
     {
         /* keep dy: in place it is overwritten */
@@ -741,9 +764,10 @@ END_TEST
 
 /* dw over several FUSEDROPE_NORM_DW_CHUNK chunks of tokens (the matrix's
  * cases stay under one), every layout (THD's sequences cross the chunks'
- * borders), judged by ref_norm_backward; the last two with more heads than
+ * borders), judged by ref_norm_backward; the last four with more heads than
  * a batch of norm_backward_items' rows in q (a batch within a token) and
- * fewer in k (a batch across tokens), as a model's 32 + 8 are. */
+ * fewer in k (a batch across tokens), as a model's 32 + 8 are, the last two
+ * of them with dx apart and dy in a layout of its own. */
 START_TEST(test_backward_dw_chunks)
 {
     tu_rng r;
@@ -759,14 +783,22 @@ START_TEST(test_backward_dw_chunks)
         c.hq = tu_int(&r, 17, 24);
         c.hk = tu_int(&r, 4, 8);
         c.b = 1;
-        c.dt = _i == 6 ? FUSEDROPE_BFLOAT16 : FUSEDROPE_FLOAT16;
-        c.hd = c.rot_dim = _i == 6 ? 128 : 64;
+        c.dt = _i % 2 ? FUSEDROPE_FLOAT16 : FUSEDROPE_BFLOAT16;
+        c.hd = c.rot_dim = _i % 2 ? 64 : 128;
         c.tableless = 0;
         c.k_present = 1;
+        c.layout = _i % 2 ? LAY_BSHD : LAY_SBHD;
+    }
+    if (_i >= 8) {
+        /* dx apart, and each of x, dy and dx with a stride of its own
+         * (the 16-byte-aligned layouts have two head strides: head_dim and
+         * HSBD's): dy's head stride unlike x's, dx's unlike dy's */
+        c.dy_layout = 1 + LAY_HSBD;
+        c.out_layout = 1 + (_i % 2 ? LAY_SBHD : LAY_BSHD);
     }
     c.ids = 0;
     pos_fit(&c);
-    backward_case(&c, &r, _i % 2, (int)tu_int(&r, 0, 1));
+    backward_case(&c, &r, _i % 2, _i >= 8 ? 0 : (int)tu_int(&r, 0, 1));
 }
 END_TEST
 
@@ -1573,7 +1605,7 @@ static Suite *norm_suite(void)
     tc = tcase_create("backward");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, test_backward_matrix, 0, 54);
-    tcase_add_loop_test(tc, test_backward_dw_chunks, 0, 8);
+    tcase_add_loop_test(tc, test_backward_dw_chunks, 0, 10);
     tcase_add_loop_test(tc, test_rope_types_and_axes, 0, 4 * (ROPE_KINDS - 1));
     tcase_add_loop_test(tc, test_reference_finite_differences, 0, 12);
     tcase_add_loop_test(tc, test_threads_determinism, 0, 6);
