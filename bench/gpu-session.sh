@@ -81,7 +81,7 @@ quiet_host() {
   [ $n -gt 0 ] && note "quiet host: the $n variant builds done"
   vpid=()
 }
-normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:0:0 1000000000:2:8:1:0 1000000000:1:8:1:10}
+normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:0:0 1000000000:2:8:1:0 1000000000:1:8:1:10 1000000000:1:8:1:12}
 normbwd_variants=${NORMBWD_VARIANTS:-16:1:2:1 16:1:4:1 8:1:3:2 16:1:3:2}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
@@ -218,8 +218,9 @@ section_normwarp() {
   # RPW rows' loads AHEAD or not, MINB blocks an SM asked of ptxas or 0),
   # test_norm_gpu on each, then the same norm lines on each and on the
   # default build last (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD:MINB;
-  # by default one row without the next ahead, 2 rows with, one row with
-  # at 48 registers, since the loads stay unwidened until used (a7e5f09);
+  # by default one row without the next ahead (48 registers), 2 rows with
+  # (63), one row with at 48 and at 40 registers (a few bytes spilled; the
+  # default: 51), since the loads stay unwidened until used (a7e5f09);
   # the 2026-11-27 runs measured 0:1:8, huge:1:8, huge:2:8 and huge:4:8
   # while every load was waited for at once)
   quiet_host
