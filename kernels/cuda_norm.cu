@@ -1045,8 +1045,8 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  */
 /* Warps a block of norm_backward_items, and the rows each holds at a time
  * (1 to 4, all their loads issued before any row's arithmetic): 16 x 1 puts
- * 16 warps on a chunk, at 96 registers (bf16 NeoX 128, CUDA 13's ptxas) one
- * block an SM, and 33.5 KiB of shared memory (16 x 2 and 32 x 1 pass the
+ * 16 warps on a chunk, at 110 registers (bf16 NeoX 128, CUDA 13's ptxas)
+ * one block an SM, and 33.5 KiB of shared memory (16 x 2 and 32 x 1 pass the
  * 48 KiB of static shared memory); the H100's figures: bench/RESULTS.md. */
 #ifndef FR_CUDA_NORM_BWD_WARPS
 #define FR_CUDA_NORM_BWD_WARPS 16
@@ -1064,8 +1064,8 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
 #define FR_CUDA_NORM_BWD_BATCHES 3
 #endif
 /* The blocks norm_backward_items asks ptxas to fit an SM (its register
- * budget): one by default (16 warps at ~100 registers); 2 with 8 warps a
- * block leave ~128, with 16 warps 64.  Not yet measured. */
+ * budget): one by default (16 warps at ~110 registers); 2 with 8 warps a
+ * block leave 128, with 16 warps 64 (spilling).  Not yet measured. */
 #ifndef FR_CUDA_NORM_BWD_MINB
 #define FR_CUDA_NORM_BWD_MINB 1
 #endif
