@@ -712,8 +712,8 @@ static fusedrope_status run_op(const bcase *c, enum op op, int set)
         /* backward: the saved x is the input region (the forward's x, whose
          * rstd the forward saved), dy its own region, dx the output or, in
          * place, over dy.  Timed in place, dx becomes the next call's dy and
-         * grows (about rstd x w a call) to Inf: the GPU's and the CPU's
-         * arithmetic take no longer on it; verify() uploads fresh data. */
+         * grows (about rstd x w a call), towards Inf over many calls: only
+         * their time counts, and verify() uploads fresh data. */
         const int two = c->nparts == 2;
         const fusedrope_tensor *td = &c->tdy[2 * set], *tx = opt.inplace ? td : to;
         if (op == OP_FWD)
