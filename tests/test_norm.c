@@ -54,14 +54,19 @@ typedef struct ncase {
  * kernel's output stepped by the input's head stride passed every test
  * while all a case's tensors had one layout); THD's are THD, and a case
  * that draws none (zeroed) has the input's. */
+static int layout_apart(const ncase *c, int drawn)
+{
+    return c->layout == LAY_THD || drawn == 0 ? c->layout : drawn - 1;
+}
+
 static int out_layout(const ncase *c)
 {
-    return c->layout == LAY_THD || c->out_layout == 0 ? c->layout : c->out_layout - 1;
+    return layout_apart(c, c->out_layout);
 }
 
 static int dy_layout(const ncase *c)
 {
-    return c->layout == LAY_THD || c->dy_layout == 0 ? c->layout : c->dy_layout - 1;
+    return layout_apart(c, c->dy_layout);
 }
 
 /* Implicit positions (no ids): from 0, from per-sequence offsets, or a
