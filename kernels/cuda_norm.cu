@@ -769,8 +769,7 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
  * (the tensor's last item of a token fewer: warp_groups); the items
  * grid-stride.  Per item the token's position, the lane's cos/sin and the
  * rows' first addresses are found once, and the weights when the tensor
- * changes
- * (found per row, they made the warp kernel's rows several hundred
+ * changes (found per row, they made the warp kernel's rows several hundred
  * instructions each: bench/RESULTS.md); its rows are taken R at a time, all
  * R rows' loads issued before any row's sum, their trees one RowsTree whose
  * rstd is evaluated once for them all, and (FR_CUDA_NORM_WARP_AHEAD) the
