@@ -9,7 +9,7 @@
  * then the fixed tree p[l] += p[l + off] for off = 16, 8, 4, 2, 1; the sum
  * is p[0].  A warp of 32 lanes follows it with a butterfly (a + b == b + a
  * in IEEE arithmetic, so every lane gets p[0]'s bits), one thread with a
- * loop, a vector unit with four 8-wide accumulators.
+ * loop, a vector unit with four 8-wide or two 16-wide accumulators.
  */
 #ifndef FUSEDROPE_NORM_MATH_H
 #define FUSEDROPE_NORM_MATH_H
