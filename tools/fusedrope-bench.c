@@ -838,9 +838,10 @@ static void verify_part(const bcase *c, enum op op, int p, vstats *v)
  * (the tolerance of tests/test_norm.c: float32 rstd and n, and a value the
  * mode rounds to the dtype may round the other way near a tie) or
  * ref_norm_backward (saved x = the input, dy its own data; float32
- * arithmetic against the size of dx's terms).  'err/tol' is over that
- * tolerance. */
-static void verify_norm_part(const bcase *c, enum op op, int p, vstats *v)
+ * arithmetic against the size of dx's terms), and the backward's dw_got
+ * (head_dim floats, NULL without a weight) against its dw.  'err/tol' is
+ * over those tolerances. */
+static void verify_norm_part(const bcase *c, enum op op, int p, const float *dw_got, vstats *v)
 {
     const int64_t H = c->heads[p], D = c->sh.d, R = c->rot, half = R / 2, T = c->tokens;
     const int thd = opt.layout == L_THD;
@@ -850,17 +851,20 @@ static void verify_norm_part(const bcase *c, enum op op, int p, vstats *v)
     double *ref = xmalloc((size_t)(T * H * D) * sizeof(double));
     double *aux = xmalloc((size_t)(T * H * D) * sizeof(double));
     int64_t *positions = xmalloc((size_t)T * sizeof(int64_t));
+    double *dw = xmalloc((size_t)D * sizeof(double)), *dw_abs = xmalloc((size_t)D * sizeof(double));
     const int kind = (int)c->norm.weight, rounding = (int)c->norm.rounding;
     const double *w = kind ? c->w_host[p] : NULL;
     size_t es = ref_dtype_size(opt.dtype);
 
     ref_positions(&c->hpos, S, B, positions);
+    memset(dw, 0, (size_t)D * sizeof(double)); /* ref_norm_backward adds to them */
+    memset(dw_abs, 0, (size_t)D * sizeof(double));
     if (op == OP_FWD)
         ref_norm_forward(&c->ref, opt.style, positions, &x, kind, w, c->norm.eps, rounding, ref,
                          aux, NULL);
     else
         ref_norm_backward(&c->ref, opt.style, positions, &x, 0, &dy, kind, w, c->norm.eps, NULL,
-                          ref, NULL, NULL, aux);
+                          ref, dw, dw_abs, aux);
     for (int64_t s = 0; s < S; s++)
         for (int64_t b = 0; b < B; b++)
             for (int64_t h = 0; h < H; h++) {
@@ -903,10 +907,25 @@ static void verify_norm_part(const bcase *c, enum op op, int p, vstats *v)
                     }
                 }
             }
+    for (int64_t ch = 0; dw_got && ch < D; ch++) {
+        const double got = dw_got[ch], tol = ref_norm_dw_tolerance(dw_abs[ch]);
+        const double err = isnan(got) ? INFINITY : fabs(got - dw[ch]);
+        v->checked++;
+        if (err / tol > v->max_ratio)
+            v->max_ratio = err / tol;
+        if (!(err <= tol)) {
+            v->bad++;
+            if (v->reported++ < 5)
+                fprintf(stderr, "  mismatch: d%s_weight channel %lld: got %.9g, reference %.9g "
+                        "(tolerance %.3g)\n", p ? "k" : "q", (long long)ch, got, dw[ch], tol);
+        }
+    }
     (void)es;
     free(ref);
     free(aux);
     free(positions);
+    free(dw);
+    free(dw_abs);
 }
 
 /* One call on buffer set 0 with a poisoned output, checked. Returns 1 if ok. */
@@ -929,6 +948,8 @@ static int verify(bcase *c, enum op op, vstats *v)
             buf_upload(dy_ptr(c, 0, p), c->h_dy[p], c->bytes[p]);
         if (!opt.inplace)
             buf_fill(out_ptr(c, 0, p), 0xff, c->bytes[p]);
+        if (opt.norm && c->dw_dev[p]) /* NaN: a dw left unwritten fails */
+            buf_fill(c->dw_dev[p], 0xff, (size_t)c->sh.d * sizeof(float));
     }
     dev_barrier();
     lib_check(run_op(c, op, 0), op == OP_FWD ? "forward" : "backward");
@@ -936,9 +957,15 @@ static int verify(bcase *c, enum op op, vstats *v)
     lib_check(fusedrope_cache_check(c->cache, stream_arg()), "fusedrope_cache_check");
     for (int p = 0; p < c->nparts; p++) {
         buf_download(c->h_out[p], result_ptr(c, op, 0, p), c->bytes[p]);
-        if (opt.norm)
-            verify_norm_part(c, op, p, v);
-        else
+        if (opt.norm) {
+            float *dw = NULL;
+            if (op == OP_BWD && c->dw_dev[p]) {
+                dw = xmalloc((size_t)c->sh.d * sizeof(float));
+                buf_download(dw, c->dw_dev[p], (size_t)c->sh.d * sizeof(float));
+            }
+            verify_norm_part(c, op, p, dw, v);
+            free(dw);
+        } else
             verify_part(c, op, p, v);
     }
     if (v->poison)
@@ -1159,7 +1186,8 @@ static void usage(FILE *f)
 "                      backward from x and a dy of its own, with dw) instead:\n"
 "                      qwen3 (w, Llama rounding), gemma (1 + w, Gemma\n"
 "                      rounding), once (w, one rounding) or none (no weight);\n"
-"                      verified against the float64 reference of the norm\n"
+"                      every element of the output, and dw, verified against\n"
+"                      the float64 reference of the norm with test_norm's bounds\n"
 "  --graph N           (CUDA) also time N calls captured in one CUDA graph and\n"
 "                      replayed (--iters replays), beside the same N calls issued\n"
 "                      one by one on the stream and the host's time to issue one\n"
@@ -1181,7 +1209,9 @@ static void usage(FILE *f)
 "fusedrope_forward(3), Rotation; the default rope's attention factor is 1),\n"
 "which must be <= 1; the whole output is scanned for non-finite values and, out\n"
 "of place, for elements left unwritten (the output is poisoned with NaN bytes\n"
-"before the call).\n"
+"before the call).  --norm: every element of the output and of dw against the\n"
+"float64 reference of the norm within the bounds of tests/ref.h (those of\n"
+"tests/test_norm); a NaN or an element left unwritten fails.\n"
 "Exit status: 0 all verified, 1 a verification or a call failed, 2 bad options.\n",
             OFFSET_POSITIONS, OFFSET_POSITIONS, MAX_SAMPLED_TOKENS);
 }
@@ -1616,13 +1646,20 @@ int main(int argc, char **argv)
                r->copy_gbs, r->gbs / r->copy_gbs, r->max_ulp, r->ratio, r->ok ? "ok" : "FAIL");
     }
     printf("\nGB/s = bytes that must move (MB) / median time; 'of copy' = that over a %s\n"
-           "of the same bytes in this run. max ulp = max |y - ref| / ulp(ref) and err/tol = max\n"
-           "|y - ref| / (ulp(ref) + 2^-22 (|a| + |b|) max(1, attention factor)), the bound of\n"
-           "fusedrope_forward(3) (Rotation; attention factor 1 here), which must be <= 1\n"
-           "(max ulp may be large where a*cos - b*sin cancels), over all heads and channels of\n"
-           "up to %d sampled tokens; every output element is checked for poison and NaN.\n",
-           g_cuda ? "device-to-device cudaMemcpyAsync" : "memcpy on the library's threads",
-           MAX_SAMPLED_TOKENS);
+           "of the same bytes in this run.", g_cuda ? "device-to-device cudaMemcpyAsync"
+                                                  : "memcpy on the library's threads");
+    if (opt.norm)
+        printf("\nEvery element of the output (and of the backward's dw) is checked against\n"
+               "the float64 reference of the norm within the bounds of tests/ref.h\n"
+               "(those of tests/test_norm); err/tol = max |y - ref| / bound, which must be <= 1;\n"
+               "max ulp = max |y - ref| / ulp(ref); a NaN or an element left unwritten fails.\n");
+    else
+        printf(" max ulp = max |y - ref| / ulp(ref) and err/tol = max\n"
+               "|y - ref| / (ulp(ref) + 2^-22 (|a| + |b|) max(1, attention factor)), the bound\n"
+               "of fusedrope_forward(3) (Rotation; attention factor 1 here), which must be <= 1\n"
+               "(max ulp may be large where a*cos - b*sin cancels), over all heads and channels\n"
+               "of up to %d sampled tokens; every output element is checked for poison and NaN.\n",
+               MAX_SAMPLED_TOKENS);
     if (opt.graph) {
         printf("\n%d calls in a row, microseconds per call (medians of %d rounds):\n"
                "%-12s %-20s %10s %10s %10s %10s\n", opt.graph, opt.iters, "op", "shape",
