@@ -1,12 +1,15 @@
 """Builds fusedrope._fusedrope against the installed libfusedrope.
 
-The library is found through pkg-config (honouring PKG_CONFIG_PATH), or under
-the prefix in FUSEDROPE_PREFIX (its lib/pkgconfig is searched first, and if it
-has no .pc file, PREFIX/include and PREFIX/lib are used directly).  The static
-archive is linked in whole when it is there, with what a static link needs
-(pkg-config --static: OpenMP, libm, the CUDA runtime), so the extension does
-not depend on libfusedrope.so at run time; otherwise -lfusedrope (the shared
-library) with an rpath to its directory.  The extension is always rebuilt.
+The library is found through pkg-config (honouring PKG_CONFIG_PATH), or, when
+FUSEDROPE_PREFIX is set, under that prefix only: its fusedrope.pc (lib,
+lib64 or share/pkgconfig), and if it has none, PREFIX/include and PREFIX/lib
+directly (OpenMP and libm added; a CUDA build's archive needs its .pc for the
+CUDA runtime, and is refused without it).  The static archive is linked into
+the extension when it is there (the members the extension uses), with what a
+static link needs (pkg-config --static: OpenMP, libm, the CUDA runtime), so
+the extension does not depend on libfusedrope.so at run time; otherwise
+-lfusedrope (the shared library) with an rpath to its directory.  The
+extension is always rebuilt.
 """
 import os
 import shlex
@@ -21,7 +24,11 @@ def pkg_config(*args):
     env = dict(os.environ)
     prefix = os.environ.get("FUSEDROPE_PREFIX")
     if prefix:
+        # the prefix's own .pc or none: another install's must not be taken
         dirs = [os.path.join(prefix, d, "pkgconfig") for d in ("lib", "lib64", "share")]
+        dirs = [d for d in dirs if os.path.exists(os.path.join(d, "fusedrope.pc"))]
+        if not dirs:
+            return None
         env["PKG_CONFIG_PATH"] = os.pathsep.join(dirs + [env.get("PKG_CONFIG_PATH", "")])
     try:
         out = subprocess.run(["pkg-config", *args, "fusedrope"], env=env, check=True,
@@ -54,6 +61,16 @@ def library_flags():
                      "under it). Set it to libfusedrope's install prefix.")
         libdir = next((os.path.join(prefix, d) for d in ("lib", "lib64")
                        if os.path.isdir(os.path.join(prefix, d))), os.path.join(prefix, "lib"))
+        archive = archive_in([libdir])
+        if archive:
+            with open(archive, "rb") as f:
+                cuda = b"__cudaRegisterFatBinary" in f.read()
+            if cuda:
+                sys.exit(f"fusedrope: {archive} is a CUDA build, whose static link needs the "
+                         "CUDA runtime that its fusedrope.pc names, and FUSEDROPE_PREFIX has "
+                         "no lib/pkgconfig/fusedrope.pc: install libfusedrope with make "
+                         "install (which writes it), or unset FUSEDROPE_PREFIX and point "
+                         "PKG_CONFIG_PATH at the .pc of that install.")
         cflags = ["-I" + os.path.join(prefix, "include")]
         libs = ["-L" + libdir, "-lfusedrope", "-fopenmp", "-lm"]
     include_dirs = [f[2:] for f in cflags if f.startswith("-I")]

@@ -176,10 +176,13 @@ class Cache:
         fields = dict(factor=factor, original_max_positions=original_max_positions,
                       seq_len=seq_len, attention_factor=attention_factor, beta_fast=beta_fast,
                       beta_slow=beta_slow, mscale=mscale, mscale_all_dim=mscale_all_dim,
-                      truncate=truncate, low_freq_factor=low_freq_factor,
+                      truncate=None if truncate is None else _flag(truncate, "truncate"),
+                      low_freq_factor=low_freq_factor,
                       high_freq_factor=high_freq_factor,
-                      short_factor=None if short_factor is None else [float(v) for v in short_factor],
-                      long_factor=None if long_factor is None else [float(v) for v in long_factor],
+                      short_factor=None if short_factor is None
+                      else [_real(v, "an entry of short_factor") for v in short_factor],
+                      long_factor=None if long_factor is None
+                      else [_real(v, "an entry of long_factor") for v in long_factor],
                       partial_rotary_factor=partial_rotary_factor,
                       axes=AXES[axes] or None, sections=ints(sections),
                       pair_axis=ints(pair_axis), pair_col=ints(pair_col), freq_dim=freq_dim,
@@ -187,9 +190,9 @@ class Cache:
         dev, dev_id = _parse_device(device)
         ctx = _cuda_device(dev_id) if dev == _DEV_CUDA else contextlib.nullcontext()
         with ctx:
-            handle = _fusedrope.cache_create(ROPE_TYPES[type], _int(rot_dim, "rot_dim"),
-                                             _int(max_positions, "max_positions"),
-                                             float(theta), dev, dev_id, fields)
+            handle = _fusedrope.cache_create(ROPE_TYPES[type], _cint(rot_dim, "rot_dim"),
+                                             _cint(max_positions, "max_positions", 64),
+                                             _real(theta, "theta"), dev, dev_id, fields)
         params = {"theta": float(theta), **{k: v for k, v in fields.items() if v is not None}}
         if axes is not None:
             params["axes"] = axes
@@ -257,9 +260,10 @@ class Cache:
         return cos, sin
 
     def check(self, stream=None):
-        """fusedrope_cache_check: waits for `stream` (default: the current
-        PyTorch/CuPy stream, else the default stream) and raises Error
-        (ERR_RANGE) if a CUDA kernel met a position outside the table."""
+        """fusedrope_cache_check: waits for `stream` (default: PyTorch's
+        current stream when PyTorch is imported with CUDA, else the default
+        stream; CuPy users pass theirs) and raises Error (ERR_RANGE) if a
+        CUDA kernel met a token without a valid position."""
         if self._h.device_id < 0:
             return
         with _cuda_device(self._h.device_id):
@@ -338,6 +342,14 @@ def _dtype_name(a):
     return str(getattr(a, "dtype", "")).rsplit(".", 1)[-1]
 
 
+def _bits_need_dtype(a, name, dtype):
+    """16-bit integers are bfloat16 bits only when the call says so: with
+    a bfloat16 array beside them they would otherwise pass as bfloat16."""
+    if dtype != "bfloat16" and _dtype_name(a) in ("uint16", "int16"):
+        raise TypeError(f"{name} has dtype {_dtype_name(a)}; 16-bit integer arrays are taken "
+                        f"as bfloat16 bits only with dtype='bfloat16'")
+
+
 def _int(v, what):
     """v as an int, refusing what is not one (a float or a string is not
     truncated or parsed)."""
@@ -345,6 +357,34 @@ def _int(v, what):
         return operator.index(v)
     except TypeError:
         raise TypeError(f"{what} must be an int, not {type(v).__name__} {v!r}") from None
+
+
+def _cint(v, what, bits=32):
+    """_int(v), which must fit the C argument's signed `bits`-bit int
+    (ValueError, not the OverflowError of the conversion)."""
+    v = _int(v, what)
+    if not -(1 << (bits - 1)) <= v < 1 << (bits - 1):
+        raise ValueError(f"{what} is {v}, outside the range of a {bits}-bit int")
+    return v
+
+
+def _flag(v, what):
+    """v as a bool: a bool (NumPy's too) or an int, not a string (which
+    would be true whatever it says)."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    return bool(_int(v, what))
+
+
+def _real(v, what):
+    """v as a float, refusing a string (float() would parse it) and what
+    is not a number."""
+    if isinstance(v, (str, bytes)):
+        raise TypeError(f"{what} must be a number, not {type(v).__name__} {v!r}")
+    try:
+        return float(v)
+    except TypeError:
+        raise TypeError(f"{what} must be a number, not {type(v).__name__} {v!r}") from None
 
 
 def _positions(p, what, np_dtype, cache):
@@ -380,7 +420,7 @@ def _compact_ids(ids, layout):
     if nd == base + 1 and ids.shape[0] > 1 and stride0(ids) == 0:
         ids = ids[0]                     # a broadcast: one row for every axis
         nd = base
-    if nd == base + 1 and not compact(ids[0]):
+    if nd == base + 1 and ids.shape[0] > 0 and not compact(ids[0]):
         return copy(ids)
     if nd == base and not compact(ids):
         return copy(ids)
@@ -409,9 +449,13 @@ def _prepare(cache, arrays, names, style, layout, ids, offsets, cu_seqlens, dtyp
             continue
         if dtype is not None and dtype != "bfloat16" and _dtype_name(a) != dtype:
             raise TypeError(f"{name} has dtype {_dtype_name(a)}, not {dtype}")
+        _bits_need_dtype(a, name, dtype)
         v, is_bf16 = _bf16_view(a)
         bf16 = bf16 or is_bf16
         views.append(v)
+    for a, name in extra:
+        if a is not None:
+            _bits_need_dtype(a, name, dtype)
     extra_views = [None if a is None else _bf16_view(a)[0] for a, _ in extra]
     ids = _compact_ids(_positions(ids, "ids", np.int64, cache), layout)
     offsets = _positions(offsets, "offsets", np.int64, cache)
@@ -448,7 +492,7 @@ def _apply(op, cache, ins, outs, names, style, layout, ids, offsets, cu_seqlens,
                                           stream, range_status)
     with ctx:
         _fusedrope.apply(cache._h, op, _STYLES[style], _LAYOUTS[layout], bf16, caps, *pos[:3],
-                         int(cp_size), int(cp_rank), s, pos[3])
+                         _cint(cp_size, "cp_size"), _cint(cp_rank, "cp_rank"), s, pos[3])
     return outs
 
 
@@ -560,7 +604,8 @@ def _norm(op, cache, arrays, names, head, extra, style, layout, ids, offsets, cu
                                                    range_status, extra)
     with ctx:
         _fusedrope.norm(cache._h, op, _STYLES[style], _LAYOUTS[layout], bf16, caps, *pos[:3],
-                        int(cp_size), int(cp_rank), s, pos[3], tuple(head) + tuple(extra_caps))
+                        _cint(cp_size, "cp_size"), _cint(cp_rank, "cp_rank"), s, pos[3],
+                        tuple(head) + tuple(extra_caps))
 
 
 def norm_forward_qk(cache, q, k=None, q_weight=None, k_weight=None, *, weight=None,

@@ -130,6 +130,15 @@ def _layer_config(config, layer_type):
         return config
 
 
+def _required(d, key, rope_type):
+    """d[key] of a rope dict, or a ValueError naming what is missing."""
+    v = d.get(key)
+    if v is None:
+        raise ValueError(f"the config's rope parameters have no '{key}', which rope type "
+                         f"{rope_type!r} needs")
+    return v
+
+
 def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
     """The keyword arguments of fusedrope.Cache for a Hugging Face config."""
     config = _layer_config(_text_config(config), layer_type)
@@ -169,7 +178,13 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
     head_dim = None
     if layer_type == "full_attention" and isinstance(config, dict):
         head_dim = get("global_head_dim", None)     # Gemma 4's config.json
-    head_dim = head_dim or get("head_dim", None) or get("hidden_size") // get("num_attention_heads")
+    head_dim = head_dim or get("head_dim", None)
+    if not head_dim:
+        hidden, heads = get("hidden_size", None), get("num_attention_heads", None)
+        if not hidden or not heads:
+            raise ValueError("the config has no head_dim, and no hidden_size and "
+                             "num_attention_heads to derive it from")
+        head_dim = hidden // heads
     freq_dim = None
     if rope_type == "proportional":
         # the whole head in the exponents, a share of the pairs rotating
@@ -192,6 +207,13 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
             raise ValueError("the config has no max_position_embeddings: pass max_positions=")
         max_positions = max_pos
 
+    def context(why):
+        # transformers reads the model's context from the config for these
+        if max_pos is None:
+            raise ValueError(f"the config has no max_position_embeddings, which rope type "
+                             f"{rope_type!r} needs {why} (max_positions= only sizes the table)")
+        return max_pos
+
     args = dict(type=rope_type, rot_dim=rot_dim, max_positions=int(max_positions),
                 theta=float(theta))
     if freq_dim is not None:
@@ -202,27 +224,29 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
         # type's own dict: its own value (transformers' setdefault)
         orig = None if nested else get("original_max_position_embeddings", None)
         if orig is None:
-            orig = rope.get("original_max_position_embeddings", max_pos)
+            orig = rope.get("original_max_position_embeddings")
+        if orig is None:
+            orig = context("without original_max_position_embeddings")
         args["original_max_positions"] = int(orig)
 
     if rope_type == "linear":
-        args["factor"] = float(rope["factor"])
+        args["factor"] = float(_required(rope, "factor", rope_type))
     elif rope_type == "proportional":
         args["partial_rotary_factor"] = float(prf)
         args["factor"] = float(rope.get("factor", 1.0) or 1.0)
     elif rope_type == "dynamic":
-        args["factor"] = float(rope["factor"])
-        args["original_max_positions"] = int(max_pos)
+        args["factor"] = float(_required(rope, "factor", rope_type))
+        args["original_max_positions"] = int(context("as its original context"))
         if seq_len is not None:
             args["seq_len"] = int(seq_len)
     elif rope_type == "llama3":
-        args.update(factor=float(rope["factor"]),
-                    low_freq_factor=float(rope["low_freq_factor"]),
-                    high_freq_factor=float(rope["high_freq_factor"]))
+        args.update(factor=float(_required(rope, "factor", rope_type)),
+                    low_freq_factor=float(_required(rope, "low_freq_factor", rope_type)),
+                    high_freq_factor=float(_required(rope, "high_freq_factor", rope_type)))
     elif rope_type in ("yarn", "longrope"):
         factor = rope.get("factor")
         if factor is None:
-            factor = max_pos / args["original_max_positions"]
+            factor = context("without a factor") / args["original_max_positions"]
         args["factor"] = float(factor)
         if rope.get("attention_factor") is not None:
             if float(rope["attention_factor"]) == 0.0:
@@ -238,8 +262,10 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
                 if rope.get(k):
                     args[k] = float(rope[k])
         else:
-            args.update(short_factor=[float(v) for v in rope["short_factor"]],
-                        long_factor=[float(v) for v in rope["long_factor"]])
+            short = _required(rope, "short_factor", rope_type)
+            long = _required(rope, "long_factor", rope_type)
+            args.update(short_factor=[float(v) for v in short],
+                        long_factor=[float(v) for v in long])
             if seq_len is not None:
                 args["seq_len"] = int(seq_len)
     return args

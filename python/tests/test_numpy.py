@@ -222,6 +222,15 @@ def test_ml_dtypes_bfloat16():
     fusedrope.forward(cache, x, out=y)           # no dtype= needed
     want, mag = ref.rotate(xf, positions("sbhd", 3, 2), cos_t, sin_t, 8, "neox")
     ref.assert_close(y.astype(np.float64), want, mag, "bfloat16")
+    # 16-bit integers beside it are not taken as bfloat16 without dtype=
+    for dt in (np.int16, np.uint16):
+        out = np.full(x.shape, 0x7fff, dt)
+        with pytest.raises(TypeError, match="dtype='bfloat16'"):
+            fusedrope.forward(cache, x, out=out)
+        assert (out == 0x7fff).all()
+    out = np.zeros(x.shape, np.uint16)
+    fusedrope.forward(cache, x, out=out, dtype="bfloat16")
+    assert (out == y.view(np.uint16)).all()
 
 
 # ------------------------------------------------------------------ caches
@@ -352,6 +361,23 @@ def test_bad_cache_arguments():
                         short_factor=[1.0] * 3, long_factor=[1.0] * 4)
     with pytest.raises(ValueError, match="device"):
         fusedrope.Cache("default", rot_dim=8, max_positions=16, device="tpu")
+    # numbers as numbers: a string is not parsed, nor taken as true
+    with pytest.raises(TypeError, match="theta"):
+        fusedrope.Cache("default", rot_dim=8, max_positions=16, theta="1e4")
+    with pytest.raises(TypeError, match="truncate"):
+        fusedrope.Cache("yarn", rot_dim=8, max_positions=16, factor=2.0,
+                        original_max_positions=8, truncate="no")
+    with pytest.raises(TypeError, match="short_factor"):
+        fusedrope.Cache("longrope", rot_dim=8, max_positions=16, original_max_positions=4,
+                        short_factor=["1"] * 4, long_factor=[1.0] * 4)
+    c = fusedrope.Cache("yarn", rot_dim=8, max_positions=16, factor=2.0,
+                        original_max_positions=8, truncate=np.False_)
+    assert c.params["truncate"] is False
+    # past the C argument's range: ValueError, not OverflowError
+    with pytest.raises(ValueError, match="rot_dim"):
+        fusedrope.Cache("default", rot_dim=2**33, max_positions=16)
+    with pytest.raises(ValueError, match="max_positions"):
+        fusedrope.Cache("default", rot_dim=8, max_positions=2**64)
 
 
 @pytest.mark.skipif(fusedrope.cuda_available(), reason="a CUDA device is present")
@@ -477,6 +503,15 @@ def test_bad_positions(cache8):
     for kw in bad:
         with pytest.raises((ValueError, TypeError)):
             fusedrope.forward(cache8, x, out=y, **kw)
+    # the exceptions the docs name, not an IndexError or OverflowError
+    with pytest.raises(ValueError, match="shape"):
+        fusedrope.forward(cache8, x, out=y, ids=np.zeros((0, 2, 4), np.int64))
+    with pytest.raises(TypeError, match="cp_size"):
+        fusedrope.forward(cache8, x, out=y, cp_size=1.9)
+    with pytest.raises(ValueError, match="cp_size"):
+        fusedrope.forward(cache8, x, out=y, cp_size=2**40)
+    with pytest.raises(ValueError, match="cp_rank"):
+        fusedrope.forward_qk(cache8, x, x.copy(), out=(y, None), cp_rank=-2**40)
     # ids not compact are copied compact (not refused)
     wide = np.arange(16, dtype=np.int64).reshape(2, 8) % 16
     got = fusedrope.forward(cache8, x, out=np.empty_like(x), ids=wide[:, ::2])

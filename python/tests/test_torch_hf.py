@@ -196,6 +196,25 @@ def test_mapping_corners():
         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
     assert cache_arguments(nested, layer_type="full_attention")["original_max_positions"] == 8192
     assert cache_arguments(PHI3_LONGROPE)["original_max_positions"] == 4096   # flat: top level
+    # an incomplete config: a ValueError naming what is missing (not a
+    # KeyError or a TypeError from int(None))
+    for cfg, missing in (
+            (dict(QWEN3, rope_scaling={"rope_type": "linear"}), "'factor'"),
+            (dict(QWEN3, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                       "high_freq_factor": 4.0}), "'low_freq_factor'"),
+            ({k: v for k, v in QWEN3.items() if k not in ("head_dim", "hidden_size")},
+             "head_dim"),
+            ({**{k: v for k, v in QWEN3.items() if k != "max_position_embeddings"},
+              "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
+             "max_position_embeddings")):
+        with pytest.raises(ValueError, match=missing):
+            cache_arguments(cfg, max_positions=64)
+    # max_positions= is enough where the type does not need the context
+    llama3 = {**{k: v for k, v in QWEN3.items() if k != "max_position_embeddings"},
+              "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": 8192}}
+    assert cache_arguments(llama3, max_positions=64)["original_max_positions"] == 8192
     # an explicit attention factor of 0 (transformers: an all-zero table)
     z = dict(QWEN25_YARN, rope_scaling=dict(QWEN25_YARN["rope_scaling"], attention_factor=0.0))
     with pytest.raises(ValueError, match="attention_factor 0"):
