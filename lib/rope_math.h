@@ -45,23 +45,33 @@ FR_HD float fr_half_to_float(uint16_t h)
     const uint32_t exp = em & 0x0f800000u;
     const uint32_t normal = em + (112u << 23);   /* rebias exponent 15 -> 127 */
     const uint32_t infnan = em + (224u << 23);   /* exponent 31 -> 255 */
-    /* zero or subnormal: scale exactly through the float unit */
-    const uint32_t tiny = fr_f2u(fr_u2f(em + (113u << 23)) - fr_u2f(113u << 23));
+    /* zero or subnormal: the 10-bit significand times 2^-24, both steps
+     * exact in any rounding mode (a difference x - x would be -0 rounding
+     * downward) and with normal results (FTZ has nothing to flush) */
+    const uint32_t tiny = fr_f2u((float)(int32_t)(em >> 13) * 0x1p-24f);
     const uint32_t mag = exp == 0x0f800000u ? infnan : exp == 0 ? tiny : normal;
     return fr_u2f(mag | sign);
 }
 
 /* Round to nearest even, overflow to Inf, NaN to a quiet NaN; branch-free
- * like fr_half_to_float. */
+ * like fr_half_to_float, and in integers only, so that the caller's rounding
+ * mode and MXCSR (fusedrope_float_to_half runs in them) do not matter. */
 FR_HD uint16_t fr_float_to_half(float f)
 {
     const uint32_t u = fr_f2u(f);
     const uint32_t sign = u & 0x80000000u;
     const uint32_t a = u ^ sign;
     const uint32_t big = a > 0x7f800000u ? 0x7e00u : 0x7c00u;
-    /* subnormal result: let the float adder round at the binary16 ulp */
-    const uint32_t magic = 126u << 23;
-    const uint32_t tiny = fr_f2u(fr_u2f(a) + fr_u2f(magic)) - magic;
+    /* subnormal result (|f| < 2^-14, biased exponent e < 113): the
+     * significand with its implicit bit is the value in units of 2^(e-150);
+     * shifted right by 126 - e it is in binary16 ulps (2^-24), rounded to
+     * nearest even (a carry into 0x400 is the smallest normal).  Below
+     * e = 101 the value is under a quarter ulp: 25 gives 0; the clamp at 14
+     * only keeps the shift defined where the result is not selected. */
+    const uint32_t e = a >> 23;
+    const uint32_t m = (a & 0x7fffffu) | 0x800000u;
+    const uint32_t sh = e < 101u ? 25u : e > 112u ? 14u : 126u - e;
+    const uint32_t tiny = (m + (1u << (sh - 1)) - 1u + ((m >> sh) & 1u)) >> sh;
     /* normal: rebias exponent 127 -> 15 and round to nearest even */
     const uint32_t normal = (a - (112u << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
     const uint32_t o = a >= (143u << 23) ? big : a < (113u << 23) ? tiny : normal;

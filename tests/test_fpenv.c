@@ -331,6 +331,74 @@ START_TEST(test_norm_fpenv)
 }
 END_TEST
 
+/* The public conversions in a hostile environment: _i picks the rounding
+ * mode (upward, downward, toward zero), with FTZ and DAZ set.  Narrowing
+ * every binary16 / bfloat16 value, the midpoints between neighbours and a
+ * float ulp either side, the float subnormals and the range that narrows to
+ * a binary16 subnormal, and random bits, must give the default caller's
+ * bits; widening every 16-bit pattern too (fusedrope_float_to_bf16(3):
+ * "They read no state").  Before the codec's subnormal rounding was done in
+ * integers, fusedrope_float_to_half rounded 3e-6f to 0x0033 upward. */
+START_TEST(test_conversions_fpenv)
+{
+    static const int modes[3] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO};
+    const size_t cap = 4 * 65536 + 65536 + 65536 + 100000;
+    float *v = tu_alloc(cap * sizeof *v);
+    uint16_t *want = tu_alloc(cap * sizeof *want), *got = tu_alloc(cap * sizeof *got);
+    float *wide[2] = {tu_alloc(65536 * sizeof(float)), tu_alloc(65536 * sizeof(float))};
+    tu_rng r;
+    tu_rng_init(&r, 9300 + (uint64_t)_i);
+    for (int k = 0; k < 2; k++) {
+        const int half = k == 0;
+        uint16_t (*narrow16)(float) = half ? fusedrope_float_to_half : fusedrope_float_to_bf16;
+        float (*widen16)(uint16_t) = half ? fusedrope_half_to_float : fusedrope_bf16_to_float;
+        size_t n = 0;
+        for (uint32_t h = 0; h < 65536; h++) {
+            const float f = widen16((uint16_t)h), g = widen16((uint16_t)(h + 1));
+            v[n++] = f;
+            if (isfinite(f) && isfinite(g) && ((h + 1) & 0x7fff) != 0) {
+                const float m = (float)(((double)f + (double)g) / 2);
+                v[n++] = m;
+                v[n++] = nextafterf(m, INFINITY);
+                v[n++] = nextafterf(m, -INFINITY);
+            }
+        }
+        for (uint32_t i = 0; i < 65536; i++) {     /* float subnormals, both signs */
+            const uint32_t u = (i & 0x7fffu) * 0xffu + 1u + (i >> 15 ? 0x80000000u : 0u);
+            memcpy(&v[n++], &u, 4);
+        }
+        for (uint32_t i = 0; i < 65536; i++) {     /* |f| < 2^-14, both signs */
+            const uint32_t u = (i & 0x7fffu) * ((113u << 23) / 0x8000u) + (i >> 15 ? 0x80000000u : 0u);
+            memcpy(&v[n++], &u, 4);
+        }
+        for (int i = 0; i < 100000; i++) {
+            const uint32_t u = (uint32_t)tu_next(&r);
+            memcpy(&v[n++], &u, 4);
+        }
+        ck_assert(n <= cap);
+        for (size_t i = 0; i < n; i++)
+            want[i] = narrow16(v[i]);
+        for (uint32_t h = 0; h < 65536; h++)
+            wide[0][h] = widen16((uint16_t)h);
+        ck_assert_int_eq(fesetround(modes[_i]), 0);
+        _mm_setcsr(_mm_getcsr() | MXCSR_FTZ | MXCSR_DAZ);
+        for (size_t i = 0; i < n; i++)
+            got[i] = narrow16(v[i]);
+        for (uint32_t h = 0; h < 65536; h++)
+            wide[1][h] = widen16((uint16_t)h);
+        set_default();
+        for (size_t i = 0; i < n; i++)
+            ck_assert_msg(got[i] == want[i], "%s rounding mode %d with FTZ/DAZ: %a gave 0x%04x, "
+                          "0x%04x in the default environment", half ? "float16" : "bfloat16", _i,
+                          (double)v[i], got[i], want[i]);
+        ck_assert_msg(memcmp(wide[0], wide[1], 65536 * sizeof(float)) == 0,
+                      "%s rounding mode %d with FTZ/DAZ: a widening differs from the default "
+                      "environment's", half ? "float16" : "bfloat16", _i);
+    }
+    tu_free_all();
+}
+END_TEST
+
 static Suite *fpenv_suite(void)
 {
     Suite *s = suite_create("fpenv");
@@ -339,6 +407,7 @@ static Suite *fpenv_suite(void)
     tcase_add_loop_test(tc, test_apply_fpenv, 0, 96 / 4);
     tcase_add_loop_test(tc, test_cache_fpenv, 0, 2);
     tcase_add_loop_test(tc, test_norm_fpenv, 0, 18);
+    tcase_add_loop_test(tc, test_conversions_fpenv, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }
