@@ -150,8 +150,9 @@ class Cache:
       position ids with a row per axis to forward & co.
     - ``freq_dim``: F in the exponents 2i/F (0 or None: rot_dim; rot_dim/2
       for "vision_2d").
-    - ``num_threads``: most OpenMP threads a call on this cache uses; a
-      library built without support refuses it (Error, ERR_UNSUPPORTED).
+    - ``num_threads``: most OpenMP threads a call on this cache uses
+      (0 or None: the OpenMP default); ignored by CUDA caches and by a
+      library built without OpenMP (fusedrope_cache_create(3)).
 
     ``device`` is "cpu", "cuda" (the current CUDA device) or "cuda:N".
     """
@@ -508,9 +509,8 @@ _DOC = """
     offsets (int64 per batch entry or per sequence), cu_seqlens (int32,
     num_seqs+1, thd), cp_size, cp_rank; arrays on the cache's device (lists
     are accepted for a CPU cache).  range_status: a one-element int32 device
-    array the CUDA kernels set to 1 for a position outside the table
-    (fusedrope_positions.range_status; a library without it raises Error,
-    ERR_UNSUPPORTED).  out: the
+    array the CUDA kernels set to 1 for a token without a valid position
+    (fusedrope_positions.range_status).  out: the
     output array(s) for an out-of-place call; in place by default.  dtype:
     "bfloat16" to pass bfloat16 as 16-bit integer arrays (NumPy).  stream: a
     CUDA stream (int, torch.cuda.Stream, cupy stream); default: PyTorch's
