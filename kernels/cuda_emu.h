@@ -399,8 +399,13 @@ static cudaError_t fr_emu_launch_lockstep(const cudaLaunchConfig_t *config,
     return ok ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
+/* kernels/cuda_util.cuh's fr_cuda_fail without the runtime's error names:
+ * the same statuses (a failed allocation, here the emulated scratch's
+ * malloc, is FUSEDROPE_ERR_NOMEM, as fusedrope_norm_forward_qk(3) says). */
 static inline fusedrope_status fr_cuda_fail(cudaError_t err, const char *what)
 {
+    if (err == cudaErrorMemoryAllocation)
+        return fr_fail(FUSEDROPE_ERR_NOMEM, "%s: out of (emulated device) memory", what);
     return fr_fail(FUSEDROPE_ERR_CUDA, "%s failed (emulated error %d)", what, err);
 }
 
