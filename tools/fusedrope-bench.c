@@ -742,28 +742,35 @@ typedef struct {
     int reported;
 } vstats;
 
+/* One element's error err against its bound tol, counted in v; returns
+ * whether to print it (a failure among the first five). */
+static int tally(vstats *v, double err, double tol)
+{
+    v->checked++;
+    if (err / tol > v->max_ratio)
+        v->max_ratio = err / tol;
+    if (err <= tol)
+        return 0;
+    v->bad++;
+    return v->reported++ < 5;
+}
+
 static void check_value(vstats *v, double y, double ref, double a, double b, const bcase *c,
                         int p, int64_t t, int64_t h, int64_t ch)
 {
     double err = isnan(y) ? INFINITY : fabs(y - ref);
     double ulp = ref_ulp(ref, opt.dtype);
     double tol = ref_tolerance(ref, a, b, c->ref.attn, opt.dtype);
-    double ulps = err / ulp, ratio = err / tol;
-    v->checked++;
+    double ulps = err / ulp;
     if (ulps > v->max_ulp)
         v->max_ulp = ulps;
-    if (ratio > v->max_ratio)
-        v->max_ratio = ratio;
-    if (!(err <= tol)) {
-        v->bad++;
-        if (v->reported++ < 5)
-            fprintf(stderr,
-                    "  mismatch: %s token %lld (position %lld) head %lld channel %lld: got %.9g, "
-                    "reference %.9g (%.3g ulp, bound %.3g)\n",
-                    c->nparts == 2 ? (p ? "k" : "q") : "x", (long long)t,
-                    (long long)token_position(c, t), (long long)h, (long long)ch, y, ref, ulps,
-                    tol / ulp);
-    }
+    if (tally(v, err, tol))
+        fprintf(stderr,
+                "  mismatch: %s token %lld (position %lld) head %lld channel %lld: got %.9g, "
+                "reference %.9g (%.3g ulp, bound %.3g)\n",
+                c->nparts == 2 ? (p ? "k" : "q") : "x", (long long)t,
+                (long long)token_position(c, t), (long long)h, (long long)ch, y, ref, ulps,
+                tol / ulp);
 }
 
 static void verify_part(const bcase *c, enum op op, int p, vstats *v)
@@ -892,33 +899,21 @@ static void verify_norm_part(const bcase *c, enum op op, int p, const float *dw_
                         tol = ref_norm_dx_tolerance(want, aux[row], opt.dtype);
                     }
                     ulp = ref_ulp(want, opt.dtype);
-                    v->checked++;
                     if (err / ulp > v->max_ulp)
                         v->max_ulp = err / ulp;
-                    if (err / tol > v->max_ratio)
-                        v->max_ratio = err / tol;
-                    if (!(err <= tol)) {
-                        v->bad++;
-                        if (v->reported++ < 5)
-                            fprintf(stderr, "  mismatch: %s seq %lld batch %lld head %lld "
-                                    "channel %lld: got %.9g, reference %.9g (tolerance %.3g)\n",
-                                    p ? "k" : "q", (long long)s, (long long)b, (long long)h,
-                                    (long long)ch, got, want, tol);
-                    }
+                    if (tally(v, err, tol))
+                        fprintf(stderr, "  mismatch: %s seq %lld batch %lld head %lld "
+                                "channel %lld: got %.9g, reference %.9g (tolerance %.3g)\n",
+                                p ? "k" : "q", (long long)s, (long long)b, (long long)h,
+                                (long long)ch, got, want, tol);
                 }
             }
     for (int64_t ch = 0; dw_got && ch < D; ch++) {
         const double got = dw_got[ch], tol = ref_norm_dw_tolerance(dw_abs[ch]);
         const double err = isnan(got) ? INFINITY : fabs(got - dw[ch]);
-        v->checked++;
-        if (err / tol > v->max_ratio)
-            v->max_ratio = err / tol;
-        if (!(err <= tol)) {
-            v->bad++;
-            if (v->reported++ < 5)
-                fprintf(stderr, "  mismatch: d%s_weight channel %lld: got %.9g, reference %.9g "
-                        "(tolerance %.3g)\n", p ? "k" : "q", (long long)ch, got, dw[ch], tol);
-        }
+        if (tally(v, err, tol))
+            fprintf(stderr, "  mismatch: d%s_weight channel %lld: got %.9g, reference %.9g "
+                    "(tolerance %.3g)\n", p ? "k" : "q", (long long)ch, got, dw[ch], tol);
     }
     (void)es;
     free(ref);
