@@ -14,6 +14,13 @@ Mirrors transformers' modeling_rope_utils (checked against transformers
   refused (the model's RoPE is the identity);
 - a config without rope_theta takes its model class's default_theta, as
   transformers does (a dict config needs transformers installed for it);
+- a config.json dict's legacy names, as transformers' config classes
+  translate them on loading: n_embd / n_head / n_positions (GPT-2, GPT-J,
+  whose base is a fixed 10000), rotary_emb_base and rotary_pct (GPT-NeoX,
+  0.25 by default), rotary_dim (GPT-J, CodeGen: the rotated channels, also
+  F), qk_rope_head_dim (DeepSeek: the rotated head), and Gemma 3's flat
+  rope_theta / rope_scaling / rope_local_base_freq, which become per layer
+  type (full_attention, sliding_attention: layer_type= is then needed);
 - llama3, yarn, longrope: original_max_position_embeddings from the
   config's top level when there is one (Phi-3 keeps it there, and
   transformers gives it priority), else from the rope dict, else
@@ -139,9 +146,43 @@ def _required(d, key, rope_type):
     return v
 
 
+def _standard_keys(d):
+    """A config.json dict with the legacy names that transformers' config
+    classes translate on loading, in the standard ones: GPT-2/GPT-J's
+    n_embd, n_head and n_positions (GPT-J's base is modeling_gptj's fixed
+    10000); GPT-NeoX's rotary_emb_base and rotary_pct (0.25 by default);
+    DeepSeek's qk_rope_head_dim, the rotated head; and
+    Gemma 3's flat rope (rope_theta and rope_scaling for the full-attention
+    layers, rope_local_base_freq for the sliding ones), made per layer type."""
+    d = dict(d)
+    for old, new in (("n_embd", "hidden_size"), ("n_head", "num_attention_heads"),
+                     ("n_positions", "max_position_embeddings"),
+                     ("rotary_emb_base", "rope_theta"), ("rotary_pct", "partial_rotary_factor")):
+        if d.get(new) is None and d.get(old) is not None:
+            d[new] = d[old]
+    if d.get("model_type") == "gpt_neox" and d.get("partial_rotary_factor") is None:
+        d["partial_rotary_factor"] = 0.25
+    if d.get("model_type") == "gptj" and d.get("rope_theta") is None:
+        d["rope_theta"] = 10000.0    # modeling_gptj's fixed base
+    if d.get("qk_rope_head_dim"):
+        d["head_dim"] = d["qk_rope_head_dim"]
+    rope = d.get("rope_parameters") or d.get("rope_scaling")
+    per_layer = isinstance(rope, dict) and any(isinstance(v, dict) for v in rope.values())
+    if d.get("rope_local_base_freq") is not None and not per_layer:
+        full = dict(rope or {"rope_type": "default"})
+        full.setdefault("rope_theta", d.get("rope_theta") or 1e6)   # Gemma 3's global default
+        d["rope_parameters"] = {"full_attention": full,
+                                "sliding_attention": {"rope_type": "default",
+                                                      "rope_theta": d["rope_local_base_freq"]}}
+        d.pop("rope_scaling", None)
+    return d
+
+
 def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
     """The keyword arguments of fusedrope.Cache for a Hugging Face config."""
     config = _layer_config(_text_config(config), layer_type)
+    if isinstance(config, dict):
+        config = _standard_keys(config)
     get = _getter(config)
     rope = get("rope_parameters") or get("rope_scaling") or {}
     if not isinstance(rope, dict):
@@ -174,6 +215,8 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
     if theta is None:
         theta = _default_theta(get)
     prf = rope.get("partial_rotary_factor", get("partial_rotary_factor", None))
+    # GPT-J (and CodeGen) give the rotated channels, whose count is also F
+    rotary_dim = get("rotary_dim", None) if prf is None else None
     prf = 1.0 if prf is None else prf
     head_dim = None
     if layer_type == "full_attention" and isinstance(config, dict):
@@ -192,7 +235,7 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
     else:
         # an odd int(head_dim * prf) is F in the exponents 2i/F of
         # ceil(F/2) pairs (transformers' arange(0, F, 2) / F)
-        freq_dim = int(head_dim * prf)
+        freq_dim = int(rotary_dim) if rotary_dim else int(head_dim * prf)
         rot_dim = freq_dim + freq_dim % 2
         pairs = rot_dim // 2
         if freq_dim == rot_dim:

@@ -233,6 +233,63 @@ def test_mapping_corners():
         assert cache_arguments(bare)["theta"] == 2e6
 
 
+# config.json dicts with the legacy names transformers' config classes
+# translate on loading (public configs, abridged to the rope's fields)
+GPTNEOX_20B = {"model_type": "gpt_neox", "hidden_size": 6144, "num_attention_heads": 64,
+               "rotary_pct": 0.25, "rotary_emb_base": 10000, "max_position_embeddings": 2048}
+GPTJ_6B = {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "rotary_dim": 64,
+           "n_positions": 2048}
+DEEPSEEK_V3 = {"model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128,
+               "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+               "max_position_embeddings": 163840, "rope_theta": 10000,
+               "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1,
+                                "mscale": 1.0, "mscale_all_dim": 1.0,
+                                "original_max_position_embeddings": 4096}}
+GEMMA3_FLAT = {"model_type": "gemma3_text", "hidden_size": 2560, "num_attention_heads": 8,
+               "head_dim": 256, "max_position_embeddings": 131072, "rope_theta": 1000000.0,
+               "rope_local_base_freq": 10000.0,
+               "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+
+
+def test_mapping_legacy_keys():
+    """The names older config.json files use, mapped as transformers' config
+    classes do (a review found GPT-NeoX at rot_dim 96, GPT-J at 256,
+    DeepSeek-V3's dict at 56 and Gemma 3's local layers given the global
+    rope)."""
+    a = cache_arguments(GPTNEOX_20B)
+    assert (a["rot_dim"], a["theta"], a["max_positions"]) == (24, 10000.0, 2048)
+    a = cache_arguments({k: v for k, v in GPTNEOX_20B.items() if k != "rotary_pct"})
+    assert a["rot_dim"] == 24          # GPTNeoXConfig's default rotary_pct, 0.25
+    a = cache_arguments(GPTJ_6B)
+    assert (a["rot_dim"], a["theta"], a["max_positions"]) == (64, 10000.0, 2048)
+    assert "freq_dim" not in a
+    a = cache_arguments(DEEPSEEK_V3)
+    assert (a["rot_dim"], a["type"], a["factor"]) == (64, "yarn", 40.0)
+    with pytest.raises(NotImplementedError, match="layer_type"):
+        cache_arguments(GEMMA3_FLAT)
+    a = cache_arguments(GEMMA3_FLAT, layer_type="sliding_attention")
+    assert (a["type"], a["theta"], a["rot_dim"]) == ("default", 10000.0, 256)
+    a = cache_arguments(GEMMA3_FLAT, layer_type="full_attention")
+    assert (a["type"], a["theta"], a["factor"]) == ("linear", 1000000.0, 8.0)
+
+
+def test_mapping_legacy_keys_against_transformers():
+    """The same dicts through transformers' own config classes, which
+    translate the names on loading: the same cache arguments."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("torch")
+    for cls, cfg, layer in ((transformers.GPTNeoXConfig, GPTNEOX_20B, None),
+                            (transformers.GPTJConfig, GPTJ_6B, None),
+                            (transformers.DeepseekV3Config, DEEPSEEK_V3, None),
+                            (transformers.Gemma3TextConfig, GEMMA3_FLAT, "sliding_attention"),
+                            (transformers.Gemma3TextConfig, GEMMA3_FLAT, "full_attention")):
+        fields = {k: v for k, v in cfg.items() if k != "model_type"}
+        obj = cls(**fields)
+        want = cache_arguments(obj, layer_type=layer)
+        got = cache_arguments(cfg, layer_type=layer)
+        assert got == want, (cls.__name__, layer, got, want)
+
+
 def test_odd_partial_dim_against_transformers():
     """transformers' GLM-4.5 default config (head_dim 42, partial 0.5: F = 21,
     11 pairs) through its own rotary class."""
