@@ -50,7 +50,7 @@ int main(void)
     static float in[N], qkv[N];
     const int64_t len[B] = {7, 100, 4095};
     fusedrope_cache_config cfg;
-    fusedrope_cache *cache;
+    fusedrope_cache *cache = NULL;
     int bad;
 
     for (int e = 0; e < N; e++)
@@ -60,6 +60,7 @@ int main(void)
     if (fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache) ||
         step(cache, qkv, len)) {
         fprintf(stderr, "cpu: %s\n", fusedrope_last_error());
+        fusedrope_cache_destroy(cache); /* NULL if creation failed: a no-op */
         return 1;
     }
     fusedrope_cache_destroy(cache);
@@ -70,19 +71,25 @@ int main(void)
         static float out[N];
         float *d_qkv = NULL;
         int64_t *d_len = NULL;
-        cudaMalloc((void **)&d_qkv, sizeof in);
-        cudaMalloc((void **)&d_len, sizeof len);
-        cudaMemcpy(d_qkv, in, sizeof in, cudaMemcpyHostToDevice);
-        cudaMemcpy(d_len, len, sizeof len, cudaMemcpyHostToDevice);
-        if (fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CUDA, &cache) ||
-            step(cache, d_qkv, d_len) || fusedrope_cache_check(cache, NULL)) {
+        int failed = 1;
+        cache = NULL;
+        if (cudaMalloc((void **)&d_qkv, sizeof in) != cudaSuccess ||
+            cudaMalloc((void **)&d_len, sizeof len) != cudaSuccess ||
+            cudaMemcpy(d_qkv, in, sizeof in, cudaMemcpyHostToDevice) != cudaSuccess ||
+            cudaMemcpy(d_len, len, sizeof len, cudaMemcpyHostToDevice) != cudaSuccess)
+            fprintf(stderr, "cuda: could not set up the device buffers\n");
+        else if (fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CUDA, &cache) ||
+                 step(cache, d_qkv, d_len) || fusedrope_cache_check(cache, NULL))
             fprintf(stderr, "cuda: %s\n", fusedrope_last_error());
-            return 1;
-        }
-        cudaMemcpy(out, d_qkv, sizeof out, cudaMemcpyDeviceToHost);
+        else if (cudaMemcpy(out, d_qkv, sizeof out, cudaMemcpyDeviceToHost) != cudaSuccess)
+            fprintf(stderr, "cuda: could not copy the result back\n");
+        else
+            failed = 0;
         fusedrope_cache_destroy(cache);
-        cudaFree(d_qkv);
+        cudaFree(d_qkv); /* cudaFree(NULL) is a no-op */
         cudaFree(d_len);
+        if (failed)
+            return 1;
         for (int e = 0; e < N; e++) /* CPU and GPU agree to the bit */
             bad += out[e] != qkv[e];
         printf("cuda: %d bad elements in all\n", bad);

@@ -28,7 +28,7 @@ int main(void)
      * two candidates share position 12. */
     const int64_t ids[B * S] = {0, 1, 2, 3, 10, 11, 12, 12};
     fusedrope_cache_config cfg;
-    fusedrope_cache *cache;
+    fusedrope_cache *cache = NULL;
     fusedrope_positions pos;
     fusedrope_tensor tq, tk, tqy, tky, tqr, tkr;
     int bad;
@@ -51,6 +51,7 @@ int main(void)
         /* backward of y gives x back: the rotation is orthogonal */
         fusedrope_backward_qk(cache, FUSEDROPE_NEOX, &pos, &tqy, &tqr, &tky, &tkr, NULL)) {
         fprintf(stderr, "%s\n", fusedrope_last_error());
+        fusedrope_cache_destroy(cache); /* NULL if creation failed: a no-op */
         return 1;
     }
     fusedrope_cache_destroy(cache);

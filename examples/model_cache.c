@@ -15,12 +15,16 @@ static int check(const char *name, const fusedrope_cache_config *cfg,
     static float x[S * MAXD], y[S * MAXD];
     const int d = cfg->rot_dim, half = d / 2;
     const int64_t ids[S] = {1, 4321, cfg->max_positions - 1};
-    fusedrope_cache *cache;
+    fusedrope_cache *cache = NULL;
     fusedrope_positions pos;
     fusedrope_tensor tx = fusedrope_tensor_bshd(x, FUSEDROPE_FLOAT32, 1, S, 1, d);
     fusedrope_tensor ty = fusedrope_tensor_bshd(y, FUSEDROPE_FLOAT32, 1, S, 1, d);
     int bad = 0;
 
+    if (d > MAXD) { /* x and y hold heads of up to MAXD channels */
+        fprintf(stderr, "%s: rot_dim %d > %d\n", name, d, MAXD);
+        return 1;
+    }
     for (int e = 0; e < S * d; e++)
         x[e] = e % d < half;
     fusedrope_positions_init(&pos);
@@ -28,6 +32,7 @@ static int check(const char *name, const fusedrope_cache_config *cfg,
     if (fusedrope_cache_create(cfg, FUSEDROPE_DEVICE_CPU, &cache) ||
         fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL)) {
         fprintf(stderr, "%s: %s\n", name, fusedrope_last_error());
+        fusedrope_cache_destroy(cache); /* NULL if creation failed: a no-op */
         return 1;
     }
     fusedrope_cache_destroy(cache);

@@ -14,7 +14,7 @@ int main(void)
     const int32_t cu_seqlens[] = {0, 3, 4, 8};
     const int pos_of[T] = {0, 1, 2, 0, 0, 1, 2, 3}; /* index in own sequence */
     fusedrope_cache_config cfg;
-    fusedrope_cache *cache;
+    fusedrope_cache *cache = NULL;
     fusedrope_positions pos;
     fusedrope_tensor tx, ty;
     int bad = 0;
@@ -30,6 +30,7 @@ int main(void)
     if (fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache) ||
         fusedrope_forward(cache, FUSEDROPE_INTERLEAVED, &pos, &tx, &ty, NULL)) {
         fprintf(stderr, "%s\n", fusedrope_last_error());
+        fusedrope_cache_destroy(cache); /* NULL if creation failed: a no-op */
         return 1;
     }
     fusedrope_cache_destroy(cache);
