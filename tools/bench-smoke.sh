@@ -35,5 +35,11 @@ if [ $rc -ne 2 ]; then echo "FAILED: --offsets --layout thd exited $rc, expected
 "$bench" --axes sections:16,24,24 --ids-rows --offsets >/dev/null 2>&1
 rc=$?
 if [ $rc -ne 2 ]; then echo "FAILED: --ids-rows --offsets exited $rc, expected 2"; fail=1; fi
+"$bench" --device cpu --shape 4,1,1,8 --axes sections:1,1,1 >/dev/null 2>&1
+rc=$?
+if [ $rc -ne 2 ]; then echo "FAILED: --axes sections:1,1,1 (sum 3, not 4) exited $rc, expected 2"; fail=1; fi
+"$bench" --seed 99999999999999999999 >/dev/null 2>&1
+rc=$?
+if [ $rc -ne 2 ]; then echo "FAILED: --seed past 64 bits exited $rc, expected 2"; fail=1; fi
 
 exit $fail

@@ -15,6 +15,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "config.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -117,6 +118,9 @@ static void die(const char *fmt, ...)
     fputc('\n', stderr);
     exit(1);
 }
+
+/* A bad option or option value (exit status 2); defined with the parser. */
+static void bad_option(const char *fmt, ...);
 
 static void lib_check(fusedrope_status st, const char *what)
 {
@@ -647,7 +651,8 @@ static void case_setup(bcase *c, shape sh)
     /* The reference's map of the layout tells the number of axes (and
      * refuses what the library must refuse: the call then fails too). */
     if (ref_rope_from_config(&c->ref, &cfg) != 0)
-        die("--axes %s: not a valid layout for rot_dim %lld", opt.axes_str, (long long)c->rot);
+        bad_option("--axes %s: not a valid layout for rot_dim %lld", opt.axes_str,
+                   (long long)c->rot);
     if (opt.ids_rows) {
         /* Its own allocation, like the offsets; the dense rows of all axes. */
         make_ids(c, c->ref.naxes > 1 ? c->ref.naxes : 1);
@@ -1162,7 +1167,8 @@ static void usage(FILE *f)
 "  --device D          auto (default: CUDA when available, else CPU), cpu, cuda\n"
 "  --iters N           timed calls per case (default 100 on the GPU, 20 on the CPU)\n"
 "  --warmup N          untimed calls first (default 10 on the GPU, 3 on the CPU)\n"
-"  --rot-dim R         rotated channels per head, even (default head_dim)\n"
+"  --rot-dim R         rotated channels per head, even (default head_dim, rounded\n"
+"                      down to even)\n"
 "  --inplace           write the output over the input\n"
 "  --offsets           start each batch entry at its own position, as a decode\n"
 "                      step does: pos.offsets[b], distinct, with a table of at\n"
@@ -1231,7 +1237,10 @@ static void parse_ints(const char *opt_name, const char *s, int64_t *out, int n,
         long long v;
         if (*p < '0' || *p > '9')
             bad_option("%s: expected %d comma-separated positive integers, got '%s'", opt_name, n, s);
+        errno = 0;
         v = strtoll(p, &end, 10);
+        if (errno == ERANGE)
+            bad_option("%s: a number in '%s' does not fit 64 bits", opt_name, s);
         if (v < 1 || v > max)
             bad_option("%s: %lld is out of range 1..%lld in '%s'", opt_name, v, (long long)max, s);
         out[i] = v;
@@ -1548,7 +1557,7 @@ int main(int argc, char **argv)
     parse_args(argc, argv);
     choose_device();
     if (opt.graph && !g_cuda)
-        die("--graph times CUDA graphs; this run has no CUDA device");
+        bad_option("--graph times CUDA graphs; this run has no CUDA device");
     if (opt.iters < 0)
         opt.iters = g_cuda ? 100 : 20;
     if (opt.warmup < 0)
@@ -1575,7 +1584,7 @@ int main(int argc, char **argv)
         if (opt.rot_dim)
             snprintf(rot, sizeof rot, "rot_dim %lld", (long long)opt.rot_dim);
         else
-            snprintf(rot, sizeof rot, "rot_dim = head_dim");
+            snprintf(rot, sizeof rot, "rot_dim = head_dim (rounded down to even)");
         printf("style %s, %s, %s, %s%s%s%s%s, %d timed calls after %d warm-up (medians), "
                "seed %llu\n",
                opt.style == FUSEDROPE_NEOX ? "neox" : "interleaved", rot,
