@@ -376,6 +376,13 @@ START_TEST(test_conversions_fpenv)
             memcpy(&v[n++], &u, 4);
         }
         ck_assert(n <= cap);
+        if (tu_under_valgrind()) { /* every 37th value: memcheck has the arrays, and
+                                    * its float emulation need not follow the mode */
+            size_t m = 0;
+            for (size_t i = 0; i < n; i += 37)
+                v[m++] = v[i];
+            n = m;
+        }
         for (size_t i = 0; i < n; i++)
             want[i] = narrow16(v[i]);
         for (uint32_t h = 0; h < 65536; h++)
