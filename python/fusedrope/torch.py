@@ -123,7 +123,6 @@ class RopeQKFunction(torch.autograd.Function):
     def forward(ctx, q, k, cache_id, style, layout, backward, ids, offsets, cu_seqlens, cp_size,
                 cp_rank):
         ctx.args = (cache_id, style, layout, backward, cp_size, cp_rank)
-        ctx.shapes, ctx.dtypes, ctx.device = (q.shape, k.shape), (q.dtype, k.dtype), q.device
         _keep(ctx, cache_id)
         ctx.save_for_backward(ids, offsets, cu_seqlens)
         return _run_qk(q, k, cache_id, style, layout, backward, ids, offsets, cu_seqlens,
@@ -133,12 +132,9 @@ class RopeQKFunction(torch.autograd.Function):
     def backward(ctx, gq, gk):
         cache_id, style, layout, backward, cp_size, cp_rank = ctx.args
         ids, offsets, cu = ctx.saved_tensors
-        # with materialize_grads off a gradient may be None: zeros of the
-        # other one's shape would be wrong (GQA), so the call's shapes
-        gq = torch.zeros(ctx.shapes[0], dtype=ctx.dtypes[0], device=ctx.device) \
-            if gq is None else gq.contiguous()
-        gk = torch.zeros(ctx.shapes[1], dtype=ctx.dtypes[1], device=ctx.device) \
-            if gk is None else gk.contiguous()
+        # never None: autograd gives zeros for an unused output
+        # (materialize_grads is left on)
+        gq, gk = gq.contiguous(), gk.contiguous()
         dq, dk = RopeQKFunction.apply(gq, gk, cache_id, style, layout, not backward, ids,
                                       offsets, cu, cp_size, cp_rank)
         return dq, dk, None, None, None, None, None, None, None, None, None
