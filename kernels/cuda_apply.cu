@@ -592,12 +592,9 @@ __global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
     constexpr bool VEC = MODE != MODE_SCALAR;
     typedef typename Elem<DT>::T T;
     const int64_t g = (int64_t)blockIdx.y * blockDim.y + threadIdx.y;
-    /* cu_seqlens lives on the device, so its ends are checked here, once:
-     * tokens outside every sequence are caught per token, a last entry past
-     * the token count or a first entry other than 0 only here. */
-    if (P.flag != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 &&
-        threadIdx.y == 0 && threadIdx.z == 0 && fr_cu_ends_bad(&P.pos, P.tokens))
-        *P.flag = 1;
+    /* tokens outside every sequence are caught per token; cu_seqlens' ends
+     * and steps only here */
+    check_cu_seqlens(P.pos, P.tokens, P.flag);
     if (g >= P.gtotal)
         return;
     const int64_t tstride = (int64_t)gridDim.x * blockDim.z;

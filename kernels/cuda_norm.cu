@@ -354,20 +354,11 @@ __device__ __forceinline__ void walk_rows(const NParams &P, Start start, Term te
     });
 }
 
-/* cu_seqlens' two ends, checked on the device once a launch by its first
- * thread (fr_cu_ends_bad, as rope_kernel does): every row kernel of the
- * norm calls it.  Tokens outside every sequence are row_position's. */
-__device__ __forceinline__ void check_cu_ends(const NParams &P)
-{
-    if (P.flag != nullptr && blockIdx.x == 0 && threadIdx.x == 0 && fr_cu_ends_bad(&P.pos, P.tokens))
-        *P.flag = 1;
-}
-
 /* ------------------------------------------------------------------ forward */
 
 __global__ void norm_forward(const __grid_constant__ NParams P)
 {
-    check_cu_ends(P);
+    check_cu_seqlens(P.pos, P.tokens, P.flag);
     const NIo *io = nullptr;
     const void *x = nullptr;
     void *y = nullptr;
@@ -602,7 +593,7 @@ __device__ __forceinline__ void rotate_row(const NParams &P, const NIo &io, cons
 template <int DT, int HD, bool IL>
 __global__ void __launch_bounds__(128) norm_forward_rows(const __grid_constant__ NParams P)
 {
-    check_cu_ends(P);
+    check_cu_seqlens(P.pos, P.tokens, P.flag);
     each_row(P, [&](const NIo &io, int64_t t, int64_t h, int64_t b, int64_t s) {
         Row<DT, HD> v;
         v.load(row_ptr(io.in, s, b, h, io.in_ss, io.in_sb, io.in_sh, DT));
@@ -781,7 +772,7 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
 template <int DT, int HD, bool IL, int R>
 __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NParams P)
 {
-    check_cu_ends(P);
+    check_cu_seqlens(P.pos, P.tokens, P.flag);
     constexpr int K = HD / 32;
     const int lane = (int)(threadIdx.x & 31);
     const int64_t G = P.warp_heads, g0 = warp_groups0(P), groups = warp_groups(P);
@@ -965,7 +956,7 @@ __global__ void norm_dw_sum(const __grid_constant__ NParams P)
 /* (3) one thread per row: dx. */
 __global__ void norm_dx(const __grid_constant__ NParams P)
 {
-    check_cu_ends(P);
+    check_cu_seqlens(P.pos, P.tokens, P.flag);
     const NIo *io = nullptr;
     const void *dy = nullptr, *xs = nullptr;
     void *dx = nullptr;
@@ -1363,7 +1354,7 @@ template <int DT, int HD, bool IL, bool SY, int R>
 __global__ void __launch_bounds__(32 * FR_CUDA_NORM_BWD_WARPS, FR_CUDA_NORM_BWD_MINB)
     norm_backward_items(const __grid_constant__ NParams P)
 {
-    check_cu_ends(P);
+    check_cu_seqlens(P.pos, P.tokens, P.flag);
     __shared__ BwdShared<HD, R> sh;
 #ifdef FR_CUDA_EMULATE
     /* a block starts with whatever the last left (cuda_emu.h): NaN instead */

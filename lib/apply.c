@@ -417,7 +417,7 @@ static fusedrope_status check_position_values(const fr_pos_args *pa, int64_t bat
             return fr_fail(FUSEDROPE_ERR_INVALID, "pos->cu_seqlens[0] is %d; it must be 0",
                            (int)cu[0]);
         for (int64_t i = 0; i < pa->num_seqs; i++) {
-            if (cu[i + 1] < cu[i])
+            if (fr_cu_step_bad(pa, i))
                 return fr_fail(FUSEDROPE_ERR_INVALID,
                                "pos->cu_seqlens is not monotonic: cu_seqlens[%lld] = %d < "
                                "cu_seqlens[%lld] = %d",

@@ -168,6 +168,15 @@ FR_HD int fr_cu_ends_bad(const fr_pos_args *pa, int64_t tokens)
            (pa->cu_seqlens[0] != 0 || (int64_t)pa->cu_seqlens[pa->num_seqs] != tokens);
 }
 
+/* Whether a THD call's cu_seqlens decreases from entry i to entry i + 1
+ * (i < num_seqs).  No token's position shows it (fr_thd_sequence still
+ * places every token somewhere), so it is checked entry by entry: by
+ * lib/apply.c on the host, by every launch of the kernels on the device. */
+FR_HD int fr_cu_step_bad(const fr_pos_args *pa, int64_t i)
+{
+    return pa->cu_seqlens[i + 1] < pa->cu_seqlens[i];
+}
+
 /*
  * Position of token (b, s); for THD, s is the packed token index.  Sets *bad
  * when the position arrays describe no valid position for it (a token outside
@@ -181,8 +190,8 @@ FR_HD int fr_cu_ends_bad(const fr_pos_args *pa, int64_t tokens)
  * shape there), so the OpenMP backend never meets a bad token; a CUDA call's
  * arrays are in device memory, so the kernels run it per token and write NaN
  * plus the range flag (or pos->range_status) for a bad one, and check
- * cu_seqlens' two ends once a launch (fr_cu_ends_bad: rope_kernel and the
- * fused norm's row kernels).
+ * cu_seqlens' two ends and its steps once a launch (fr_cu_ends_bad,
+ * fr_cu_step_bad: check_cu_seqlens in kernels/cuda_index.cuh).
  */
 FR_HD int64_t fr_token_position(const fr_pos_args *pa, int64_t b, int64_t s, int *bad)
 {

@@ -942,6 +942,28 @@ START_TEST(test_out_of_table)
         FR_OK(fusedrope_cache_check(gpu, NULL));
         cudaFree(dcu);
     }
+    /* ... and one that decreases between right ends (2 after 6), with a
+     * good one before it, which leaves the flag down */
+    {
+        int32_t cu[4] = { 0, 2, 6, (int32_t)(S * B) };
+        void *dcu;
+        fusedrope_tensor t = fusedrope_tensor_thd(dx, FUSEDROPE_BFLOAT16, S * B, H, D);
+        fusedrope_tensor o = fusedrope_tensor_thd(dy, FUSEDROPE_BFLOAT16, S * B, H, D);
+        CUDA_OK(cudaMalloc(&dcu, sizeof cu));
+        CUDA_OK(cudaMemcpy(dcu, cu, sizeof cu, cudaMemcpyHostToDevice));
+        fusedrope_positions_init(&pd);
+        pd.cu_seqlens = dcu;
+        pd.num_seqs = 3;
+        FR_OK(fusedrope_forward(gpu, FUSEDROPE_NEOX, &pd, &t, &o, NULL));
+        FR_OK(fusedrope_cache_check(gpu, NULL));
+        cu[1] = 6;
+        cu[2] = 2;
+        CUDA_OK(cudaMemcpy(dcu, cu, sizeof cu, cudaMemcpyHostToDevice));
+        FR_OK(fusedrope_backward(gpu, FUSEDROPE_INTERLEAVED, &pd, &t, &o, NULL));
+        ck_assert_int_eq(fusedrope_cache_check(gpu, NULL), FUSEDROPE_ERR_RANGE);
+        FR_OK(fusedrope_cache_check(gpu, NULL));
+        cudaFree(dcu);
+    }
 
     cudaFree(dx);
     cudaFree(dy);

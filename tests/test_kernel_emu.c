@@ -7,7 +7,8 @@
  *
  * Each case calls the emulated backend directly with device-style positions
  * (ids past the table or negative, offsets that run past it, cu_seqlens
- * that leave tokens outside every sequence or end past the last token), in
+ * that leave tokens outside every sequence, end past the last token or
+ * decrease between its ends), in
  * every dtype, both styles, in and out of place, on the vector and the
  * scalar paths and under two launch shapes (132 SMs: a head per thread;
  * 1 SM: several heads per thread where the call is large enough), and
@@ -240,6 +241,18 @@ static const int64_t ids_many[64] = {
 }; /* 64 tokens: 3 and 40 past the table, 17 negative, 63 far past */
 static const int32_t cu_short[3] = { 0, 3, 7 };  /* tokens 7 and 8 of 9 in no sequence */
 static const int32_t cu_long[3] = { 0, 4, 12 };  /* ends past the 9 tokens: only the flag */
+/* 3 sequences whose second runs backwards (6 -> 2): every token still lands
+ * in some sequence (0-5 in the first, 6-8 in the third), only the flag;
+ * and one decrease among 40 steps (1 -> 0 at step 34; tokens 1-8 in
+ * sequence 38), which some thread of each launch shape must find. */
+static const int32_t cu_back[4] = { 0, 6, 2, 9 };
+static int32_t cu_back_many[41];
+static void make_cu_back_many(void)
+{
+    for (int i = 0; i <= 40; i++)
+        cu_back_many[i] = i < 1 ? 0 : i < 39 ? 1 : 9;
+    cu_back_many[35] = 0; /* 1 -> 0 at step 34 */
+}
 /* Three rows of ids 20 apart (a persistent buffer wider than the 18 tokens):
  * axis 0 always in the table; token 4 past it on axis 1, token 9 negative
  * on axis 2, token 16 far past it on axis 2 and negative on axis 1. */
@@ -285,23 +298,26 @@ static const struct {
     int ids_rows;
     int64_t ids_stride;
     int tableless, no_flag;
+    int num_seqs; /* cu's sequences */
 } cases[] = {
-    { "ids outside the table", 6, 3, 5, 80, ids_bad, NULL, NULL, { 5, 8, 13, -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0 },
-    { "offsets past the table", 6, 2, 3, 64, NULL, offsets_past, NULL, { 10, 11, -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0 },
-    { "cu_seqlens short of the tokens", 9, 1, 4, 96, NULL, NULL, cu_short, { 7, 8, -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0 },
-    { "cu_seqlens past the tokens", 9, 1, 2, 64, NULL, NULL, cu_long, { -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0 },
+    { "ids outside the table", 6, 3, 5, 80, ids_bad, NULL, NULL, { 5, 8, 13, -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0, 0 },
+    { "offsets past the table", 6, 2, 3, 64, NULL, offsets_past, NULL, { 10, 11, -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0, 0 },
+    { "cu_seqlens short of the tokens", 9, 1, 4, 96, NULL, NULL, cu_short, { 7, 8, -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0, 2 },
+    { "cu_seqlens past the tokens", 9, 1, 2, 64, NULL, NULL, cu_long, { -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0, 2 },
+    { "cu_seqlens decreasing", 9, 1, 3, 64, NULL, NULL, cu_back, { -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0, 3 },
+    { "cu_seqlens decreasing at step 34 of 40", 9, 1, 2, 64, NULL, NULL, cu_back_many, { -1 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0, 40 },
     /* enough heads and tokens that at 1 SM each thread takes several heads:
      * the general NeoX kernel's path for tokens without a position */
     { "ids outside the table, many heads", 16, 4, 40, 80, ids_many, NULL, NULL,
-      { 3, 17, 40, 63 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0 },
+      { 3, 17, 40, 63 }, FUSEDROPE_AXES_NONE, { 0, 0, 0, 0 }, 0, 0, 0, 0, 0 },
     { "ids rows off the table on axes 1 and 2", 6, 3, 5, 80, ids_rows_bad, NULL, NULL,
-      { 4, 9, 16, -1 }, FUSEDROPE_AXES_SECTIONS, { 8, 12, 12, 0 }, 3, 20, 0, 0 },
+      { 4, 9, 16, -1 }, FUSEDROPE_AXES_SECTIONS, { 8, 12, 12, 0 }, 3, 20, 0, 0, 0 },
     { "ids rows off the table, many heads", 16, 4, 40, 80, ids_rows_many, NULL, NULL,
-      { 5, 22, 47, 60 }, FUSEDROPE_AXES_INTERLEAVED, { 12, 10, 10, 0 }, 3, 0, 0, 0 },
+      { 5, 22, 47, 60 }, FUSEDROPE_AXES_INTERLEAVED, { 12, 10, 10, 0 }, 3, 0, 0, 0, 0 },
     { "table-less axes, negative ids rows", 4, 3, 5, 72, ids_rows_negative, NULL, NULL,
-      { -1 }, FUSEDROPE_AXES_ALTERNATING, { 12, 10, 10, 0 }, 3, 0, 1, 1 },
+      { -1 }, FUSEDROPE_AXES_ALTERNATING, { 12, 10, 10, 0 }, 3, 0, 1, 1, 0 },
     { "table-less axes, negative offsets", 6, 2, 3, 64, NULL, offsets_negative, NULL,
-      { -1 }, FUSEDROPE_AXES_SECTIONS, { 8, 12, 12, 0 }, 0, 0, 1, 1 },
+      { -1 }, FUSEDROPE_AXES_SECTIONS, { 8, 12, 12, 0 }, 0, 0, 1, 1, 0 },
 };
 #define NCASES (int)(sizeof cases / sizeof cases[0])
 
@@ -322,7 +338,7 @@ START_TEST(test_positions_the_kernels_check)
     k.pos.ids = cases[c].ids;
     k.pos.offsets = cases[c].offsets;
     k.pos.cu_seqlens = cases[c].cu;
-    k.pos.num_seqs = cases[c].cu ? 2 : 0;
+    k.pos.num_seqs = cases[c].num_seqs;
     k.pos.cp_size = 1;
     for (int j = 0; j < 4 && cases[c].bad[j] >= 0; j++)
         bad[cases[c].bad[j]] = 1;
@@ -525,6 +541,7 @@ int main(void)
     TCase *tc = tcase_create("kernel_emu");
 
     make_ids_rows_many();
+    make_cu_back_many();
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_positions_the_kernels_check, 0, NCASES * VARIANTS);
     tcase_add_test(tc, test_wrong_device_refused);

@@ -475,16 +475,18 @@ END_TEST
  * What the norm calls check before their kernels, and what the kernels check
  * that the host cannot: a cache of another device than the current one (the
  * emulation's current device is 0) is refused, with nothing written, dw of
- * an empty tensor not zeroed either; cu_seqlens whose ends are wrong while
- * every token lies in some sequence ({0, 4, 12} or {-2, 4, 8} over 8 tokens)
- * raise the flag, once a launch (fr_cu_ends_bad).  _i: the forward's three
+ * an empty tensor not zeroed either; cu_seqlens whose ends are wrong, or
+ * that decrease, while every token lies in some sequence ({0, 4, 12},
+ * {-2, 4, 8} or {0, 6, 2, 8} over 8 tokens) raise the flag
+ * (check_cu_seqlens).  _i: the forward's three
  * kernels (thread per row, rows in registers, rows over a warp) and the
  * backward's two (norm_dx, norm_backward_items).
  */
-START_TEST(test_device_and_cu_ends)
+START_TEST(test_device_and_cu_seqlens)
 {
     enum { T = 8, D = 64 };
-    static const int32_t cu_ok[3] = { 0, 4, 8 }, cu_long[3] = { 0, 4, 12 }, cu_neg[3] = { -2, 4, 8 };
+    static const int32_t cu_ok[3] = { 0, 4, 8 }, cu_long[3] = { 0, 4, 12 }, cu_neg[3] = { -2, 4, 8 },
+                         cu_back[4] = { 0, 6, 2, 8 };
     const int backward = _i >= 3, bf16 = _i % 3 != 0;
     const fusedrope_dtype dt = bf16 ? FUSEDROPE_BFLOAT16 : FUSEDROPE_FLOAT32;
     const size_t es = bf16 ? 2 : 4, bytes = (size_t)(T * heads[0] * D) * es;
@@ -569,6 +571,11 @@ START_TEST(test_device_and_cu_ends)
     na.a.pos.cu_seqlens = cu_neg;
     ck_assert_int_eq(RUN(), FUSEDROPE_OK);
     ck_assert_msg(flag == 1, "call %d: cu_seqlens starting at -2 left the flag down", _i);
+    flag = 0;
+    na.a.pos.cu_seqlens = cu_back;
+    na.a.pos.num_seqs = 3;
+    ck_assert_int_eq(RUN(), FUSEDROPE_OK);
+    ck_assert_msg(flag == 1, "call %d: cu_seqlens decreasing from 6 to 2 left the flag down", _i);
 #undef RUN
     fr_emu_norm_warp = -1;
     fusedrope_cache_destroy(cache);
@@ -588,7 +595,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_out_of_table_positions, 0, NCASES * VARIANTS);
     tcase_add_loop_test(tc, test_out_of_table_range_status, 0, NCASES * 4);
-    tcase_add_loop_test(tc, test_device_and_cu_ends, 0, 6);
+    tcase_add_loop_test(tc, test_device_and_cu_seqlens, 0, 6);
     suite_add_tcase(s, tc);
     return tu_main(s, "test_norm_kernel_emu");
 }
