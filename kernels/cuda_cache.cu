@@ -8,6 +8,7 @@
  * float32 values a CPU cache holds.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <cuda_runtime.h>
@@ -89,10 +90,12 @@ extern "C" int fr_cuda_pointer_kind(const void *p, int *device)
  * A cache's memory belongs to the device that was current when it was made
  * (cache->cuda_device).  The calls that only manage that memory or wait for
  * it (copy_table, destroy, cache_check) make that device current for their
- * runtime calls and give the caller's back, so they work from any thread
- * whatever device it has selected; forward and backward, which enqueue on
- * the caller's stream, refuse a different current device instead
- * (fr_cuda_apply).  enter_device returns the caller's device in *prev.
+ * runtime calls and give the caller's back (copy_table and check fail if
+ * they cannot; destroy, which has no status, goes on), so they work from
+ * any thread whatever device it has selected; forward and backward, which
+ * enqueue on the caller's stream, refuse a different current device
+ * instead (fr_cuda_apply).  enter_device returns the caller's device in
+ * *prev.
  */
 static cudaError_t enter_device(int dev, int *prev)
 {
@@ -102,10 +105,26 @@ static cudaError_t enter_device(int dev, int *prev)
     return err;
 }
 
-static void leave_device(int dev, int prev)
+static cudaError_t restore_device(int dev, int prev)
 {
-    if (prev != dev)
-        fr_cuda_forget(cudaSetDevice(prev));
+    return prev == dev ? cudaSuccess : cudaSetDevice(prev);
+}
+
+/* restore_device for a call with a status: one that could not give the
+ * caller's device back fails with it (the thread is left on a device it
+ * did not choose), unless it had already failed. */
+static fusedrope_status leave_device(int dev, int prev, fusedrope_status st, const char *call)
+{
+    const cudaError_t err = restore_device(dev, prev);
+    char what[96];
+    if (err == cudaSuccess)
+        return st;
+    if (st != FUSEDROPE_OK) {
+        fr_cuda_forget(err);
+        return st;
+    }
+    snprintf(what, sizeof what, "%s: making device %d current again (cudaSetDevice)", call, prev);
+    return fr_cuda_fail(err, what);
 }
 
 /* Table row p, pair i: the same fr_angle as the CPU's build, so the same bits. */
@@ -254,8 +273,7 @@ extern "C" fusedrope_status fr_cuda_cache_download(const fusedrope_cache *cache,
     if ((err = cudaMemcpy(cos, cache->cos, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess ||
         (err = cudaMemcpy(sin, cache->sin, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess)
         st = fr_cuda_fail(err, "cudaMemcpy of the cos/sin table to the host");
-    leave_device(cache->cuda_device, prev);
-    return st;
+    return leave_device(cache->cuda_device, prev, st, "fusedrope_cache_copy_table");
 }
 
 extern "C" void fr_cuda_cache_release(fusedrope_cache *cache)
@@ -273,7 +291,7 @@ extern "C" void fr_cuda_cache_release(fusedrope_cache *cache)
         fr_cuda_forget(cudaFree(cache->dev_block));
     if (cache->range_flag)
         fr_cuda_forget(cudaFreeHost(cache->range_flag));
-    leave_device(cache->cuda_device, prev);
+    fr_cuda_forget(restore_device(cache->cuda_device, prev)); /* destroy has no status */
     cache->dev_block = NULL;
     cache->cos = cache->sin = NULL;
     cache->inv_freq_dev = NULL;
@@ -284,13 +302,16 @@ extern "C" fusedrope_status fr_cuda_cache_check(const fusedrope_cache *cache, vo
 {
     /* On the cache's device: a NULL stream is that device's default stream. */
     int prev;
+    fusedrope_status st;
     cudaError_t err = enter_device(cache->cuda_device, &prev);
     if (err != cudaSuccess)
         return fr_cuda_fail(err, "selecting the cache's device for fusedrope_cache_check");
     err = cudaStreamSynchronize((cudaStream_t)stream);
-    leave_device(cache->cuda_device, prev);
-    if (err != cudaSuccess)
-        return fr_cuda_fail(err, "cudaStreamSynchronize in fusedrope_cache_check");
+    st = err == cudaSuccess ? FUSEDROPE_OK
+                            : fr_cuda_fail(err, "cudaStreamSynchronize in fusedrope_cache_check");
+    /* on failure the flag stays as it is, for the next check */
+    if ((st = leave_device(cache->cuda_device, prev, st, "fusedrope_cache_check")) != FUSEDROPE_OK)
+        return st;
     if (cache->range_flag == NULL)
         return FUSEDROPE_OK;
     /* Read and clear in one step: a second check reports OK. */

@@ -8,7 +8,8 @@ TESTS += tests/test_cuda
 tests_test_cuda_SOURCES = tests/test_cuda.c
 tests_test_cuda_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_CPPFLAGS)
 tests_test_cuda_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS) -pthread
-tests_test_cuda_LDFLAGS = -pthread
+# cudaGetDevice and cudaSetDevice wrapped: test_device_restore_fails
+tests_test_cuda_LDFLAGS = -pthread -Wl,--wrap=cudaGetDevice -Wl,--wrap=cudaSetDevice
 tests_test_cuda_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_cuda_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 

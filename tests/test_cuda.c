@@ -1495,6 +1495,78 @@ static fusedrope_status graph_calls(const fusedrope_cache *c, const fusedrope_po
     return s;
 }
 
+/* cudaGetDevice and cudaSetDevice as the library sees them (the link's
+ * --wrap, tests/cuda.mk): the real calls, except that while fake_current is
+ * >= 0 that device is reported current, and a cudaSetDevice to it fails as
+ * for a device that has gone.  One GPU is enough to make the library leave
+ * a device it cannot give back. */
+cudaError_t __real_cudaGetDevice(int *device);
+cudaError_t __real_cudaSetDevice(int device);
+static int fake_current = -1;
+cudaError_t __wrap_cudaGetDevice(int *device);
+cudaError_t __wrap_cudaSetDevice(int device);
+cudaError_t __wrap_cudaGetDevice(int *device)
+{
+    if (fake_current < 0)
+        return __real_cudaGetDevice(device);
+    *device = fake_current;
+    return cudaSuccess;
+}
+cudaError_t __wrap_cudaSetDevice(int device)
+{
+    if (fake_current >= 0 && device == fake_current)
+        return cudaErrorInvalidDevice;
+    return __real_cudaSetDevice(device);
+}
+
+/* copy_table and cache_check that cannot make the caller's device current
+ * again fail with FUSEDROPE_ERR_CUDA, naming it, rather than leave the
+ * thread on the cache's device unannounced; the check then leaves a raised
+ * flag for the next check; destroy, with no status, frees the cache. */
+START_TEST(test_device_restore_fails)
+{
+    const int64_t R = 64, S = 4, D = 64, n = S * D;
+    fusedrope_cache *gpu = make_cache(FUSEDROPE_ROPE_DEFAULT, (int)R, 16, FUSEDROPE_DEVICE_CUDA);
+    float *c = malloc(16 * 32 * 4), *sn = malloc(16 * 32 * 4);
+    int64_t ids[4] = { 0, 1, 99, 3 }; /* 99: past the 16 rows */
+    void *dx, *dids;
+    fusedrope_positions pd;
+    fusedrope_tensor t;
+    const char *want = "making device 7 current again (cudaSetDevice) failed";
+
+    ck_assert(c && sn);
+    CUDA_OK(cudaMalloc(&dx, (size_t)n * 2));
+    CUDA_OK(cudaMemset(dx, 0, (size_t)n * 2));
+    CUDA_OK(cudaMalloc(&dids, sizeof ids));
+    CUDA_OK(cudaMemcpy(dids, ids, sizeof ids, cudaMemcpyHostToDevice));
+    fusedrope_positions_init(&pd);
+    pd.ids = dids;
+    t = fusedrope_tensor_sbhd(dx, FUSEDROPE_BFLOAT16, S, 1, 1, D);
+    FR_OK(fusedrope_forward(gpu, FUSEDROPE_NEOX, &pd, &t, &t, NULL)); /* raises the flag */
+
+    fake_current = 7;
+    ck_assert_int_eq(fusedrope_cache_copy_table(gpu, c, sn), FUSEDROPE_ERR_CUDA);
+    ck_assert_msg(strstr(fusedrope_last_error(), want) != NULL, "%s", fusedrope_last_error());
+    ck_assert_int_eq(fusedrope_cache_check(gpu, NULL), FUSEDROPE_ERR_CUDA);
+    ck_assert_msg(strstr(fusedrope_last_error(), want) != NULL, "%s", fusedrope_last_error());
+    fake_current = -1;
+    CUDA_OK(cudaSetDevice(0));
+    ck_assert_int_eq(fusedrope_cache_check(gpu, NULL), FUSEDROPE_ERR_RANGE); /* kept */
+    FR_OK(fusedrope_cache_check(gpu, NULL));
+    FR_OK(fusedrope_cache_copy_table(gpu, c, sn));
+    ck_assert_int_eq(cudaGetLastError(), cudaSuccess);
+
+    fake_current = 7;
+    fusedrope_cache_destroy(gpu);
+    fake_current = -1;
+    CUDA_OK(cudaSetDevice(0));
+    cudaFree(dx);
+    cudaFree(dids);
+    free(c);
+    free(sn);
+}
+END_TEST
+
 /*
  * forward, backward and forward_qk (bf16, out of place, 384 tokens, device
  * ids, a table cache) captured on a non-blocking stream into one CUDA graph
@@ -1781,6 +1853,7 @@ int main(void)
     tcase_add_test(tc, test_range_status_word);
     tcase_add_test(tc, test_huge_table_refused);
     tcase_add_test(tc, test_cache_device_ordinal);
+    tcase_add_test(tc, test_device_restore_fails);
     tcase_add_loop_test(tc, test_grid, 0, 24);
     tcase_add_test(tc, test_shapes);
     tcase_add_test(tc, test_extreme_values);
