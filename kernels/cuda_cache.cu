@@ -217,11 +217,20 @@ extern "C" fusedrope_status fr_cuda_cache_upload(fusedrope_cache *cache)
         cfg.stream = 0;
         if ((err = cudaLaunchKernelEx(&cfg, build_table, (const double *)dinv,
                                       cache->attention_factor, cache->max_positions,
-                                      (int64_t)half, dcos, dsin)) != cudaSuccess ||
-            (err = cudaStreamSynchronize(0)) != cudaSuccess) {
+                                      (int64_t)half, dcos, dsin)) != cudaSuccess) {
             st = fr_cuda_fail(err, "building the cos/sin table on the device");
             goto fail;
         }
+    }
+    /* A cudaMemcpy from pageable memory may return before its DMA has
+     * landed (CUDA's "API synchronization behavior"), and a caller's kernel
+     * on a non-blocking stream is not ordered after the legacy stream: the
+     * cache is complete on the device only after this wait, for the user
+     * table, the frequencies and the axes map as for the built table. */
+    if (block != NULL && (err = cudaStreamSynchronize(0)) != cudaSuccess) {
+        st = fr_cuda_fail(err, built_table ? "building the cos/sin table on the device"
+                                           : "waiting for the cache's uploads to the device");
+        goto fail;
     }
     if ((err = cudaHostAlloc((void **)&flag, sizeof(int), cudaHostAllocMapped)) !=
         cudaSuccess) {
@@ -296,6 +305,7 @@ extern "C" void fr_cuda_cache_release(fusedrope_cache *cache)
     cache->cos = cache->sin = NULL;
     cache->inv_freq_dev = NULL;
     cache->range_flag = cache->range_flag_dev = NULL;
+    cache->pair_map_dev = NULL;
 }
 
 extern "C" fusedrope_status fr_cuda_cache_check(const fusedrope_cache *cache, void *stream)
