@@ -633,28 +633,6 @@ __global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Streaming multiprocessors of device `dev`, cached per device. */
-int sm_count(int dev)
-{
-#ifdef FR_CUDA_EMULATE
-    (void)dev;
-    return fr_emu_sms;
-#else
-    static int cached[64];
-    int n = 0;
-    if (dev >= 0 && dev < 64 && (n = __atomic_load_n(&cached[dev], __ATOMIC_RELAXED)) > 0)
-        return n;
-    cudaError_t err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess || n <= 0) {
-        fr_cuda_forget(err);
-        return 132;
-    }
-    if (dev >= 0 && dev < 64)
-        __atomic_store_n(&cached[dev], n, __ATOMIC_RELAXED);
-    return n;
-#endif
-}
-
 bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* A stride only matters along a dimension with more than one index. */
@@ -850,7 +828,7 @@ extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "fr_cuda_apply: the cache has neither a device table nor frequencies");
 
-    const Shape sh = choose_shape(tokens, P.heads, P.lanes, sm_count(dev));
+    const Shape sh = choose_shape(tokens, P.heads, P.lanes, fr_cuda_sm_count(dev));
     P.gtotal = sh.gtotal;
 
     cudaStream_t stream = (cudaStream_t)a->stream;

@@ -22,6 +22,31 @@ static inline cudaError_t fr_cuda_current_device(int *dev)
 #endif
 }
 
+/* Streaming multiprocessors of device dev, which pick launch shapes (never
+ * results): asked of the runtime once per device and kept (each kernel file
+ * keeps its own copy, which is harmless: the same answer); 132 (an H100)
+ * when the query fails.  The emulation's count is the tests' fr_emu_sms. */
+static inline int fr_cuda_sm_count(int dev)
+{
+#ifdef FR_CUDA_EMULATE
+    (void)dev;
+    return fr_emu_sms;
+#else
+    static int cached[64];
+    int n = 0;
+    if (dev >= 0 && dev < 64 && (n = __atomic_load_n(&cached[dev], __ATOMIC_RELAXED)) > 0)
+        return n;
+    const cudaError_t err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    if (err != cudaSuccess || n <= 0) {
+        fr_cuda_forget(err);
+        return 132;
+    }
+    if (dev >= 0 && dev < 64)
+        __atomic_store_n(&cached[dev], n, __ATOMIC_RELAXED);
+    return n;
+#endif
+}
+
 /* A call's launches go to the current device, while the cache's memory is on
  * its own: every call (plain and norm) refuses another current device before
  * it launches or writes anything.  *dev: the current device. */

@@ -197,6 +197,7 @@ struct NParams {
     int64_t warp_heads; /* norm_forward_warp: the rows (heads of a token) of a warp's item */
     int interleaved, dt, wdt, weight, rounding, saved_y;
     float eps;
+    int sms; /* host side: the device's SM count, for the launch shapes */
 };
 
 __device__ __forceinline__ float load_f(const void *p, int dt, int64_t i)
@@ -1367,29 +1368,12 @@ __global__ void __launch_bounds__(32 * FR_CUDA_NORM_BWD_WARPS, FR_CUDA_NORM_BWD_
 
 /* ---------------------------------------------------------------- host side */
 
-int sms(void)
-{
-#ifdef FR_CUDA_EMULATE
-    return fr_emu_sms;
-#else
-    int dev = 0, n = 0;
-    cudaError_t err = cudaGetDevice(&dev);
-    if (err == cudaSuccess)
-        err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess || n <= 0) {
-        fr_cuda_forget(err);
-        return 132;
-    }
-    return n;
-#endif
-}
-
 /* The grid of a grid-stride launch of n threads: blocks of 128, at most
- * per_sm of them per SM. */
-cudaLaunchConfig_t grid_of(int64_t n, int per_sm, cudaStream_t stream)
+ * per_sm of them per SM, on a device of sms SMs. */
+cudaLaunchConfig_t grid_of(int64_t n, int per_sm, int sms, cudaStream_t stream)
 {
     cudaLaunchConfig_t cfg = {};
-    const int64_t blocks = (n + 127) / 128, cap = per_sm * (int64_t)sms();
+    const int64_t blocks = (n + 127) / 128, cap = per_sm * (int64_t)sms;
     cfg.gridDim = dim3((unsigned)(blocks < cap ? blocks : cap), 1, 1);
     cfg.blockDim = dim3(128, 1, 1);
     cfg.stream = stream;
@@ -1402,7 +1386,7 @@ cudaError_t launch(K kernel, int64_t n, const NParams &P, cudaStream_t stream)
 {
     if (n <= 0)
         return cudaSuccess;
-    const cudaLaunchConfig_t cfg = grid_of(n, 8, stream);
+    const cudaLaunchConfig_t cfg = grid_of(n, 8, P.sms, stream);
     return cudaLaunchKernelEx(&cfg, kernel, P);
 }
 
@@ -1417,7 +1401,7 @@ cudaError_t launch_warps(K kernel, int64_t warps, const NParams &P, cudaStream_t
 {
     if (warps <= 0)
         return cudaSuccess;
-    const cudaLaunchConfig_t cfg = grid_of(32 * warps, WARP_BLOCKS_PER_SM, stream);
+    const cudaLaunchConfig_t cfg = grid_of(32 * warps, WARP_BLOCKS_PER_SM, P.sms, stream);
 #ifdef FR_CUDA_EMULATE
     return fr_emu_launch_lockstep(&cfg, kernel, P);
 #else
@@ -1547,7 +1531,7 @@ int64_t rows_hd(const NParams &P, int count, bool backward)
  * rows: one row an item on a Hopper). */
 int64_t warp_heads(const NParams &P, int64_t rows)
 {
-    int64_t g = rows / (WARPS_PER_SM * (int64_t)sms());
+    int64_t g = rows / (WARPS_PER_SM * (int64_t)P.sms);
     g = g < FR_CUDA_NORM_WARP_HEADS ? g : FR_CUDA_NORM_WARP_HEADS;
 #ifdef FR_CUDA_EMULATE
     if (fr_emu_norm_warp_heads > 0)
@@ -1609,7 +1593,7 @@ int bwd_rpw()
 template <int DT, int HD>
 cudaError_t launch_items(const NParams &P, int r, cudaStream_t stream)
 {
-    const int64_t items = P.io[0].items + P.io[1].items, cap = 8 * (int64_t)sms();
+    const int64_t items = P.io[0].items + P.io[1].items, cap = 8 * (int64_t)P.sms;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)(items < cap ? items : cap), 1, 1);
     cfg.blockDim = dim3(32 * FR_CUDA_NORM_BWD_WARPS, 1, 1);
@@ -1668,6 +1652,7 @@ extern "C" fusedrope_status fr_cuda_norm_forward(const fr_norm_args *na)
     int dev;
     TRY(fr_cuda_check_device(na->a.cache, &dev));
     params(na, &P);
+    P.sms = fr_cuda_sm_count(dev);
     if (P.cos == nullptr && P.inv_freq == nullptr)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "fr_cuda_norm_forward: the cache has neither a device table nor frequencies");
@@ -1763,6 +1748,7 @@ extern "C" fusedrope_status fr_cuda_norm_backward(const fr_norm_args *na)
     if (na->a.count == 0)
         return FUSEDROPE_OK;
     params(na, &P);
+    P.sms = fr_cuda_sm_count(dev);
     if (P.cos == nullptr && P.inv_freq == nullptr)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "fr_cuda_norm_backward: the cache has neither a device table nor frequencies");
