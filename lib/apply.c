@@ -117,8 +117,10 @@ static fusedrope_status check_output_layout(const fusedrope_tensor *t, const cha
                  { t->stride_head, t->heads } };
     if (!lattice_disjoint(d, 3, t->head_dim))
         return fr_fail(FUSEDROPE_ERR_INVALID,
-                       "%s's elements overlap each other (strides seq %lld, batch %lld, head %lld "
-                       "with head_dim %lld); the elements of an output must not share memory",
+                       "%s's elements may overlap each other (strides seq %lld, batch %lld, head "
+                       "%lld with head_dim %lld: taken smallest first, each stride of a dimension "
+                       "of more than one element must clear what the smaller ones span); the "
+                       "elements of an output must not share memory",
                        name, (ll)t->stride_seq, (ll)t->stride_batch, (ll)t->stride_head,
                        (ll)t->head_dim);
     return FUSEDROPE_OK;

@@ -163,7 +163,7 @@ enum {
 
 /* Needles several cases share (forward's names | backward's). */
 #define N_SPANS "spans more memory than can be addressed"
-#define N_SELF_OVERLAP "y's elements overlap each other|dx's elements overlap each other"
+#define N_SELF_OVERLAP "y's elements may overlap each other|dx's elements may overlap each other"
 #define N_SHAPE "differ in dtype or shape"
 #define N_PARTIAL "y partially overlaps x|dx partially overlaps dy"
 
@@ -264,8 +264,8 @@ static const ecase ecases[E_NUM] = {
     [E_QK_K_DTYPE] = {"_qk k_in f16, k_out f32", V_QK, INV, "dtype", 0},
     [E_QK_K_NEG_STRIDE] = {"_qk k_in stride_head < 0", V_QK, INV, "stride", 0},
     [E_QK_K_SELF_OVERLAP] = {"_qk k_out overlaps itself", V_QK, INV,
-                             "k_out's elements overlap each other|dk_in's elements overlap "
-                             "each other", 0},
+                             "k_out's elements may overlap each other|dk_in's elements may "
+                             "overlap each other", 0},
     [E_QK_K_OVERFLOW] = {"_qk k extent overflows", V_QK, RNG,
                          "k_in spans more memory|dk_out spans more memory", 0},
     [E_QK_K_BAD_IDS] = {"_qk ids out of range", V_QK, RNG, "position|ids", 0},
@@ -797,8 +797,10 @@ START_TEST(test_sentences_verbatim)
     setup(&c, V_SBHD);
     c.y.stride_head = D0 - 1;
     expect_sentence(do_call(&c, 0), INV,
-                    "y's elements overlap each other (strides seq 120, batch 60, head 19 with "
-                    "head_dim 20); the elements of an output must not share memory");
+                    "y's elements may overlap each other (strides seq 120, batch 60, head 19 "
+                    "with head_dim 20: taken smallest first, each stride of a dimension of more "
+                    "than one element must clear what the smaller ones span); the elements of "
+                    "an output must not share memory");
     setup(&c, V_QK);
     c.ky = c.y;
     c.ky.heads = KH0;
