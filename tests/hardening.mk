@@ -27,13 +27,15 @@ tests_fuzz_test_regress_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 endif
 
 # ------------------------------------------------------- allocation failure
-# The wraps route the static library's malloc/calloc/realloc/free through
-# the test's counting wrappers; libc, libgomp and sanitizer runtimes keep
-# their own (so the test runs the same under ASan, TSan and valgrind).
+# The wraps route the static library's malloc, calloc, realloc,
+# aligned_alloc and free through the test's counting wrappers; libc, libgomp
+# and sanitizer runtimes keep their own (so the test runs the same under
+# ASan, TSan and valgrind).
 check_PROGRAMS += tests/test_nomem
 TESTS += tests/test_nomem
 tests_test_nomem_SOURCES = tests/test_nomem.c
-tests_test_nomem_LDFLAGS = -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc -Wl,--wrap=free
+tests_test_nomem_LDFLAGS = -Wl,--wrap=malloc -Wl,--wrap=calloc -Wl,--wrap=realloc \
+	-Wl,--wrap=aligned_alloc -Wl,--wrap=free
 tests_test_nomem_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
 tests_test_nomem_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 

@@ -2,12 +2,13 @@
  * test_nomem.c - allocation failure inside the cache constructors and the
  * fused norm's calls.
  *
- * Linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=free
- * (tests/hardening.mk), so every allocation the static library makes goes
- * through the wrappers below, which count them, can make the n-th one fail,
- * and keep the set of blocks still live.  The C library, libgomp and the
- * sanitizer runtimes are not affected (their references are not wrapped),
- * which is what makes this work unchanged under ASan, TSan and valgrind.
+ * Linked with -Wl,--wrap= for malloc, calloc, realloc, aligned_alloc (the
+ * tables') and free (tests/hardening.mk), so every allocation the static
+ * library makes goes through the wrappers below, which count them, can make
+ * the n-th one fail, and keep the set of blocks still live.  The C library,
+ * libgomp and the sanitizer runtimes are not affected (their references are
+ * not wrapped), which is what makes this work unchanged under ASan, TSan and
+ * valgrind.
  *
  * For each constructor and config: a clean run counts its N allocations;
  * then for n = 1..N the n-th allocation fails, and the call must return
@@ -32,10 +33,12 @@
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t n, size_t m);
 void *__real_realloc(void *p, size_t n);
+void *__real_aligned_alloc(size_t a, size_t n);
 void __real_free(void *p);
 void *__wrap_malloc(size_t n);
 void *__wrap_calloc(size_t n, size_t m);
 void *__wrap_realloc(void *p, size_t n);
+void *__wrap_aligned_alloc(size_t a, size_t n);
 void __wrap_free(void *p);
 
 #define MAX_LIVE 4096
@@ -105,6 +108,17 @@ void *__wrap_realloc(void *q, size_t n)
     return p;
 }
 
+void *__wrap_aligned_alloc(size_t a, size_t n)
+{
+    void *p;
+    if (should_fail())
+        return NULL;
+    p = __real_aligned_alloc(a, n);
+    if (armed && p)
+        add_live(p);
+    return p;
+}
+
 void __wrap_free(void *p)
 {
     if (p && armed)
@@ -157,7 +171,7 @@ static void run_case(const nm_case *c)
     if (n_alloc == 0) {
         armed = 0;
         fusedrope_cache_destroy(cache);
-        FAIL("%s: the library made no allocation through malloc/calloc/realloc", c->name);
+        FAIL("%s: the library made no allocation through the wrapped allocators", c->name);
         return;
     }
     fusedrope_cache_destroy(cache);
@@ -272,7 +286,7 @@ static void run_call(fusedrope_cache *cache, const call_case *c)
         return;
     }
     if (n_alloc == 0) {
-        FAIL("%s: the call made no allocation through malloc/calloc/realloc", c->name);
+        FAIL("%s: the call made no allocation through the wrapped allocators", c->name);
         return;
     }
     if (nlive != 0 || overflow)
@@ -379,6 +393,12 @@ int main(void)
     cases[n++].cfg.original_max_positions = 1024;
     cases[n].name = "create_from_table, 32 x 32";
     cases[n++].from_table = 1;
+    cases[n].name = "mrope sections, 512-row table";
+    fusedrope_cache_config_init(&cases[n].cfg, FUSEDROPE_ROPE_DEFAULT, 64, 512, 10000.0);
+    cases[n].cfg.axes = FUSEDROPE_AXES_SECTIONS;
+    cases[n].cfg.sections[0] = 16;
+    cases[n].cfg.sections[1] = 8;
+    cases[n++].cfg.sections[2] = 8;
 
     for (int i = 0; i < n; i++)
         run_case(&cases[i]);
