@@ -4,6 +4,7 @@ library's code or results.  Also bit conversions for bfloat16 and the
 precision bound of DESIGN ("Precision")."""
 import math
 import os
+import zlib
 
 import numpy as np
 
@@ -12,6 +13,13 @@ SEED = int(os.environ.get("FUSEDROPE_TEST_SEED", "20261123"))
 
 def rng(salt=0):
     return np.random.default_rng(SEED + salt)
+
+
+def salt(*key):
+    """A case's salt for rng(), the same in every process (Python's hash()
+    of strings is salted per process, so a printed seed would not
+    reproduce the data)."""
+    return zlib.crc32(repr(key).encode()) % 1000
 
 
 # ----------------------------------------------------------------- rope types
