@@ -516,16 +516,21 @@ void ref_cos_sin_axes(const ref_rope *r, const int64_t *p, int64_t stride, int i
 
 /* ---------------------------------------------------------------- positions */
 
+/* DESIGN: the global sequence is 2 * cp_size chunks of len / 2 tokens; this
+ * rank holds two of them, in order: held[0] = chunk cp_rank, held[1] =
+ * chunk 2 * cp_size - 1 - cp_rank (in int64: 2 * cp_size overflows int for
+ * cp_size >= 2^30).  Local token j is token j - k * half of held[k]. */
 int64_t ref_cp_position(int64_t j, int64_t len, int cp_size, int cp_rank)
 {
-    int64_t chunk;
+    const int64_t half = len / 2;
+    int64_t held[2];
+    int k;
     if (cp_size <= 1)
         return j;
-    chunk = len / 2;
-    if (j < chunk)
-        return cp_rank * chunk + j;
-    /* in int64: 2 * cp_size overflows int for cp_size >= 2^30 */
-    return (2 * (int64_t)cp_size - 1 - cp_rank) * chunk + (j - chunk);
+    held[0] = cp_rank;
+    held[1] = 2 * (int64_t)cp_size - 1 - cp_rank;
+    k = j >= half;
+    return held[k] * half + (j - k * half);
 }
 
 int ref_token_position(const fusedrope_positions *pos, int64_t ids_index, int64_t seq, int64_t j,
