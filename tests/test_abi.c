@@ -66,9 +66,26 @@ START_TEST(test_enum_values)
     ck_assert_int_eq(FUSEDROPE_ROPE_YARN, 3);
     ck_assert_int_eq(FUSEDROPE_ROPE_LONGROPE, 4);
     ck_assert_int_eq(FUSEDROPE_ROPE_LLAMA3, 5);
+    ck_assert_int_eq(FUSEDROPE_ROPE_PROPORTIONAL, 6);
     ck_assert_int_eq(FUSEDROPE_LAYOUT_SBHD, 0);
     ck_assert_int_eq(FUSEDROPE_LAYOUT_BSHD, 1);
     ck_assert_int_eq(FUSEDROPE_LAYOUT_THD, 2);
+    ck_assert_int_eq(FUSEDROPE_AXES_NONE, 0);
+    ck_assert_int_eq(FUSEDROPE_AXES_SECTIONS, 1);
+    ck_assert_int_eq(FUSEDROPE_AXES_INTERLEAVED, 2);
+    ck_assert_int_eq(FUSEDROPE_AXES_ALTERNATING, 3);
+    ck_assert_int_eq(FUSEDROPE_AXES_VISION_2D, 4);
+    ck_assert_int_eq(FUSEDROPE_AXES_CUSTOM, 5);
+    ck_assert_int_eq(FUSEDROPE_NORM_WEIGHT_NONE, 0);
+    ck_assert_int_eq(FUSEDROPE_NORM_WEIGHT, 1);
+    ck_assert_int_eq(FUSEDROPE_NORM_WEIGHT_PLUS_ONE, 2);
+    ck_assert_int_eq(FUSEDROPE_NORM_ROUND_ONCE, 0);
+    ck_assert_int_eq(FUSEDROPE_NORM_ROUND_LLAMA, 1);
+    ck_assert_int_eq(FUSEDROPE_NORM_ROUND_GEMMA, 2);
+    /* limits a caller sizes its arrays by */
+    ck_assert_int_eq(FUSEDROPE_MAX_ROT_DIM, 8192);
+    ck_assert_int_eq(FUSEDROPE_MAX_AXES, 4);
+    ck_assert_int_eq(FUSEDROPE_NORM_DW_CHUNK, 32);
 }
 END_TEST
 
@@ -304,6 +321,78 @@ START_TEST(test_config_layouts)
 }
 END_TEST
 
+/* A program built against a newer header, with this (older) library: a
+ * config and a norm struct larger than this library's, their unknown tail
+ * zero (accepted, the same results) or not (refused, naming the struct). */
+START_TEST(test_config_and_norm_newer_header)
+{
+    const size_t nc = sizeof(fusedrope_cache_config) + 24, nn = sizeof(fusedrope_norm) + 24;
+    unsigned char *rc = guarded(nc), *rn = guarded(nn);
+    fusedrope_cache_config *cfg = (fusedrope_cache_config *)(void *)rc;
+    fusedrope_norm *nm = (fusedrope_norm *)(void *)rn;
+    fusedrope_cache *cache = (fusedrope_cache *)(uintptr_t)1, *ref_cache;
+    float cs[16 * 4], sn[16 * 4], cs2[16 * 4], sn2[16 * 4], x[3 * 8], y[3 * 8], y2[3 * 8],
+        rstd[3];
+    fusedrope_tensor tx = fusedrope_tensor_sbhd(x, FUSEDROPE_FLOAT32, 3, 1, 1, 8);
+    fusedrope_tensor ty = fusedrope_tensor_sbhd(y, FUSEDROPE_FLOAT32, 3, 1, 1, 8);
+    fusedrope_tensor ty2 = fusedrope_tensor_sbhd(y2, FUSEDROPE_FLOAT32, 3, 1, 1, 8);
+    fusedrope_norm plain;
+
+    memset(rc, 0x5a, nc);
+    fusedrope_cache_config_init_sized(cfg, nc, FUSEDROPE_ROPE_DEFAULT, 8, 16, 10000.0);
+    ck_assert_uint_eq(cfg->struct_size, nc);
+    for (size_t i = sizeof *cfg; i < nc; i++)
+        ck_assert_int_eq(rc[i], 0);
+    ck_assert_int_eq(fusedrope_cache_create(cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
+    ck_assert_int_eq(fusedrope_cache_copy_table(cache, cs, sn), FUSEDROPE_OK);
+    rc[sizeof *cfg + 3] = 1;
+    ck_assert_int_eq(fusedrope_cache_create(cfg, FUSEDROPE_DEVICE_CPU, &ref_cache),
+                     FUSEDROPE_ERR_INVALID);
+    ck_assert_ptr_null(ref_cache);
+    ck_assert_msg(strstr(fusedrope_last_error(), "does not have") != NULL, "%s",
+                  fusedrope_last_error());
+    {
+        fusedrope_cache_config full;
+        fusedrope_cache_config_init(&full, FUSEDROPE_ROPE_DEFAULT, 8, 16, 10000.0);
+        ck_assert_int_eq(fusedrope_cache_create(&full, FUSEDROPE_DEVICE_CPU, &ref_cache),
+                         FUSEDROPE_OK);
+        ck_assert_int_eq(fusedrope_cache_copy_table(ref_cache, cs2, sn2), FUSEDROPE_OK);
+        fusedrope_cache_destroy(ref_cache);
+        ck_assert_int_eq(memcmp(cs, cs2, sizeof cs), 0);
+        ck_assert_int_eq(memcmp(sn, sn2, sizeof sn), 0);
+    }
+
+    for (int i = 0; i < 3 * 8; i++)
+        x[i] = (float)(i % 7) - 2.5f;
+    fusedrope_norm_init(&plain);
+    memset(rn, 0x5a, nn);
+    fusedrope_norm_init_sized(nm, nn);
+    ck_assert_uint_eq(nm->struct_size, nn);
+    for (size_t i = sizeof *nm; i < nn; i++)
+        ck_assert_int_eq(rn[i], 0);
+    nm->q_rstd = rstd;
+    ck_assert_int_eq(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, nm, &tx, &ty, NULL,
+                                               NULL, NULL),
+                     FUSEDROPE_OK);
+    ck_assert_int_eq(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &plain, &tx, &ty2,
+                                               NULL, NULL, NULL),
+                     FUSEDROPE_OK);
+    ck_assert_int_eq(memcmp(y, y2, sizeof y), 0);
+    rn[sizeof *nm + 7] = 1;
+    memset(y, 0xff, sizeof y);
+    ck_assert_int_eq(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, nm, &tx, &ty, NULL,
+                                               NULL, NULL),
+                     FUSEDROPE_ERR_INVALID);
+    ck_assert_msg(strstr(fusedrope_last_error(), "does not have") != NULL, "%s",
+                  fusedrope_last_error());
+    for (int i = 0; i < 3 * 8; i++) /* nothing written */
+        ck_assert_msg(y[i] != y[i], "y[%d] written on a refused call", i);
+    fusedrope_cache_destroy(cache);
+    unguard(rc);
+    unguard(rn);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("abi");
@@ -316,6 +405,7 @@ int main(void)
     tcase_add_test(tc, test_init_sized_stays_inside);
     tcase_add_test(tc, test_norm_init_defaults);
     tcase_add_test(tc, test_config_layouts);
+    tcase_add_test(tc, test_config_and_norm_newer_header);
     suite_add_tcase(s, tc);
     return tu_main(s, "abi");
 }

@@ -1297,6 +1297,7 @@ START_TEST(test_tensor_constructors)
     ck_assert_int_eq(t.head_dim, 64);
     ck_assert_int_eq(t.stride_head, 64);
     ck_assert_int_eq(t.stride_seq, 4 * 64);
+    ck_assert_int_eq(t.stride_batch, 11 * 4 * 64); /* the page's t*h*d (batch 1: unused) */
 }
 END_TEST
 
