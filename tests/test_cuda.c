@@ -907,7 +907,7 @@ START_TEST(test_out_of_table)
     /* THD with a cu_seqlens that leaves the last tokens outside every
      * sequence (device arrays are not checked on the host) */
     {
-        int32_t cu[3] = { 0, 4, 12 };
+        int32_t cu[4] = { 0, 4, 12, 0 }; /* the last entry for the third case */
         void *dcu;
         fusedrope_tensor t = fusedrope_tensor_thd(dx, FUSEDROPE_BFLOAT16, S * B, H, D);
         fusedrope_tensor o = fusedrope_tensor_thd(dy, FUSEDROPE_BFLOAT16, S * B, H, D);
@@ -940,20 +940,13 @@ START_TEST(test_out_of_table)
         FR_OK(fusedrope_forward(gpu, FUSEDROPE_NEOX, &pd, &t, &o, NULL));
         ck_assert_int_eq(fusedrope_cache_check(gpu, NULL), FUSEDROPE_ERR_RANGE);
         FR_OK(fusedrope_cache_check(gpu, NULL));
-        cudaFree(dcu);
-    }
-    /* ... and one that decreases between right ends (2 after 6), with a
-     * good one before it, which leaves the flag down */
-    {
-        int32_t cu[4] = { 0, 2, 6, (int32_t)(S * B) };
-        void *dcu;
-        fusedrope_tensor t = fusedrope_tensor_thd(dx, FUSEDROPE_BFLOAT16, S * B, H, D);
-        fusedrope_tensor o = fusedrope_tensor_thd(dy, FUSEDROPE_BFLOAT16, S * B, H, D);
-        CUDA_OK(cudaMalloc(&dcu, sizeof cu));
-        CUDA_OK(cudaMemcpy(dcu, cu, sizeof cu, cudaMemcpyHostToDevice));
-        fusedrope_positions_init(&pd);
-        pd.cu_seqlens = dcu;
+        /* three sequences with right ends: good, then decreasing between
+         * them (2 after 6), which only the flag can report */
+        cu[1] = 2;
+        cu[2] = 6;
+        cu[3] = (int32_t)(S * B);
         pd.num_seqs = 3;
+        CUDA_OK(cudaMemcpy(dcu, cu, sizeof cu, cudaMemcpyHostToDevice));
         FR_OK(fusedrope_forward(gpu, FUSEDROPE_NEOX, &pd, &t, &o, NULL));
         FR_OK(fusedrope_cache_check(gpu, NULL));
         cu[1] = 6;
