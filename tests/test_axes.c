@@ -928,12 +928,56 @@ END_TEST
 
 /* ----------------------------------------------------------- bad positions */
 
+/* One position rule that needs no look at the values, under two forms
+ * (forward out of place, backward_qk in place): the exact status, the
+ * sentence naming the field (strstr), and nothing written. */
+static void expect_pos_status(const cache_pair *cp, const spec *sp, const fusedrope_positions *P,
+                              fusedrope_status want, const char *needle, const char *what,
+                              tu_rng *r)
+{
+    const int64_t S = 4, B = 2, H = 2, D = sp->D;
+    for (int form = 0; form < 2; form++) {
+        const fusedrope_dtype dt = dtypes[form ? 2 : 0];
+        tu_buf qb, kb, qob, qs, ks, qos;
+        fusedrope_tensor q, k, qo;
+        fusedrope_status st;
+        size_t first = 0;
+        q = tu_tensor(LAY_BSHD, dt, S, B, H, D, &qb);
+        tu_fill_random(&qb, r, -2, 2);
+        k = tu_tensor(LAY_BSHD, dt, S, B, 1, D, &kb);
+        tu_fill_random(&kb, r, -2, 2);
+        qo = tu_tensor(LAY_SBHD, dt, S, B, H, D, &qob);
+        qs = tu_buf_copy(&qb);
+        ks = tu_buf_copy(&kb);
+        qos = tu_buf_copy(&qob);
+        st = form ? fusedrope_backward_qk(cp->cache, sp->style, P, &q, &q, &k, &k, NULL)
+                  : call1(cp->cache, sp->style, P, &q, &qo, 0);
+        ck_assert_msg(st == want, "[seed %llu] %s, %s (%s): %s, not %s (%s)",
+                      (unsigned long long)tu_seed, sp->name, what,
+                      form ? "backward_qk, in place" : "forward", fusedrope_status_string(st),
+                      fusedrope_status_string(want), fusedrope_last_error());
+        if (want == FUSEDROPE_OK)
+            continue;
+        ck_assert_msg(strstr(fusedrope_last_error(), needle), "%s, %s: message '%s' lacks '%s'",
+                      sp->name, what, fusedrope_last_error(), needle);
+        ck_assert_msg(tu_changed(&qob, &qos, &first) == 0, "%s, %s: output written (byte %zu)",
+                      sp->name, what, first);
+        ck_assert_msg(tu_changed(&qb, &qs, &first) == 0, "%s, %s: q written (byte %zu)",
+                      sp->name, what, first);
+        ck_assert_msg(tu_changed(&kb, &ks, &first) == 0, "%s, %s: k written (byte %zu)",
+                      sp->name, what, first);
+    }
+}
+
 /*
  * Calls that must fail, with nothing written (poisoned outputs keep their
  * bytes; in place, the input keeps its): ids_axes other than 0, 1 or the
  * cache's axis count (INVALID); a position outside the table on any axis,
  * or negative with a table (RANGE); negative positions on a table-less 1D
- * cache (RANGE, as before).  Every call form.
+ * cache (RANGE, as before).  Every call form.  Then the rules on ids rows
+ * that need no look at the values, each with its sentence: rows without
+ * ids, a negative ids_axis_stride (with rows or one), a stride below
+ * batch x seq_len with rows, rows whose span passes int64 (RANGE).
  */
 START_TEST(test_bad_positions)
 {
@@ -1062,6 +1106,53 @@ START_TEST(test_bad_positions)
                               "%zu)", what, first);
             }
         }
+    {
+        /* the rules on ids and the stride between its rows
+         * (fusedrope_positions_init(3)): rows need ids; the stride is never
+         * negative, and with rows 0 or >= batch x seq_len (8 here); rows
+         * whose span passes int64 are ERR_RANGE.  With one row (ids_axes 0
+         * or 1) the stride is ignored, but still not negative. */
+        int64_t *ids = tu_alloc(sizeof(int64_t) * (size_t)(n * FUSEDROPE_MAX_AXES));
+        fusedrope_positions P;
+        for (int64_t t = 0; t < n * FUSEDROPE_MAX_AXES; t++)
+            ids[t] = tu_int(&r, 0, ROWS - 1);
+        fusedrope_positions_init(&P);
+        if (ct.naxes > 1) {
+            char span[96];
+            P.ids_axes = ct.naxes;
+            expect_pos_status(&ct, sp, &P, FUSEDROPE_ERR_INVALID, "but pos->ids is NULL",
+                              "rows without ids", &r);
+            P.ids = ids;
+            P.ids_axis_stride = -1;
+            expect_pos_status(&ct, sp, &P, FUSEDROPE_ERR_INVALID,
+                              "pos->ids_axis_stride is -1; it must be >= 0", "stride -1", &r);
+            P.ids_axis_stride = 1;
+            expect_pos_status(&ct, sp, &P, FUSEDROPE_ERR_INVALID,
+                              "ids_axis_stride is 1; rows of ids hold batch x seq_len = 8 "
+                              "positions, so it must be 0 (dense) or >= 8",
+                              "stride 1", &r);
+            P.ids_axis_stride = n - 1;
+            expect_pos_status(&ct, sp, &P, FUSEDROPE_ERR_INVALID,
+                              "so it must be 0 (dense) or >= 8", "stride 7", &r);
+            P.ids_axis_stride = INT64_MAX;
+            snprintf(span, sizeof span, "pos->ids: %d rows %lld apart span more memory",
+                     ct.naxes, (long long)INT64_MAX);
+            expect_pos_status(&ct, sp, &P, FUSEDROPE_ERR_RANGE, span, "stride INT64_MAX", &r);
+            P.ids_axis_stride = n; /* the boundary: dense rows */
+            expect_pos_status(&ct, sp, &P, FUSEDROPE_OK, "", "stride 8", &r);
+        }
+        P.ids = ids;
+        for (int rows = 0; rows <= 1; rows++) {
+            P.ids_axes = rows;
+            P.ids_axis_stride = -5;
+            expect_pos_status(&ct, sp, &P, FUSEDROPE_ERR_INVALID,
+                              "pos->ids_axis_stride is -5; it must be >= 0",
+                              rows ? "one row, stride -5" : "ids_axes 0, stride -5", &r);
+            P.ids_axis_stride = 1; /* ignored */
+            expect_pos_status(&ct, sp, &P, FUSEDROPE_OK, "",
+                              rows ? "one row, stride 1" : "ids_axes 0, stride 1", &r);
+        }
+    }
     end_test();
 }
 END_TEST

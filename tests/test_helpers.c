@@ -146,6 +146,23 @@ START_TEST(test_qkv_refusals)
     REFUSED(fusedrope_tensor_qkv(data, FUSEDROPE_FLOAT32, FUSEDROPE_LAYOUT_BSHD, 1, 1, 1, -2, 4,
                                  &q, &k, &v),
             FUSEDROPE_ERR_INVALID, "heads_kv is -2; it must be >= 0");
+    /* q NULL: k and v (given) are left as they are */
+    REFUSED(fusedrope_tensor_qkv(data, FUSEDROPE_FLOAT32, FUSEDROPE_LAYOUT_SBHD, 1, 1, 1, 1, 4,
+                                 NULL, &k, &v),
+            FUSEDROPE_ERR_INVALID, "q is NULL");
+    /* each other size negative, in each layout (the others valid) */
+    REFUSED(fusedrope_tensor_qkv(data, FUSEDROPE_FLOAT32, FUSEDROPE_LAYOUT_BSHD, -1, 1, 1, 1, 4,
+                                 &q, &k, &v),
+            FUSEDROPE_ERR_INVALID, "s is -1; it must be >= 0");
+    REFUSED(fusedrope_tensor_qkv(data, FUSEDROPE_FLOAT32, FUSEDROPE_LAYOUT_SBHD, 1, -3, 1, 1, 4,
+                                 &q, &k, &v),
+            FUSEDROPE_ERR_INVALID, "b is -3; it must be >= 0");
+    REFUSED(fusedrope_tensor_qkv(data, FUSEDROPE_FLOAT32, FUSEDROPE_LAYOUT_THD, 2, 1, -1, 1, 4,
+                                 &q, &k, &v),
+            FUSEDROPE_ERR_INVALID, "heads_q is -1; it must be >= 0");
+    REFUSED(fusedrope_tensor_qkv(data, FUSEDROPE_FLOAT32, FUSEDROPE_LAYOUT_SBHD, 1, 1, 1, 1,
+                                 INT64_MIN, &q, &k, &v),
+            FUSEDROPE_ERR_INVALID, "head_dim is -9223372036854775808; it must be >= 0");
     REFUSED(fusedrope_tensor_qkv(data, FUSEDROPE_FLOAT32, FUSEDROPE_LAYOUT_THD, 4, 2, 1, 1, 4,
                                  &q, &k, &v),
             FUSEDROPE_ERR_INVALID,

@@ -487,6 +487,53 @@ START_TEST(test_range_status_rules)
     pos.range_status = (int32_t *)&y[3];
     ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &ty, &ty, NULL),
                      FUSEDROPE_ERR_INVALID);
+    {
+        /* inside pos->offsets (either half of an entry) and inside
+         * pos->cu_seqlens (its last entry): refused, the array named,
+         * nothing written; just past each array: accepted */
+        int64_t off[3] = { 1, 2, 0 };
+        int32_t cu[4] = { 0, 1, S, 0 };
+        const int64_t off_keep[3] = { 1, 2, 0 };
+        const int32_t cu_keep[4] = { 0, 1, S, 0 };
+        unsigned char ysnap[sizeof y];
+        memset(y, 0xa5, sizeof y);
+        memcpy(ysnap, y, sizeof y);
+        fusedrope_positions_init(&pos);
+        pos.offsets = off; /* batch 1: one entry */
+        for (int half = 0; half < 2; half++) {
+            pos.range_status = (int32_t *)&off[0] + half;
+            ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL),
+                             FUSEDROPE_ERR_INVALID);
+            ck_assert_msg(strstr(fusedrope_last_error(), "lies inside pos->offsets"),
+                          "word in offsets[0], half %d: %s", half, fusedrope_last_error());
+        }
+        pos.cu_seqlens = cu; /* two sequences: offsets has an entry each */
+        pos.num_seqs = 2;
+        pos.range_status = (int32_t *)&off[1];
+        ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL),
+                         FUSEDROPE_ERR_INVALID);
+        ck_assert_msg(strstr(fusedrope_last_error(), "lies inside pos->offsets"),
+                      "word in offsets[1] of a THD call: %s", fusedrope_last_error());
+        pos.offsets = NULL;
+        pos.range_status = &cu[2]; /* cu_seqlens[num_seqs] */
+        ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL),
+                         FUSEDROPE_ERR_INVALID);
+        ck_assert_msg(strstr(fusedrope_last_error(), "lies inside pos->cu_seqlens"),
+                      "word in cu_seqlens[2]: %s", fusedrope_last_error());
+        ck_assert_msg(memcmp(y, ysnap, sizeof y) == 0, "a refused call wrote the output");
+        ck_assert(memcmp(off, off_keep, sizeof off) == 0 && memcmp(cu, cu_keep, sizeof cu) == 0);
+        pos.range_status = &cu[3];
+        ck_assert_msg(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL) ==
+                          FUSEDROPE_OK,
+                      "word past cu_seqlens: %s", fusedrope_last_error());
+        pos.offsets = off;
+        pos.range_status = (int32_t *)&off[2];
+        ck_assert_msg(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL) ==
+                          FUSEDROPE_OK,
+                      "word past offsets: %s", fusedrope_last_error());
+        ck_assert_int_eq(cu[3], 0);
+        ck_assert_int_eq(off[2], 0);
+    }
     fusedrope_cache_destroy(cache);
 }
 END_TEST

@@ -1488,6 +1488,33 @@ START_TEST(test_refusals)
                                          NULL, NULL),
                FUSEDROPE_ERR_INVALID, "k_weight", "k_weight on a q-only call");
     }
+    {
+        /* a NULL q tensor, with k given (named; nothing written, k_out
+         * included); then tokens x heads past int64: q_in 2^32 x 2^32
+         * tokens of 4 heads (ERR_RANGE, q_in named; the tensor's extent
+         * rule refuses it before the norm's own product could) */
+        tu_buf ksnap = tu_buf_copy(&R.kob);
+        fusedrope_tensor hq, hqo;
+        fusedrope_norm nq = saved;
+        expect(fusedrope_norm_forward_qk(R.cache, c.style, NULL, &R.norm, NULL, &R.qo, &R.k,
+                                         &R.ko, NULL),
+               FUSEDROPE_ERR_INVALID, "q_in is NULL", "q_in NULL");
+        expect(fusedrope_norm_forward_qk(R.cache, c.style, NULL, &R.norm, &R.q, NULL, &R.k,
+                                         &R.ko, NULL),
+               FUSEDROPE_ERR_INVALID, "q_out is NULL", "q_out NULL");
+        ck_assert(tu_changed(&R.kob, &ksnap, NULL) == 0);
+        hq = fusedrope_tensor_sbhd(R.q.data, c.dt, (int64_t)1 << 32, (int64_t)1 << 32, 4, 64);
+        hqo = fusedrope_tensor_sbhd(R.qo.data, c.dt, (int64_t)1 << 32, (int64_t)1 << 32, 4, 64);
+        nq.k_weight = NULL;
+        nq.q_rstd = rq;
+        expect(fusedrope_norm_forward_qk(R.cache, c.style, NULL, &nq, &hq, &hqo, NULL, NULL,
+                                         NULL),
+               FUSEDROPE_ERR_RANGE, "q_in spans more memory", "tokens x heads past int64");
+        expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &nq, &hq, &hq, &hqo, NULL,
+                                          NULL, NULL, NULL),
+               FUSEDROPE_ERR_RANGE, "dq_out spans more memory",
+               "backward: tokens x heads past int64");
+    }
     /* nothing written by any refused call */
     ck_assert(tu_changed(&R.qob, &snap, NULL) == 0);
 
@@ -1537,6 +1564,29 @@ START_TEST(test_refusals)
         expect(fusedrope_norm_backward_qk(R.cache, c.style, &P, &R.norm, &R.q, &R.qo, &R.qo,
                                           &R.k, &R.ko, &R.ko, NULL),
                FUSEDROPE_ERR_INVALID, "range_status", "backward: range word inside dq_weight");
+    }
+    {
+        /* a NULL saved, dy or dx tensor, and k_saved NULL where dk is
+         * given: named, nothing written (dx, dk, dw) */
+        static const char *const which[4] = { "q_saved is NULL", "dq_out is NULL",
+                                               "dq_in is NULL", "k_saved is NULL" };
+        float *dwq = R.norm.dq_weight;
+        const float dw_keep = 3.5f;
+        tu_buf qsnap, ksnap;
+        for (int i = 0; i < 64; i++)
+            dwq[i] = dw_keep;
+        qsnap = tu_buf_copy(&R.qob);
+        ksnap = tu_buf_copy(&R.kob);
+        for (int i = 0; i < 4; i++)
+            expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm,
+                                              i == 0 ? NULL : &R.q, i == 1 ? NULL : &R.qo,
+                                              i == 2 ? NULL : &R.qo, i == 3 ? NULL : &R.k,
+                                              &R.ko, &R.ko, NULL),
+                   FUSEDROPE_ERR_INVALID, which[i], which[i]);
+        ck_assert(tu_changed(&R.qob, &qsnap, NULL) == 0);
+        ck_assert(tu_changed(&R.kob, &ksnap, NULL) == 0);
+        for (int i = 0; i < 64; i++)
+            ck_assert_msg(dwq[i] == dw_keep, "dq_weight[%d] written", i);
     }
     R.norm.saved_output = 2;
     expect(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &R.qo, &R.qo, &R.k,
