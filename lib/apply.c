@@ -560,16 +560,18 @@ fusedrope_status fr_apply_prepare(const fusedrope_cache *cache, fusedrope_style 
                                (ll)user_out[k]->stride_head);
             if (!views_disjoint(y, bytes_out[k], x, bytes_in[j]))
                 return fr_fail(FUSEDROPE_ERR_INVALID,
-                               "%s %s %s; an output must be the same view as its input (in "
-                               "place) or share no memory with any input",
-                               names[2 * k + 1], j == k ? "partially overlaps" : "overlaps",
+                               "%s may %s %s (not provably apart: the test is conservative, "
+                               "fusedrope_forward(3)); an output must be the same view as its "
+                               "input (in place) or share no memory with any input",
+                               names[2 * k + 1], j == k ? "partially overlap" : "overlap",
                                names[2 * j]);
         }
         if (k == 1 && !tokens_empty(out[0]) &&
             !views_disjoint(out[0], bytes_out[0], out[1], bytes_out[1]))
             return fr_fail(FUSEDROPE_ERR_INVALID,
-                           "%s and %s overlap; the two outputs must not share memory", names[1],
-                           names[3]);
+                           "%s and %s may overlap (not provably apart: the test is conservative, "
+                           "fusedrope_forward(3)); the two outputs must not share memory",
+                           names[1], names[3]);
     }
 
     if (args.pos.ids) {

@@ -165,7 +165,7 @@ enum {
 #define N_SPANS "spans more memory than can be addressed"
 #define N_SELF_OVERLAP "y's elements may overlap each other|dx's elements may overlap each other"
 #define N_SHAPE "differ in dtype or shape"
-#define N_PARTIAL "y partially overlaps x|dx partially overlaps dy"
+#define N_PARTIAL "y may partially overlap x|dx may partially overlap dy"
 
 static const ecase ecases[E_NUM] = {
     [E_NULL_CACHE] = {"NULL cache", V_SBHD, INV, "cache", 0},
@@ -258,9 +258,9 @@ static const ecase ecases[E_NUM] = {
     [E_QK_K_HEAD_DIM] = {"_qk k head_dim 14 < rot_dim", V_QK, INV, "head_dim|rot_dim", 0},
     [E_QK_OUT_SAME] = {"_qk k_out == q_out", V_QK, INV, "the two outputs must not share memory", 0},
     [E_QK_QOUT_ON_KIN] = {"_qk q_out on k_in", V_QK, INV,
-                          "q_out overlaps k_in|dq_in overlaps dk_out", 0},
+                          "q_out may overlap k_in|dq_in may overlap dk_out", 0},
     [E_QK_KOUT_ON_QIN] = {"_qk k_out overlaps q_in", V_QK, INV,
-                          "k_out overlaps q_in|dk_in overlaps dq_out", 0},
+                          "k_out may overlap q_in|dk_in may overlap dq_out", 0},
     [E_QK_K_DTYPE] = {"_qk k_in f16, k_out f32", V_QK, INV, "dtype", 0},
     [E_QK_K_NEG_STRIDE] = {"_qk k_in stride_head < 0", V_QK, INV, "stride", 0},
     [E_QK_K_SELF_OVERLAP] = {"_qk k_out overlaps itself", V_QK, INV,
@@ -785,14 +785,16 @@ START_TEST(test_sentences_verbatim)
     c.y = c.x;
     c.y.data = (float *)c.x.data + 4;
     expect_sentence(do_call(&c, 0), INV,
-                    "y partially overlaps x; an output must be the same view as its input (in "
+                    "y may partially overlap x (not provably apart: the test is conservative, "
+                    "fusedrope_forward(3)); an output must be the same view as its input (in "
                     "place) or share no memory with any input");
     setup(&c, V_QK);
     c.ky = c.x; /* the same view as the other tensor's input: not in place */
     c.ky.heads = KH0;
     c.ky.head_dim = KD0;
     expect_sentence(do_call(&c, 0), INV,
-                    "k_out overlaps q_in; an output must be the same view as its input (in "
+                    "k_out may overlap q_in (not provably apart: the test is conservative, "
+                    "fusedrope_forward(3)); an output must be the same view as its input (in "
                     "place) or share no memory with any input");
     setup(&c, V_SBHD);
     c.y.stride_head = D0 - 1;
@@ -806,7 +808,9 @@ START_TEST(test_sentences_verbatim)
     c.ky.heads = KH0;
     c.ky.head_dim = KD0;
     expect_sentence(do_call(&c, 0), INV,
-                    "q_out and k_out overlap; the two outputs must not share memory");
+                    "q_out and k_out may overlap (not provably apart: the test is "
+                    "conservative, fusedrope_forward(3)); the two outputs must not share "
+                    "memory");
     setup(&c, V_SBHD);
     c.pos.ids = (const int64_t *)c.y.data;
     expect_sentence(do_call(&c, 0), INV,
