@@ -2,6 +2,20 @@
  * decode.c - the fuzz targets' shared decoding and plain-call model
  * (decode.h).  Moved from fuzz_apply.c unchanged, so its corpus decodes as
  * before.
+ *
+ * Later additions read their bytes only where the old decoder had stopped
+ * (after the last call's decode, fz_ext_call; after every call, the cache
+ * variant of fz_ext_cache), and a 0 byte, which is also what reading past
+ * the end gives, keeps the old behaviour: every older input decodes to the
+ * same cache and calls.
+ *
+ * FUSEDROPE_FUZZ_STATS=1 prints at exit (both targets): the conservative
+ * refusals tolerated (an output whose elements the harness finds disjoint,
+ * refused with the library's documented "may overlap each other" sentence
+ * for its strides; two views whose byte ranges meet but which share no
+ * element, refused with its "may (partially) overlap ... not provably
+ * apart" sentence), the extension checks that ran, and the longest
+ * fusedrope_last_error() sentence seen.
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -21,14 +35,50 @@
 
 int strict_mode = -1, verbose_mode = -1;
 unsigned long conservative_refusals;
+int fz_last_call;
+
+/* The last_error buffer is char[512] (lib/status.c, vsnprintf): a sentence
+ * that did not fit is cut to 511 characters, so one that long is taken as
+ * cut. */
+#define FZ_ERR_MAX 511
+
+static struct {
+    unsigned long rs[6], sizes[8], idsx, reruns, rerun_bytes, cache_ext[3], getters, longest;
+} xst;
+
+static void fz_print_xstats(void)
+{
+    fprintf(stderr,
+            "%s stats: conservative overlap refusals tolerated %lu; range_status none/own/"
+            "misaligned/in-input/in-output/in-array %lu/%lu/%lu/%lu/%lu/%lu; pos struct_size "
+            "kinds 0..5 %lu/%lu/%lu/%lu/%lu/%lu; ids_axes/stride without ids %lu; SIMD-off "
+            "re-runs %lu (%lu output bytes compared); cache re-creates num_threads/struct_size/"
+            "freq %lu/%lu/%lu; getter checks %lu; longest error %lu chars\n",
+            fz_name, conservative_refusals, xst.rs[0], xst.rs[1], xst.rs[2], xst.rs[3], xst.rs[4],
+            xst.rs[5], xst.sizes[0], xst.sizes[1], xst.sizes[2], xst.sizes[3], xst.sizes[4],
+            xst.sizes[5], xst.idsx, xst.reruns, xst.rerun_bytes, xst.cache_ext[0],
+            xst.cache_ext[1], xst.cache_ext[2], xst.getters, xst.longest);
+}
+
+static void check_error_len(const char *what)
+{
+    size_t l = strlen(fusedrope_last_error());
+    if (l > xst.longest)
+        xst.longest = l;
+    CHECK(l < FZ_ERR_MAX, "%s: fusedrope_last_error() is %zu characters: the 512-byte buffer is "
+          "full, the sentence was most likely cut", what, l);
+}
 
 void fz_env(void)
 {
     if (strict_mode < 0) {
         const char *e = getenv("FUSEDROPE_FUZZ_LENIENT");
         const char *v = getenv("FUSEDROPE_FUZZ_VERBOSE");
+        const char *st = getenv("FUSEDROPE_FUZZ_STATS");
         strict_mode = !(e && *e && *e != '0');
         verbose_mode = v && *v && *v != '0';
+        if (st && *st && *st != '0')
+            atexit(fz_print_xstats);
     }
 }
 
@@ -295,6 +345,9 @@ unsigned config_allowed(const fusedrope_cache_config *c, int device, int have_cf
         /* position axes: the layouts' rules (ref_axes_map refuses what the
          * library must); the harness only makes freq_dim 0 or even <= rot_dim
          * and partial_rotary_factor in [0, 1] */
+        /* freq_dim: 0 or in [2, 16384] (fusedrope_cache_create(3)) */
+        if (c->freq_dim < 0 || c->freq_dim == 1 || c->freq_dim > 2 * FUSEDROPE_MAX_ROT_DIM)
+            bad = 1;
         if ((int)c->axes < FUSEDROPE_AXES_NONE || (int)c->axes > FUSEDROPE_AXES_CUSTOM) {
             bad = 1;
         } else if (c->axes != FUSEDROPE_AXES_NONE) {
@@ -450,6 +503,77 @@ void gen_axes(src_t *s, fusedrope_cache_config *cfg, cache_t *ct, rng_t *r)
         cfg->freq_dim = 2 * (2 + (int)(u8(s) % (unsigned)(half - 1)));
 }
 
+static void *dup_mem(const void *p, size_t n)
+{
+    void *q;
+    if (!p)
+        return NULL;
+    q = malloc(n ? n : 1);
+    if (!q)
+        abort();
+    memcpy(q, p, n);
+    return q;
+}
+
+static void poison_free(void *p, size_t n)
+{
+    if (p)
+        memset(p, 0xff, n);
+    free(p);
+}
+
+static int all_bytes(const void *p, size_t n, unsigned char v)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        if (b[i] != v)
+            return 0;
+    return 1;
+}
+
+/* fusedrope_cache_inv_freq, _attention_factor and _longrope_long against
+ * what the harness derived (fusedrope_cache_copy_table(3)). */
+static void check_getters(const cache_t *ct)
+{
+    double inv[FUSEDROPE_MAX_ROT_DIM / 2 + 1];
+    int ll = fusedrope_cache_longrope_long(ct->cache);
+    double a = fusedrope_cache_attention_factor(ct->cache);
+    fusedrope_status st;
+    xst.getters++;
+    for (int i = 0; i <= ct->half; i++)
+        inv[i] = -777.0;
+    st = fusedrope_cache_inv_freq(ct->cache, inv);
+    CHECK(fusedrope_cache_attention_factor(NULL) == 0 && fusedrope_cache_longrope_long(NULL) == -1,
+          "attention_factor/longrope_long of a NULL cache");
+    CHECK(fusedrope_cache_inv_freq(ct->cache, NULL) == FUSEDROPE_ERR_INVALID &&
+              fusedrope_cache_inv_freq(NULL, inv + 1) == FUSEDROPE_ERR_INVALID,
+          "inv_freq with a NULL argument must be INVALID");
+    CHECK(inv[ct->half] == -777.0, "inv_freq wrote past rot_dim/2 doubles");
+    if (ct->type < 0) {
+        CHECK(st == FUSEDROPE_ERR_INVALID && inv[0] == -777.0,
+              "inv_freq of a user-table cache gave %d (must be INVALID, writing nothing)", st);
+        CHECK(a == 0 && ll == -1, "a user-table cache: attention_factor %g (0), longrope_long %d (-1)",
+              a, ll);
+        return;
+    }
+    CHECK(st == FUSEDROPE_OK, "inv_freq of a config cache gave %d", st);
+    for (int i = 0; i < ct->half; i++)
+        CHECK(inv[i] == ct->inv[i] || fabs(inv[i] - ct->inv[i]) <= 1e-9 * fabs(ct->inv[i]),
+              "inv_freq[%d] is %.17g, the reference %.17g", i, inv[i], ct->inv[i]);
+    CHECK(a == ct->attn || fabs(a - ct->attn) <= 1e-9 * fabs(ct->attn),
+          "attention_factor %.17g, the reference %.17g", a, ct->attn);
+    if (ct->type == FUSEDROPE_ROPE_LONGROPE) {
+        const fusedrope_cache_config *c = &ct->cfg;
+        int want = c->seq_len > 0 ? c->seq_len > c->original_max_positions
+                                  : c->max_positions > c->original_max_positions;
+        CHECK(ll == want, "longrope_long %d, expected %d (seq_len %lld, max_positions %lld, "
+              "original %lld)", ll, want, (long long)c->seq_len, (long long)c->max_positions,
+              (long long)c->original_max_positions);
+    } else {
+        CHECK(ll == -1, "longrope_long %d for rope type %d", ll, ct->type);
+    }
+}
+
 /* Builds the cache the input describes and checks the create call.  Returns
  * 1 with ct->cache set (a CPU cache), or 0 when there is none. */
 int make_cache(src_t *s, cache_t *ct, rng_t *r)
@@ -485,15 +609,20 @@ int make_cache(src_t *s, cache_t *ct, rng_t *r)
         note("create_from_table(%s, %s, positions %lld, rot_dim %d, device %d)\n",
              nullness % 16 == 1 ? "NULL" : "cos", nullness % 16 == 2 ? "NULL" : "sin",
              (long long)pos, rot, device);
+        /* the library gets copies, poisoned (NaN) right after the create: the
+         * man page says the table is copied */
+        float *lc = dup_mem(c, n * sizeof(float)), *ls = dup_mem(sn, n * sizeof(float));
         if (nullness % 16 == 3) {
-            st = fusedrope_cache_create_from_table(c, sn, pos, rot, (fusedrope_device)device, NULL);
+            st = fusedrope_cache_create_from_table(lc, ls, pos, rot, (fusedrope_device)device, NULL);
             CHECK(st == FUSEDROPE_ERR_INVALID, "create_from_table with out NULL gave %d", st);
             out = NULL;
         } else {
-            st = fusedrope_cache_create_from_table(nullness % 16 == 1 ? NULL : c,
-                                                   nullness % 16 == 2 ? NULL : sn, pos, rot,
+            st = fusedrope_cache_create_from_table(nullness % 16 == 1 ? NULL : lc,
+                                                   nullness % 16 == 2 ? NULL : ls, pos, rot,
                                                    (fusedrope_device)device, &out);
         }
+        poison_free(lc, n * sizeof(float));
+        poison_free(ls, n * sizeof(float));
         if (nullness % 16 == 1 || nullness % 16 == 2 || nullness % 16 == 3 || pos < 1 || !good ||
             device < 0 || device > 2)
             allowed = 1u << FUSEDROPE_ERR_INVALID;
@@ -510,6 +639,7 @@ int make_cache(src_t *s, cache_t *ct, rng_t *r)
         if (st != FUSEDROPE_OK) {
             CHECK(out == NULL, "failed create_from_table left *out = %p", (void *)out);
             CHECK(fusedrope_last_error()[0], "failed create_from_table left no error detail");
+            check_error_len("create_from_table");
             free(c);
             free(sn);
             return 0;
@@ -614,7 +744,19 @@ int make_cache(src_t *s, cache_t *ct, rng_t *r)
                  (int)cfg->axes, cfg->sections[0], cfg->sections[1], cfg->sections[2],
                  cfg->sections[3], (const void *)cfg->pair_axis, (const void *)cfg->pair_col,
                  cfg->partial_rotary_factor, cfg->freq_dim, device);
-            st = fusedrope_cache_create(cfg, (fusedrope_device)device, &out);
+            /* the arrays the man page says are copied at create: the
+             * library gets copies, poisoned right after */
+            fusedrope_cache_config lcfg = *cfg;
+            size_t nf = good_rot ? (size_t)rot / 2 : 1;
+            lcfg.short_factor = dup_mem(cfg->short_factor, nf * sizeof(double));
+            lcfg.long_factor = dup_mem(cfg->long_factor, nf * sizeof(double));
+            lcfg.pair_axis = dup_mem(cfg->pair_axis, nf);
+            lcfg.pair_col = dup_mem(cfg->pair_col, nf * sizeof(int));
+            st = fusedrope_cache_create(&lcfg, (fusedrope_device)device, &out);
+            poison_free((void *)lcfg.short_factor, nf * sizeof(double));
+            poison_free((void *)lcfg.long_factor, nf * sizeof(double));
+            poison_free((void *)lcfg.pair_axis, nf);
+            poison_free((void *)lcfg.pair_col, nf * sizeof(int));
         }
         if (verbose_mode)
             fprintf(stderr, "create: %d %s\n", st, fusedrope_last_error());
@@ -623,6 +765,7 @@ int make_cache(src_t *s, cache_t *ct, rng_t *r)
         if (st != FUSEDROPE_OK) {
             CHECK(out == NULL, "failed cache_create left *out = %p", (void *)out);
             CHECK(fusedrope_last_error()[0], "failed cache_create left no error detail");
+            check_error_len("cache_create");
             return 0;
         }
         CHECK(strcmp(before, fusedrope_last_error()) == 0, "successful create changed last_error");
@@ -649,10 +792,13 @@ int make_cache(src_t *s, cache_t *ct, rng_t *r)
         return 0;
     }
     CHECK(fusedrope_cache_check(ct->cache, NULL) == FUSEDROPE_OK, "cache_check on a CPU cache");
+    check_getters(ct);
     if (ct->max_positions == 0) {
-        float dummy[2];
+        float dummy[2] = { 12345.0f, -6789.0f };
         CHECK(fusedrope_cache_copy_table(ct->cache, dummy, dummy) == FUSEDROPE_ERR_INVALID,
               "copy_table of a table-less cache must be INVALID");
+        CHECK(dummy[0] == 12345.0f && dummy[1] == -6789.0f,
+              "a refused copy_table (table-less cache) wrote its arrays");
     } else if (ct->type >= 0) {
         size_t n = (size_t)ct->max_positions * (size_t)ct->half;
         int identity = 1;
@@ -661,10 +807,17 @@ int make_cache(src_t *s, cache_t *ct, rng_t *r)
         float *c = malloc(n * sizeof(float)), *sn = malloc(n * sizeof(float));
         if (!c || !sn)
             abort();
+        /* refused copies write nothing: poisoned arrays stay poisoned */
+        memset(c, 0xa5, n * sizeof(float));
+        memset(sn, 0x5a, n * sizeof(float));
         CHECK(fusedrope_cache_copy_table(ct->cache, NULL, sn) == FUSEDROPE_ERR_INVALID,
               "copy_table(cos NULL)");
+        CHECK(fusedrope_cache_copy_table(ct->cache, c, NULL) == FUSEDROPE_ERR_INVALID,
+              "copy_table(sin NULL)");
         CHECK(fusedrope_cache_copy_table(NULL, c, sn) == FUSEDROPE_ERR_INVALID,
               "copy_table(cache NULL)");
+        CHECK(all_bytes(c, n * sizeof(float), 0xa5) && all_bytes(sn, n * sizeof(float), 0x5a),
+              "a refused copy_table wrote its arrays");
         CHECK(fusedrope_cache_copy_table(ct->cache, c, sn) == FUSEDROPE_OK, "copy_table failed");
         if (!table_all_finite(c, sn, n))
             CHECK(known_issue(KI_NONFINITE_TABLE),
@@ -1041,6 +1194,15 @@ int shares(const buf_t *bufs, const tspec *a, unsigned ba, const tspec *b, unsig
     return 0;
 }
 
+/* Whether two mapped views' byte ranges [off, off + ext) in one buffer
+ * meet: the library proves views apart by their ranges first, and only
+ * views whose ranges meet can get its conservative "may overlap". */
+static int ranges_meet(const tspec *a, const tspec *b)
+{
+    return a->buf == b->buf && (i128)a->off < (i128)b->off + b->ext &&
+           (i128)b->off < (i128)a->off + a->ext;
+}
+
 int same_view(const tspec *x, const tspec *y)
 {
     /* strides of dimensions of size 1 do not count (the sizes are equal here) */
@@ -1266,9 +1428,16 @@ void fz_setup(src_t *s, cache_t *ct, rng_t *r, int null_cache, int qk, fz_call *
 
     /* ---- positions */
     if (fc->forced) {
-        if (fc->ts[0].t.batch >= 0 && fc->ts[0].t.batch <= FZ_MAX_ARRAY && (u8(s) & 3)) {
+        /* a position below 0 fails on every cache but a table-less one with
+         * axes, which accepts negative positions: there a bad style (the
+         * byte is read as before, so older inputs decode the same) */
+        int neg_ok = !fc->null_cache && ct->max_positions == 0 && ct->has_axes;
+        if (fc->ts[0].t.batch >= 0 && fc->ts[0].t.batch <= FZ_MAX_ARRAY && (u8(s) & 3) &&
+            !neg_ok) {
             int64_t n = fc->ts[0].t.batch;
             fc->ps.given = 1;
+            fusedrope_positions_init(&fc->ps.p);
+            fc->forced_how = 1;
             fc->ps.offsets = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
             if (!fc->ps.offsets)
                 abort();
@@ -1280,6 +1449,7 @@ void fz_setup(src_t *s, cache_t *ct, rng_t *r, int null_cache, int qk, fz_call *
             note("forced failure: offsets INT64_MIN\n");
         } else {
             fc->style = 77;
+            fc->forced_how = 2;
             note("forced failure: style 77\n");
         }
     } else {
@@ -1419,30 +1589,26 @@ void fz_setup(src_t *s, cache_t *ct, rng_t *r, int null_cache, int qk, fz_call *
                     fc->v.soft |= 1u << FUSEDROPE_ERR_INVALID;
                 else if (shares(fc->bufs, y, 1u << (2 * k + 1), x, 1u << (2 * j)))
                     reason(&fc->v, FUSEDROPE_ERR_INVALID, 1, "out %d overlaps in %d", k, j);
+                else if (ranges_meet(x, y))
+                    fc->v.pair_ok = 1;
             }
         }
-        if (fc->count == 2 && mapped[1] && mapped[3] && shares(fc->bufs, &fc->ts[1], 2, &fc->ts[3], 8))
-            reason(&fc->v, FUSEDROPE_ERR_INVALID, 1, "outputs overlap");
-        /* The library proves disjointness with a lattice test that is exact
-         * for standard and padded layouts and for q/k side by side in one
-         * buffer, and may refuse ("overlap") byte-disjoint views beyond that:
-         * outputs with arbitrary strides, or views whose address ranges
-         * interleave.  Tolerated (and counted) rather than reported. */
-        for (int k = 0; k < fc->count; k++) {
-            const tspec *y = &fc->ts[2 * k + 1];
-            if (!mapped[2 * k + 1])
-                continue;
-            if (y->arbitrary)
-                fc->v.conservative_ok = 1;
-            for (int j = 0; j < 2 * fc->count; j++) {
-                const tspec *o = &fc->ts[j];
-                if (j == 2 * k + 1 || !mapped[j] || o->buf != y->buf ||
-                    (j == 2 * k && same_view(o, y)))
-                    continue;
-                if (o->off < y->off + (size_t)y->ext && y->off < o->off + (size_t)o->ext)
-                    fc->v.conservative_ok = 1;
-            }
+        if (fc->count == 2 && mapped[1] && mapped[3]) {
+            if (shares(fc->bufs, &fc->ts[1], 2, &fc->ts[3], 8))
+                reason(&fc->v, FUSEDROPE_ERR_INVALID, 1, "outputs overlap");
+            else if (ranges_meet(&fc->ts[1], &fc->ts[3]))
+                fc->v.pair_ok = 1;
         }
+        /* The library's self-overlap test of an output is conservative by
+         * design (fusedrope_forward(3): taken smallest stride first, each
+         * must clear what the smaller ones span), which every standard,
+         * padded or packed layout passes: an output with arbitrary strides
+         * whose elements the byte map above found disjoint may be refused
+         * with that sentence (fz_verdict matches it to the output's strides).
+         * Any other refusal of views the map finds disjoint is a finding. */
+        for (int k = 0; k < fc->count; k++)
+            if (mapped[2 * k + 1] && fc->ts[2 * k + 1].arbitrary)
+                fc->v.conservative_ok |= 1 << k;
     }
 
     /* position arrays that share bytes with an output's elements */
@@ -1537,6 +1703,7 @@ void fz_setup(src_t *s, cache_t *ct, rng_t *r, int null_cache, int qk, fz_call *
         }
     }
     if (fc->forced) {
+        fc->forced_other = fc->v.must_fail;
         fc->v.must_fail = 1;
         fc->v.hard |= (1u << FUSEDROPE_ERR_RANGE) | (1u << FUSEDROPE_ERR_INVALID);
     }
@@ -1572,9 +1739,71 @@ void fz_model_done(fz_call *fc, const char *name)
 
 void fz_snapshot(fz_call *fc)
 {
+    const void *arr[3] = { fc->ps.p.ids, fc->ps.p.offsets, fc->ps.p.cu_seqlens };
+    const size_t bytes[3] = { (size_t)fc->ps.n_ids * 8, (size_t)fc->ps.n_offsets * 8,
+                              (size_t)fc->ps.n_cu * 4 };
     for (int i = 0; i < fc->nbuf; i++)
         memcpy(fc->bufs[i].snap, fc->bufs[i].p, fc->bufs[i].size);
+    /* the own position arrays (those inside a tensor buffer are in its snapshot) */
+    for (int a = 0; a < 3; a++) {
+        free(fc->pos_copy[a]);
+        fc->pos_copy[a] = NULL;
+        if (fc->ps.given && arr[a] && !fc->ps.in_buf[a])
+            fc->pos_copy[a] = dup_mem(arr[a], bytes[a]);
+    }
     snprintf(fc->before, sizeof fc->before, "%s", fusedrope_last_error());
+}
+
+/* Whether the refusal is the library's conservative self-overlap sentence
+ * for an output fz_setup found disjoint (conservative_ok bit k for output
+ * k), with that output's strides as the library sees them (a dimension of
+ * size 1 has stride 0). */
+static int self_overlap_refusal(const fz_call *fc)
+{
+    const char *e = fusedrope_last_error();
+    size_t el = strlen(e);
+    for (int k = 0; k < fc->count; k++) {
+        const fusedrope_tensor *t = &fc->ts[2 * k + 1].t;
+        char want[400];
+        size_t wl;
+        if (!(fc->v.conservative_ok & (1 << k)))
+            continue;
+        snprintf(want, sizeof want,
+                 "'s elements may overlap each other (strides seq %lld, batch %lld, head %lld "
+                 "with head_dim %lld: taken smallest first, each stride of a dimension of more "
+                 "than one element must clear what the smaller ones span); the elements of an "
+                 "output must not share memory",
+                 (long long)(t->seq_len == 1 ? 0 : t->stride_seq),
+                 (long long)(t->batch == 1 ? 0 : t->stride_batch),
+                 (long long)(t->heads == 1 ? 0 : t->stride_head), (long long)t->head_dim);
+        wl = strlen(want);
+        if (el > wl && strcmp(e + el - wl, want) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether the refusal is the library's conservative sentence for two views
+ * (an output and an input, or the two outputs: lib/apply.c, fusedrope_forward(3)
+ * "In place") where fz_setup found such a pair sharing no element. */
+static int pair_overlap_refusal(const fz_call *fc)
+{
+    static const char *const tails[2] = {
+        " (not provably apart: the test is conservative, fusedrope_forward(3)); an output must "
+        "be the same view as its input (in place) or share no memory with any input",
+        " (not provably apart: the test is conservative, fusedrope_forward(3)); the two outputs "
+        "must not share memory",
+    };
+    const char *e = fusedrope_last_error();
+    size_t el = strlen(e);
+    if (!fc->v.pair_ok || (!strstr(e, " may overlap ") && !strstr(e, " may partially overlap ")))
+        return 0;
+    for (int i = 0; i < 2; i++) {
+        size_t tl = strlen(tails[i]);
+        if (el > tl && strcmp(e + el - tl, tails[i]) == 0)
+            return 1;
+    }
+    return 0;
 }
 
 void fz_verdict(fz_call *fc, fusedrope_status st)
@@ -1583,15 +1812,37 @@ void fz_verdict(fz_call *fc, fusedrope_status st)
         fprintf(stderr, "call: %d %s | model 0x%x %s\n", st, fusedrope_last_error(),
                 fc->v.allowed, fc->v.why);
     if (!(fc->v.allowed & (1u << st))) {
-        int tolerated = st == FUSEDROPE_ERR_INVALID && fc->v.conservative_ok &&
-                        strstr(fusedrope_last_error(), "overlap") != NULL;
+        int tolerated = st == FUSEDROPE_ERR_INVALID &&
+                        (self_overlap_refusal(fc) || pair_overlap_refusal(fc));
         CHECK(tolerated, "call returned %d (%s) but the model allows 0x%x (%s)", st,
               fusedrope_status_string(st), fc->v.allowed, fc->v.why[0] ? fc->v.why : "no rule broken");
         conservative_refusals++;
     }
+    if (st != FUSEDROPE_OK && fc->forced && !fc->forced_other && !fc->v.why[0] && !fc->v.soft) {
+        /* nothing else broken (no reason given, here or by the target's own
+         * rules, e.g. the norm's): refused for the forcing (a negative position,
+         * the bad style) or for an overlap (or an output on its input's
+         * pointer with other strides), which the model does not judge for a
+         * tensor past its buffer (its extent reaches other memory) */
+        const char *e = fusedrope_last_error();
+        int overlap = st == FUSEDROPE_ERR_INVALID &&
+                      (strstr(e, "overlap") || strstr(e, "same data pointer"));
+        if (fc->forced_how == 1)
+            CHECK(overlap || (st == FUSEDROPE_ERR_RANGE && strstr(e, "position")),
+                  "forced failure (offsets INT64_MIN) refused with %d for another reason", st);
+        else
+            CHECK(overlap || (st == FUSEDROPE_ERR_INVALID && strstr(e, "style")),
+                  "forced failure (style 77) refused with %d for another reason", st);
+    }
+    if (st != FUSEDROPE_OK && fc->expect) {
+        /* (set by fz_ext_call when its rule was the only one broken) */
+        CHECK(strstr(fusedrope_last_error(), fc->expect) != NULL,
+              "the call broke only the rule about %s but was refused with %d for another reason",
+              fc->expect, st);
+    }
     if (st != FUSEDROPE_OK) {
         CHECK(fusedrope_last_error()[0] != 0, "a failed call left fusedrope_last_error() empty");
-        CHECK(strlen(fusedrope_last_error()) < 512, "error detail too long");
+        check_error_len("the call");
         for (int i = 0; i < fc->nbuf; i++)
             CHECK(memcmp(fc->bufs[i].p, fc->bufs[i].snap, fc->bufs[i].size) == 0,
                   "a failed call changed buffer %d", i);
@@ -1611,6 +1862,9 @@ void fz_verdict(fz_call *fc, fusedrope_status st)
 
 void fz_call_free(fz_call *fc)
 {
+    for (int a = 0; a < 3; a++)
+        free(fc->pos_copy[a]);
+    free(fc->rs_mem);
     free(fc->tokpos);
     free_pspec(&fc->ps);
     for (int i = 0; i < fc->nbuf; i++) {
@@ -1618,6 +1872,333 @@ void fz_call_free(fz_call *fc)
         free(fc->bufs[i].snap);
         free(fc->bufs[i].map);
     }
+}
+
+/* ------------------------------------------------------------ extensions */
+
+const fusedrope_positions *fz_pos(fz_call *fc)
+{
+    if (!fc->ps.given)
+        return NULL;
+    return fc->size_kind ? (const fusedrope_positions *)(const void *)fc->pos_big : &fc->ps.p;
+}
+
+/* Where the 0.1 layout of fusedrope_positions ends (STABILITY in fusedrope(3):
+ * a published layout; the 0.2 fields take their zero defaults). */
+#define POS_V01_SIZE (offsetof(fusedrope_positions, cp_rank) + sizeof(int))
+
+void fz_ext_call(src_t *s, const cache_t *ct, fz_call *fc)
+{
+    unsigned rb = u8(s), sb = u8(s), ib = u8(s);
+    /* a refusal must name the rule when it is the only one broken */
+    int clean = !fc->v.must_fail && !fc->v.soft && !fc->v.conservative_ok && !fc->v.pair_ok &&
+                fc->any_nonempty;
+    int hard = fc->any_nonempty, rules = 0;
+    const char *word = NULL;
+    fusedrope_positions *p = &fc->ps.p;
+
+    if (fc->forced || fc->null_cache || !(rb % 8 || sb % 8 || ib % 8))
+        return;
+    if (!fc->ps.given) { /* the same as NULL */
+        fc->ps.given = 1;
+        fusedrope_positions_init(p);
+    }
+#define RULE(w, ...)                                                \
+    do {                                                            \
+        reason(&fc->v, FUSEDROPE_ERR_INVALID, hard, __VA_ARGS__);   \
+        rules++;                                                    \
+        word = w;                                                   \
+    } while (0)
+
+    /* ids_axes and ids_axis_stride without ids (fusedrope_forward(3)) */
+    if (ib % 8 && !p->ids) {
+        int naxes = ct->has_axes ? ct->naxes : 1;
+        xst.idsx++;
+        switch (ib % 8) {
+        case 1: p->ids_axes = naxes; break;
+        case 2: p->ids_axes = 2 + (int)((ib >> 3) % 4); break;
+        case 3: p->ids_axes = -1 - (int)((ib >> 3) % 2); break;
+        case 4: p->ids_axes = FUSEDROPE_MAX_AXES + 1 + (int)(ib >> 3); break;
+        case 5: p->ids_axis_stride = -1 - (int64_t)(ib >> 3); break;
+        case 6: p->ids_axis_stride = 1 + (int64_t)(ib >> 3); break; /* ignored: one row */
+        default: p->ids_axes = 1; break;
+        }
+        if (p->ids_axes > 1 || p->ids_axes < 0)
+            RULE("ids_axes", "ids_axes %d without ids", p->ids_axes);
+        else if (p->ids_axis_stride < 0)
+            RULE("ids_axis_stride", "ids_axis_stride %lld", (long long)p->ids_axis_stride);
+        note("  ext: ids_axes %d ids_axis_stride %lld without ids\n", p->ids_axes,
+             (long long)p->ids_axis_stride);
+    }
+
+    /* range_status on a CPU cache: never written; aligned, outside the
+     * tensors and the position arrays */
+    if (rb % 8) {
+        static const int kinds[8] = { 0, 1, 2, 3, 4, 5, 1, 1 };
+        int kind = kinds[rb % 8];
+        unsigned char *at = NULL;
+        if (kind == 3 || kind == 4) { /* the first element of a non-empty input / output */
+            for (int k = kind - 3; k < 2 * fc->count && !at; k += 2)
+                if (mappable(&fc->ts[k]))
+                    at = (unsigned char *)fc->ts[k].t.data;
+        } else if (kind == 5) { /* the start of a position array the library counts */
+            int64_t S0 = fc->ts[0].t.seq_len, B0 = fc->ts[0].t.batch;
+            if (p->ids && S0 > 0 && B0 > 0 && fc->ps.n_ids > 0)
+                at = (unsigned char *)(uintptr_t)p->ids;
+            else if (p->offsets && fc->ps.n_offsets > 0 &&
+                     (p->cu_seqlens ? p->num_seqs : B0) >= 1)
+                at = (unsigned char *)(uintptr_t)p->offsets;
+            else if (p->cu_seqlens && p->num_seqs >= 0 && fc->ps.n_cu > 0)
+                at = (unsigned char *)(uintptr_t)p->cu_seqlens;
+        }
+        if (kind >= 3 && !at)
+            kind = 1;
+        xst.rs[kind]++;
+        if (kind <= 2) {
+            fc->rs_mem = malloc(16);
+            if (!fc->rs_mem)
+                abort();
+            memset(fc->rs_mem, rb & 8 ? 0 : 0x5a, 16);
+            at = fc->rs_mem + (kind == 2 ? 1 + (rb >> 4) % 3 : 4 * ((rb >> 4) % 3));
+            fc->rs_word = (int32_t *)(void *)(fc->rs_mem + 4 * ((rb >> 4) % 3));
+            if (kind == 1)
+                fc->rs_kind = 1;
+        }
+        p->range_status = (int32_t *)(void *)at;
+        if (kind >= 2)
+            RULE("range_status", "range_status kind %d (%p)", kind, (void *)at);
+        note("  ext: range_status kind %d at %p\n", kind, (void *)at);
+    }
+
+    /* struct_size (STABILITY in fusedrope(3)) */
+    if (sb % 8 && sb % 8 < 6) {
+        int kind = (int)(sb % 8);
+        size_t size = sizeof *p;
+        unsigned char *big = fc->pos_big;
+        if (kind == 2 && !(p->ids_axes <= 1 && p->ids_axes >= 0 && p->ids_axis_stride == 0 &&
+                           !p->range_status))
+            kind = 3; /* the 0.2 fields in use: the old layout would change the call */
+        xst.sizes[kind]++;
+        memset(big, 0, sizeof fc->pos_big);
+        memcpy(big, p, sizeof *p);
+        switch (kind) {
+        case 1: size = 0; break;
+        case 2: /* 0.1: the library must not read past it */
+            size = POS_V01_SIZE;
+            memset(big + size, 0xff, sizeof fc->pos_big - size);
+            break;
+        case 3: size = sizeof *p + 8; break;
+        case 4:
+            size = sizeof *p + 8;
+            big[sizeof *p + (sb >> 3) % 8] = (unsigned char)(1 + (sb >> 6));
+            break;
+        default: size = (sb >> 3) & 1 ? 12 : sizeof *p - 4; break;
+        }
+        memcpy(big, &size, sizeof size);
+        fc->size_kind = kind;
+        if (kind == 1 || kind >= 4)
+            RULE("struct_size", "pos->struct_size %zu (kind %d)", size, kind);
+        note("  ext: pos struct_size %zu (kind %d)\n", size, kind);
+    }
+#undef RULE
+    if (clean && rules == 1)
+        fc->expect = word;
+}
+
+void fz_after_call(fz_call *fc, fusedrope_status st)
+{
+    const void *arr[3] = { fc->ps.p.ids, fc->ps.p.offsets, fc->ps.p.cu_seqlens };
+    const size_t bytes[3] = { (size_t)fc->ps.n_ids * 8, (size_t)fc->ps.n_offsets * 8,
+                              (size_t)fc->ps.n_cu * 4 };
+    if (fc->rs_kind == 1) {
+        int32_t w;
+        memcpy(&w, fc->rs_word, 4);
+        CHECK(w == (fc->rs_mem[0] == 0 ? 0 : 0x5a5a5a5a),
+              "a call on a CPU cache (status %d) wrote pos->range_status (now %d)", st, (int)w);
+    }
+    for (int a = 0; a < 3; a++)
+        if (fc->pos_copy[a])
+            CHECK(memcmp(fc->pos_copy[a], arr[a], bytes[a]) == 0,
+                  "a call (status %d) changed position array %d", st, a);
+}
+
+/* The CPU backend's SIMD switches (tests/test_cpu_rows.c; internal, so
+ * weak: absent where the library has no AVX2 code). */
+extern int fusedrope__avx2_off __attribute__((weak));
+extern int fusedrope__avx512_off __attribute__((weak));
+
+void fz_simd_off(int off)
+{
+    /* fr_avx2_off turns the AVX-512 paths off too: the portable path */
+    if (&fusedrope__avx2_off)
+        __atomic_store_n(&fusedrope__avx2_off, off, __ATOMIC_RELAXED);
+    if (&fusedrope__avx512_off)
+        __atomic_store_n(&fusedrope__avx512_off, 0, __ATOMIC_RELAXED);
+}
+
+unsigned char **fz_rerun_begin(fz_call *fc)
+{
+    unsigned char **first = calloc(MAXBUF, sizeof *first);
+    if (!first)
+        abort();
+    for (int i = 0; i < fc->nbuf; i++) {
+        first[i] = dup_mem(fc->bufs[i].p, fc->bufs[i].size);
+        memcpy(fc->bufs[i].p, fc->bufs[i].snap, fc->bufs[i].size);
+    }
+    return first;
+}
+
+void fz_rerun_end(fz_call *fc, unsigned char **first, fusedrope_status st)
+{
+    xst.reruns++;
+    CHECK(st == FUSEDROPE_OK, "the call was accepted, but refused (%d) on the portable path", st);
+    for (int i = 0; i < fc->nbuf; i++) {
+        const buf_t *bf = &fc->bufs[i];
+        xst.rerun_bytes += bf->size;
+        if (memcmp(first[i], bf->p, bf->size) == 0) {
+            free(first[i]);
+            continue;
+        }
+        for (size_t j = 0; j < bf->size; j++) {
+            int k, nan1, nan2;
+            size_t e0;
+            if (first[i][j] == bf->p[j])
+                continue;
+            /* an output element (the rest is checked unchanged by fz_verdict):
+             * both runs must give NaN there */
+            for (k = 1; k < 2 * fc->count; k += 2)
+                if ((bf->map[j] & (1u << k)) && fc->ts[k].buf == i)
+                    break;
+            CHECK(k < 2 * fc->count, "buffer %d byte %zu differs between the SIMD and the "
+                  "portable run, outside every output", i, j);
+            e0 = fc->ts[k].off + (j - fc->ts[k].off) / fc->es * fc->es;
+            nan1 = isnan(load(first[i] + e0, fc->dt));
+            nan2 = isnan(load(bf->p + e0, fc->dt));
+            CHECK(nan1 && nan2, "buffer %d element at byte %zu: %.9g with the SIMD path, %.9g "
+                  "on the portable path (output %d)", i, e0, load(first[i] + e0, fc->dt),
+                  load(bf->p + e0, fc->dt), k);
+        }
+        free(first[i]);
+    }
+    free(first);
+}
+
+/* After the input's calls (bytes the old decoder never read): the same
+ * config again with another num_threads, struct_size, or freq_dim and
+ * partial_rotary_factor; the status the man pages give, and where accepted
+ * the same table and inverse frequencies. */
+static void fz_ext_cache(src_t *s, const cache_t *ct)
+{
+    unsigned e = u8(s), kind = e % 4;
+    static const int threads[7] = { 0, 1, 2, 3, 64, -1, INT_MAX };
+    union { fusedrope_cache_config c; unsigned char b[sizeof(fusedrope_cache_config) + 16]; } u;
+    fusedrope_cache_config z;
+    fusedrope_cache *c2 = NULL;
+    fusedrope_status st;
+    unsigned allowed;
+    const char *word = NULL;
+    int same = 0; /* the same table, bit for bit */
+    size_t size = sizeof u.c;
+    char what[96];
+
+    if (!kind || ct->type < 0)
+        return;
+    memset(&u, 0, sizeof u);
+    u.c = ct->cfg;
+    z = ct->cfg;
+    if (kind == 1) {
+        u.c.num_threads = threads[(e >> 2) % 7];
+        z.num_threads = u.c.num_threads;
+        allowed = u.c.num_threads < 0 ? 1u << FUSEDROPE_ERR_INVALID : 1u << FUSEDROPE_OK;
+        word = "num_threads";
+        same = 1;
+        snprintf(what, sizeof what, "num_threads %d", u.c.num_threads);
+    } else if (kind == 2) {
+        unsigned k = (e >> 2) % 5;
+        size_t v01 = offsetof(fusedrope_cache_config, long_factor) + sizeof(const double *);
+        word = "struct_size";
+        allowed = 1u << FUSEDROPE_ERR_INVALID;
+        if (k == 0) {
+            size = 0;
+        } else if (k == 1) { /* 0.1: the 0.2 fields read as zero, and never past it */
+            size = v01;
+            memset(u.b + v01, 0xff, sizeof u.b - v01);
+            memset((unsigned char *)&z + v01, 0, sizeof z - v01);
+            z.axes = FUSEDROPE_AXES_NONE;
+            allowed = config_allowed(&z, FUSEDROPE_DEVICE_CPU, 1, 1);
+            same = memcmp(&z, &ct->cfg, sizeof z) == 0; /* the 0.2 fields were unset */
+        } else if (k == 2) {
+            size = sizeof u.c + 8;
+            allowed = 1u << FUSEDROPE_OK;
+            same = 1;
+        } else if (k == 3) {
+            size = sizeof u.c + 8;
+            u.b[sizeof u.c + (e >> 5) % 8] = 1;
+        } else {
+            size = sizeof u.c - 4;
+        }
+        snprintf(what, sizeof what, "config struct_size %zu", size);
+    } else {
+        static const int fd[8] = { -1, 1, 3, 16384, 16385, INT_MAX, INT_MIN, 2 };
+        unsigned b = u8(s);
+        u.c.freq_dim = b < 200 ? fd[b % 8] : any_int(s);
+        u.c.partial_rotary_factor = any_double(s, u.c.partial_rotary_factor);
+        z = u.c;
+        allowed = config_allowed(&z, FUSEDROPE_DEVICE_CPU, 1, 1);
+        snprintf(what, sizeof what, "freq_dim %d partial_rotary_factor %g", u.c.freq_dim,
+                 u.c.partial_rotary_factor);
+    }
+    u.c.struct_size = size;
+    if (kind == 2 && size < sizeof u.c.struct_size)
+        memset(&u.c.struct_size, 0, sizeof u.c.struct_size);
+    xst.cache_ext[kind - 1]++;
+    note("cache again: %s\n", what);
+    st = fusedrope_cache_create(&u.c, FUSEDROPE_DEVICE_CPU, &c2);
+    CHECK(allowed & (1u << st), "cache_create with %s returned %d (%s); allowed 0x%x", what, st,
+          fusedrope_status_string(st), allowed);
+    if (st != FUSEDROPE_OK) {
+        CHECK(c2 == NULL, "a failed cache_create left *out set");
+        check_error_len("cache_create");
+        if (word && allowed == 1u << FUSEDROPE_ERR_INVALID && kind != 3 &&
+            !(kind == 2 && (e >> 2) % 5 == 1))
+            CHECK(strstr(fusedrope_last_error(), word) != NULL,
+                  "cache_create with %s refused for another reason", what);
+        return;
+    }
+    if (same) {
+        double i1[FUSEDROPE_MAX_ROT_DIM / 2], i2[FUSEDROPE_MAX_ROT_DIM / 2];
+        CHECK(fusedrope_cache_inv_freq(ct->cache, i1) == FUSEDROPE_OK &&
+                  fusedrope_cache_inv_freq(c2, i2) == FUSEDROPE_OK &&
+                  memcmp(i1, i2, sizeof(double) * (size_t)ct->half) == 0 &&
+                  fusedrope_cache_attention_factor(ct->cache) ==
+                      fusedrope_cache_attention_factor(c2),
+              "cache_create with %s: other inverse frequencies or attention factor", what);
+        if (ct->max_positions > 0) {
+            size_t n = (size_t)ct->max_positions * (size_t)ct->half;
+            float *a = malloc(n * 4), *b = malloc(n * 4), *a2 = malloc(n * 4), *b2 = malloc(n * 4);
+            if (!a || !b || !a2 || !b2)
+                abort();
+            CHECK(fusedrope_cache_copy_table(ct->cache, a, b) == FUSEDROPE_OK &&
+                      fusedrope_cache_copy_table(c2, a2, b2) == FUSEDROPE_OK,
+                  "copy_table");
+            CHECK(memcmp(a, a2, n * 4) == 0 && memcmp(b, b2, n * 4) == 0,
+                  "cache_create with %s built another table", what);
+            free(a);
+            free(b);
+            free(a2);
+            free(b2);
+        }
+    } else if (kind == 3) {
+        /* the getters against the reference for the new fields */
+        double inv[FUSEDROPE_MAX_ROT_DIM / 2], ref[FUSEDROPE_MAX_ROT_DIM / 2], attn;
+        CHECK(ref_inv_freq(&z, ref, &attn) == 0, "no reference for an accepted config");
+        CHECK(fusedrope_cache_inv_freq(c2, inv) == FUSEDROPE_OK, "inv_freq");
+        for (int i = 0; i < ct->half; i++)
+            CHECK(inv[i] == ref[i] || fabs(inv[i] - ref[i]) <= 1e-9 * fabs(ref[i]),
+                  "cache with %s: inv_freq[%d] %.17g, the reference %.17g", what, i, inv[i],
+                  ref[i]);
+    }
+    fusedrope_cache_destroy(c2);
 }
 
 /* ---------------------------------------------------------- small things */
@@ -1655,13 +2236,18 @@ int fz_input(const uint8_t *data, size_t size, fz_run_fn run)
     have = make_cache(&s, &ct, &r);
     if (have) {
         unsigned calls = 1 + u8(&s) % 2;
-        for (unsigned i = 0; i < calls; i++)
+        for (unsigned i = 0; i < calls; i++) {
+            fz_last_call = i + 1 == calls;
             run(&s, &ct, &r, 0);
+        }
+        fz_last_call = 0;
+        fz_ext_cache(&s, &ct);
     } else if (u8(&s) & 1) {
         cache_t dummy;
         memset(&dummy, 0, sizeof dummy);
         dummy.rot_dim = 2;
         dummy.half = 1;
+        fz_last_call = 0;
         run(&s, &dummy, &r, 1);
     }
     if (verbose_mode)

@@ -33,6 +33,7 @@ typedef __int128 i128;
 extern const char *fz_name;                /* the target's name, for its reports */
 extern int strict_mode, verbose_mode;
 extern unsigned long conservative_refusals; /* disjoint views refused as overlapping */
+extern int fz_last_call;                   /* the run is the input's last call (fz_ext_call) */
 extern char trace[4096];
 extern size_t trace_len;
 
@@ -172,7 +173,10 @@ typedef struct {
     unsigned allowed;    /* statuses the model allows (computed last) */
     unsigned hard, soft; /* statuses of broken rules; of rules the library may or may not apply */
     int must_fail;
-    int conservative_ok; /* an "overlap" refusal of disjoint views is tolerated */
+    int conservative_ok; /* bit k: output k's documented conservative self-overlap refusal is tolerated */
+    int pair_ok;         /* two views (an output and an input, or the outputs) whose byte ranges
+                          * meet without a shared element: the library's conservative
+                          * "may overlap" refusal is tolerated */
     char why[512];
 } verdict;
 
@@ -199,6 +203,17 @@ typedef struct {
     void *stream;
     i128 *tokpos;
     int forced, any_nonempty, all_valid, pos_struct_ok, naxes;
+    int forced_how;        /* 1 offsets INT64_MIN, 2 style 77 */
+    int forced_other;      /* the model had a hard reason besides the forcing */
+    /* fz_ext_call: inputs the plain decoding never makes (bytes after the
+     * last call's decode, each 0 = as before) */
+    int rs_kind;           /* range_status: 0 NULL, 1 own word, 2 misaligned, 3..5 inside */
+    int32_t *rs_word;      /* the own word (sentinel, never written by a CPU call) */
+    unsigned char *rs_mem; /* its memory */
+    int size_kind;         /* pos struct_size: 0 sizeof, else what fz_ext_call chose */
+    const char *expect;    /* the single new rule broken: a word its refusal must name */
+    unsigned char pos_big[sizeof(fusedrope_positions) + 16]; /* pos with another struct_size */
+    int64_t *pos_copy[3];  /* the own position arrays before the call */
     unsigned written_mask; /* map bits a successful call may write (0xa: the outputs) */
     char before[600];      /* fusedrope_last_error() before the call */
 } fz_call;
@@ -214,6 +229,21 @@ void fz_snapshot(fz_call *fc);
  * accepted one no byte outside fc->written_mask nor last_error. */
 void fz_verdict(fz_call *fc, fusedrope_status st);
 void fz_call_free(fz_call *fc);
+
+/* The positions the call passes: NULL, &fc->ps.p or fc->pos_big. */
+const fusedrope_positions *fz_pos(fz_call *fc);
+/* After fz_setup, for the input's last call: reads the extension bytes (0 or
+ * past the end: nothing) and adds their rules to the model. */
+void fz_ext_call(src_t *s, const cache_t *ct, fz_call *fc);
+/* After the call, whatever its status: range_status and the own position
+ * arrays unchanged. */
+void fz_after_call(fz_call *fc, fusedrope_status st);
+/* Before and after a re-run of an accepted call with the CPU's SIMD paths off:
+ * fz_rerun_begin restores the inputs and keeps the first results,
+ * fz_rerun_end compares (same bytes; NaN stays NaN) and frees them. */
+unsigned char **fz_rerun_begin(fz_call *fc);
+void fz_rerun_end(fz_call *fc, unsigned char **first, fusedrope_status st);
+void fz_simd_off(int off);
 
 /* Status strings, version and NULL getters. */
 void misc(src_t *s);

@@ -145,6 +145,25 @@ static void check_values(const cache_t *ct, const buf_t *bufs, const tspec *x, c
     }
 }
 
+static fusedrope_status do_call(unsigned api, const fusedrope_cache *c, fz_call *fc)
+{
+    const fusedrope_positions *pp = fz_pos(fc);
+    const fusedrope_style style = (fusedrope_style)fc->style;
+    const fusedrope_tensor *d[4];
+    for (int k = 0; k < 4; k++)
+        d[k] = k < 2 * fc->count && fc->ts[k].present ? &fc->ts[k].t : NULL;
+    switch (api) {
+    case API_FWD:
+        return fusedrope_forward(c, style, pp, d[0], d[1], fc->stream);
+    case API_BWD:
+        return fusedrope_backward(c, style, pp, d[0], d[1], fc->stream);
+    case API_FWD_QK:
+        return fusedrope_forward_qk(c, style, pp, d[0], d[1], d[2], d[3], fc->stream);
+    default:
+        return fusedrope_backward_qk(c, style, pp, d[0], d[1], d[2], d[3], fc->stream);
+    }
+}
+
 static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
 {
     unsigned api = u8(s) % 4;
@@ -154,36 +173,18 @@ static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
     fusedrope_status st;
 
     fz_setup(s, ct, r, null_cache, qk, fc);
+    if (fz_last_call)
+        fz_ext_call(s, ct, fc);
     fz_model_done(fc, api == API_FWD ? "forward" : api == API_BWD ? "backward"
                       : api == API_FWD_QK ? "forward_qk" : "backward_qk");
 
     /* ---- the call */
     fz_snapshot(fc);
-    {
-        const fusedrope_cache *c = null_cache ? NULL : ct->cache;
-        const fusedrope_positions *pp = fc->ps.given ? &fc->ps.p : NULL;
-        const fusedrope_style style = (fusedrope_style)fc->style;
-        const fusedrope_tensor *d[4];
-        for (int k = 0; k < 4; k++)
-            d[k] = k < 2 * fc->count && fc->ts[k].present ? &fc->ts[k].t : NULL;
-        switch (api) {
-        case API_FWD:
-            st = fusedrope_forward(c, style, pp, d[0], d[1], fc->stream);
-            break;
-        case API_BWD:
-            st = fusedrope_backward(c, style, pp, d[0], d[1], fc->stream);
-            break;
-        case API_FWD_QK:
-            st = fusedrope_forward_qk(c, style, pp, d[0], d[1], d[2], d[3], fc->stream);
-            break;
-        default:
-            st = fusedrope_backward_qk(c, style, pp, d[0], d[1], d[2], d[3], fc->stream);
-            break;
-        }
-    }
+    st = do_call(api, null_cache ? NULL : ct->cache, fc);
 
     /* ---- verdict */
     fz_verdict(fc, st);
+    fz_after_call(fc, st);
     if (st == FUSEDROPE_OK && fc->tokpos && !null_cache) {
         const tspec *ts = fc->ts;
         for (int k = 0; k < fc->count; k++)
@@ -191,6 +192,15 @@ static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
                 check_values(ct, fc->bufs, &ts[2 * k], &ts[2 * k + 1], k ? "k" : "q", sgn,
                              fc->style == FUSEDROPE_INTERLEAVED, fc->tokpos, ts[0].t.seq_len,
                              ts[0].t.seq_len * ts[0].t.batch);
+    }
+    if (st == FUSEDROPE_OK && !null_cache) {
+        /* again on the portable path, from the same inputs: the same bytes
+         * (a NaN may change its payload) */
+        unsigned char **first = fz_rerun_begin(fc);
+        fz_simd_off(1);
+        st = do_call(api, ct->cache, fc);
+        fz_simd_off(0);
+        fz_rerun_end(fc, first, st);
     }
     fz_call_free(fc);
 }

@@ -1106,6 +1106,7 @@ static void run_norm(src_t *s, cache_t *ct, rng_t *r, int null_cache)
     stats.fwd++;
     stats.fwd_ok += st == FUSEDROPE_OK;
     fz_verdict(fc, st);
+    fz_after_call(fc, st);
     for (int i = 0; i < R.nown; i++) {
         /* own arrays: rstd may change on success (within its elements) */
         int rstd_region = (i + OWN_BASE == R.ex[EX_QR].region && R.ex[EX_QR].p) ||
