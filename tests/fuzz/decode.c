@@ -531,6 +531,13 @@ static int all_bytes(const void *p, size_t n, unsigned char v)
     return 1;
 }
 
+/* A getter's double against the harness's reference: equal, or within
+ * 1e-9 relative (the reference's own formulas in another order). */
+static int near_ref(double got, double ref)
+{
+    return got == ref || fabs(got - ref) <= 1e-9 * fabs(ref);
+}
+
 /* fusedrope_cache_inv_freq, _attention_factor and _longrope_long against
  * what the harness derived (fusedrope_cache_copy_table(3)). */
 static void check_getters(const cache_t *ct)
@@ -558,9 +565,9 @@ static void check_getters(const cache_t *ct)
     }
     CHECK(st == FUSEDROPE_OK, "inv_freq of a config cache gave %d", st);
     for (int i = 0; i < ct->half; i++)
-        CHECK(inv[i] == ct->inv[i] || fabs(inv[i] - ct->inv[i]) <= 1e-9 * fabs(ct->inv[i]),
+        CHECK(near_ref(inv[i], ct->inv[i]),
               "inv_freq[%d] is %.17g, the reference %.17g", i, inv[i], ct->inv[i]);
-    CHECK(a == ct->attn || fabs(a - ct->attn) <= 1e-9 * fabs(ct->attn),
+    CHECK(near_ref(a, ct->attn),
           "attention_factor %.17g, the reference %.17g", a, ct->attn);
     if (ct->type == FUSEDROPE_ROPE_LONGROPE) {
         const fusedrope_cache_config *c = &ct->cfg;
@@ -1737,11 +1744,22 @@ void fz_model_done(fz_call *fc, const char *name)
     note("  model: allowed 0x%x must_fail %d: %s\n", fc->v.allowed, fc->v.must_fail, fc->v.why);
 }
 
+/* The call's position arrays (ids, offsets, cu_seqlens) and their bytes. */
+static void pos_arrays(const fz_call *fc, const void *arr[3], size_t bytes[3])
+{
+    arr[0] = fc->ps.p.ids;
+    arr[1] = fc->ps.p.offsets;
+    arr[2] = fc->ps.p.cu_seqlens;
+    bytes[0] = (size_t)fc->ps.n_ids * sizeof(int64_t);
+    bytes[1] = (size_t)fc->ps.n_offsets * sizeof(int64_t);
+    bytes[2] = (size_t)fc->ps.n_cu * sizeof(int32_t);
+}
+
 void fz_snapshot(fz_call *fc)
 {
-    const void *arr[3] = { fc->ps.p.ids, fc->ps.p.offsets, fc->ps.p.cu_seqlens };
-    const size_t bytes[3] = { (size_t)fc->ps.n_ids * 8, (size_t)fc->ps.n_offsets * 8,
-                              (size_t)fc->ps.n_cu * 4 };
+    const void *arr[3];
+    size_t bytes[3];
+    pos_arrays(fc, arr, bytes);
     for (int i = 0; i < fc->nbuf; i++)
         memcpy(fc->bufs[i].snap, fc->bufs[i].p, fc->bufs[i].size);
     /* the own position arrays (those inside a tensor buffer are in its snapshot) */
@@ -2007,9 +2025,9 @@ void fz_ext_call(src_t *s, const cache_t *ct, fz_call *fc)
 
 void fz_after_call(fz_call *fc, fusedrope_status st)
 {
-    const void *arr[3] = { fc->ps.p.ids, fc->ps.p.offsets, fc->ps.p.cu_seqlens };
-    const size_t bytes[3] = { (size_t)fc->ps.n_ids * 8, (size_t)fc->ps.n_offsets * 8,
-                              (size_t)fc->ps.n_cu * 4 };
+    const void *arr[3];
+    size_t bytes[3];
+    pos_arrays(fc, arr, bytes);
     if (fc->rs_kind == 1) {
         int32_t w;
         memcpy(&w, fc->rs_word, 4);
@@ -2022,18 +2040,15 @@ void fz_after_call(fz_call *fc, fusedrope_status st)
                   "a call (status %d) changed position array %d", st, a);
 }
 
-/* The CPU backend's SIMD switches (tests/test_cpu_rows.c; internal, so
- * weak: absent where the library has no AVX2 code). */
+/* The CPU backend's SIMD switch (tests/test_cpu_rows.c; internal, so weak:
+ * absent where the library has no AVX2 code).  fr_avx2_off turns the
+ * AVX-512 paths off too (lib/cpu_avx512.c): the portable path. */
 extern int fusedrope__avx2_off __attribute__((weak));
-extern int fusedrope__avx512_off __attribute__((weak));
 
 void fz_simd_off(int off)
 {
-    /* fr_avx2_off turns the AVX-512 paths off too: the portable path */
     if (&fusedrope__avx2_off)
         __atomic_store_n(&fusedrope__avx2_off, off, __ATOMIC_RELAXED);
-    if (&fusedrope__avx512_off)
-        __atomic_store_n(&fusedrope__avx512_off, 0, __ATOMIC_RELAXED);
 }
 
 unsigned char **fz_rerun_begin(fz_call *fc)
@@ -2194,7 +2209,7 @@ static void fz_ext_cache(src_t *s, const cache_t *ct)
         CHECK(ref_inv_freq(&z, ref, &attn) == 0, "no reference for an accepted config");
         CHECK(fusedrope_cache_inv_freq(c2, inv) == FUSEDROPE_OK, "inv_freq");
         for (int i = 0; i < ct->half; i++)
-            CHECK(inv[i] == ref[i] || fabs(inv[i] - ref[i]) <= 1e-9 * fabs(ref[i]),
+            CHECK(near_ref(inv[i], ref[i]),
                   "cache with %s: inv_freq[%d] %.17g, the reference %.17g", what, i, inv[i],
                   ref[i]);
     }

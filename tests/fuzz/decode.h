@@ -213,7 +213,7 @@ typedef struct {
     int size_kind;         /* pos struct_size: 0 sizeof, else what fz_ext_call chose */
     const char *expect;    /* the single new rule broken: a word its refusal must name */
     unsigned char pos_big[sizeof(fusedrope_positions) + 16]; /* pos with another struct_size */
-    int64_t *pos_copy[3];  /* the own position arrays before the call */
+    void *pos_copy[3];     /* the own position arrays before the call */
     unsigned written_mask; /* map bits a successful call may write (0xa: the outputs) */
     char before[600];      /* fusedrope_last_error() before the call */
 } fz_call;
