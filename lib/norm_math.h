@@ -87,8 +87,8 @@ FR_HD float fr_norm_round(float v, int dt)
 /* The value a channel enters the rotation with, into y: n = x * rstd, then
  * the weight wf (w, 1 + w, or 1) as the rounding mode says; ROUND(v, dt)
  * is v rounded to dtype dt as a float: fr_norm_round, or a backend's exact
- * equivalent (the CPU's vector rows, lib/cpu_norm.c nv_value8 and
- * n5_value16; the CUDA kernels' conversions, kernels/cuda_norm.cu
+ * equivalent (the CPU's vector rows, lib/cpu_norm_avx2.h nv_value8 and
+ * lib/cpu_norm_avx512.c n5_value16; the CUDA kernels' conversions, kernels/cuda_norm.cu
  * norm_value).  x, rstd and wf may be floats or vectors of floats (GCC's
  * vector operators). */
 #define FR_NORM_VALUE(y, x, rstd, wf, rounding, dt, ROUND)                                \

@@ -55,6 +55,11 @@
 #define fr_check_pointer fusedrope__check_pointer
 #define fr_cpu_norm_forward fusedrope__cpu_norm_forward
 #define fr_cpu_norm_backward fusedrope__cpu_norm_backward
+#define fr_norm_out_portable fusedrope__norm_out_portable
+#define fr_norm_avx2_rows fusedrope__norm_avx2_rows
+#define fr_norm_avx2_brun fusedrope__norm_avx2_brun
+#define fr_norm_avx512_rows fusedrope__norm_avx512_rows
+#define fr_norm_avx512_brun fusedrope__norm_avx512_brun
 #define fr_cuda_norm_forward fusedrope__cuda_norm_forward
 #define fr_cuda_norm_backward fusedrope__cuda_norm_backward
 
