@@ -279,9 +279,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
         fr_avx2_usable() ? fr_norm_avx2_rows(na->rounding, (int)a->dtype, a->interleaved) : NULL;
 #endif
 #ifdef FR_HAVE_AVX512
-    const int avx512 = fr_avx512_usable();
-    if (avx512)
-        avx2_rows = fr_norm_avx512_rows(na->rounding, (int)a->dtype, a->interleaved);
+    int all16 = fr_avx512_usable(); /* every slot's rows whole 16-channel vectors */
 #endif
 
     memset(&fc, 0, sizeof fc);
@@ -299,7 +297,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
         fc.direct[k] = avx2_rows && fc.stream[k] && nt_whole(a->io[k].head_dim, fc.half, a->interleaved);
 #endif
 #ifdef FR_HAVE_AVX512
-        fc.w16[k] = avx512 && n5_whole(a->io[k].head_dim, fc.half, a->interleaved);
+        all16 = all16 && n5_whole(a->io[k].head_dim, fc.half, a->interleaved);
 #endif
         {
             /* the walk's next token is s + 1, or the next batch entry's where
@@ -313,6 +311,13 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
                           (uintptr_t)(a->seq_len > 1 ? a->io[k].in_ss : a->io[k].in_sb);
         }
     }
+#ifdef FR_HAVE_AVX512
+    /* the AVX-512 rows where every slot's are whole 16-channel vectors (a
+     * call whose q and k differ in head_dim may mix: it takes the AVX2 rows,
+     * the same bits, rather than a function for both widths) */
+    if (all16 && a->count > 0)
+        avx2_rows = fr_norm_avx512_rows(na->rounding, (int)a->dtype, a->interleaved);
+#endif
     /* a call's input in the cache needs no prefetches (they cost ~4% a row) */
     if (!fr_beyond_cache((uint64_t)elems * fc.es))
         fc.ahead[0] = fc.ahead[1] = 0;

@@ -54,7 +54,6 @@ typedef struct {
     int direct[2];           /* ... by nv_out itself, from the registers (else via `stage`) */
     int wf_ok[2];            /* its weight factors are finite */
     int fin[2];              /* fwd_fin: no AVX2 row of it rotates to a NaN */
-    int w16[2];              /* its rows take the AVX-512 passes (n5_whole) */
     uintptr_t ahead[2];      /* bytes from a row's input to the one prefetched (FWD_AHEAD_BYTES) */
 } fwd_call;
 
@@ -164,8 +163,8 @@ static inline int n5_whole(int64_t hd, int64_t half, int interleaved)
     return (interleaved ? (2 * half) % 32 == 0 : half % 16 == 0) && (hd - 2 * half) % 16 == 0;
 }
 
-/* cpu_norm_avx512.c: the same with AVX-512 F, BW and VL (n5_whole slots;
- * the rows of other slots of such a call take the AVX2 passes). */
+/* cpu_norm_avx512.c: the same with AVX-512 F, BW and VL, for calls (the
+ * forward) or slots (the backward) whose rows are n5_whole. */
 fr_norm_rows_fn fr_norm_avx512_rows(int rounding, int dt, int interleaved);
 fr_norm_brun_fn fr_norm_avx512_brun(int dt, int interleaved, int saved_y);
 #endif

@@ -2,8 +2,7 @@
  * cpu_norm_avx2.h - the fused norm's forward row passes with AVX2 and F16C
  * (nv_*), and the macros that write a vector width's row functions, for the
  * two vector files: cpu_norm_avx2.c builds its rows from them, and
- * cpu_norm_avx512.c its own on the same macros, with these passes for the
- * slots whose rows are not whole 16-channel vectors.  Everything here is
+ * cpu_norm_avx512.c its own on the same macros.  Everything here is
  * static (all but nv_value1 inline) or a macro.
  */
 #ifndef FUSEDROPE_CPU_NORM_AVX2_H

@@ -1,8 +1,9 @@
 /*
  * cpu_norm_avx512.c - the fused norm's rows with 512-bit vectors (AVX-512
- * F, BW and VL, fr_avx512_usable): the forward's (n5_*, falling back to
- * cpu_norm_avx2.h's passes for slots whose rows are not whole 16-channel
- * vectors) and the backward's (nb5_*), which cpu_norm.c picks.
+ * F, BW and VL, fr_avx512_usable), for calls whose rows are whole
+ * 16-channel vectors (n5_whole): the forward's (n5_*, on
+ * cpu_norm_avx2.h's macros) and the backward's (nb5_*), which cpu_norm.c
+ * picks.
  */
 #include "cpu_norm_avx2.h"
 
@@ -10,8 +11,8 @@
 /*
  * The AVX2 forward row's two passes with 512-bit vectors, for CPUs with
  * AVX-512 F, BW and VL (fr_avx512_usable), on rows whose rotation pairs and
- * other channels come in whole 16-channel vectors (n5_whole; the others of
- * such a call take the AVX2 rows).  The bits are the AVX2 rows', lane by
+ * other channels come in whole 16-channel vectors (n5_whole, every slot of
+ * the call; other calls take the AVX2 rows).  The bits are the AVX2 rows', lane by
  * lane: the same operations in the same order, in float, without FMA.  The
  * row sum keeps norm_math.h's 32 partial sums: partial l is lane l % 16 of
  * accumulator l / 16 (the AVX2 rows' accumulators 0-1 and 2-3 side by
@@ -221,14 +222,9 @@ FR_N5_INLINE void n5_out(const float *v, void *y, const float *wf, const float *
         n5_store16(yb + c * es, n5_value16(v + c, vr, wf + c, rounding, dt), dt, nt, fin);
 }
 
-/* The AVX-512 walk: n5_whole slots' runs with n5_sum and n5_out, the
- * others' with the AVX2 passes. */
+/* The AVX-512 walk: every run with n5_sum and n5_out. */
 FR_DEFINE_RUN(FR_N5_INLINE, n5_run, n5_sum, n5_out)
-#define N5_RUN(fc, mine, stage, k, ...)                                                      \
-    ((fc)->w16[k] ? n5_run(fc, mine, stage, k, __VA_ARGS__)                                  \
-                  : nv_run(fc, mine, stage, k, __VA_ARGS__))
-FR_DEFINE_ROWS(FR_N5_INLINE, n5_rows, N5_RUN)
-#undef N5_RUN
+FR_DEFINE_ROWS(FR_N5_INLINE, n5_rows, n5_run)
 
 FR_DEFINE_FWD_PICK(FR_N5_TARGET, n5, fr_norm_avx512_rows)
 
