@@ -62,12 +62,12 @@ if HAVE_CUDA_EMU
 check_PROGRAMS += tests/fuzz/fuzz_replay_emu
 TESTS += tests/fuzz/fuzz_replay_emu
 tests_fuzz_fuzz_replay_emu_SOURCES = tests/fuzz/fuzz_apply.c tests/fuzz/replay.c $(FUZZ_DECODE) \
-	tests/cuda_emu_wrap.c kernels/cuda_apply_emu.cc
+	tests/cuda_emu_wrap.c
 tests_fuzz_fuzz_replay_emu_CPPFLAGS = $(EMU_CPPFLAGS)
-tests_fuzz_fuzz_replay_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_fuzz_fuzz_replay_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
-tests_fuzz_fuzz_replay_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
-tests_fuzz_fuzz_replay_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+tests_fuzz_fuzz_replay_emu_LDADD = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
+nodist_EXTRA_tests_fuzz_fuzz_replay_emu_SOURCES = emu_link.cc
+tests_fuzz_fuzz_replay_emu_DEPENDENCIES = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 endif
 
 # The second target, tests/fuzz/fuzz_norm.c: the fused RMSNorm + RoPE
@@ -88,13 +88,13 @@ if HAVE_CUDA_EMU
 check_PROGRAMS += tests/fuzz/fuzz_norm_replay_emu
 TESTS += tests/fuzz/fuzz_norm_replay_emu
 tests_fuzz_fuzz_norm_replay_emu_SOURCES = tests/fuzz/fuzz_norm.c tests/fuzz/replay.c \
-	$(FUZZ_DECODE) tests/cuda_norm_emu_wrap.c kernels/cuda_norm_emu.cc
+	$(FUZZ_DECODE) tests/cuda_norm_emu_wrap.c
 tests_fuzz_fuzz_norm_replay_emu_CPPFLAGS = $(EMU_CPPFLAGS) $(FUZZ_NORM_REPLAY)
-tests_fuzz_fuzz_norm_replay_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_fuzz_fuzz_norm_replay_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_norm_forward \
 	-Wl,--wrap=fusedrope__cpu_norm_backward
-tests_fuzz_fuzz_norm_replay_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
-tests_fuzz_fuzz_norm_replay_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+tests_fuzz_fuzz_norm_replay_emu_LDADD = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
+nodist_EXTRA_tests_fuzz_fuzz_norm_replay_emu_SOURCES = emu_link.cc
+tests_fuzz_fuzz_norm_replay_emu_DEPENDENCIES = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 endif
 
 EXTRA_PROGRAMS = tests/fuzz/fuzz_apply tests/fuzz/fuzz_norm

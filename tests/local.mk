@@ -24,6 +24,18 @@ EMU_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_EMU_CPPFLAGS) -I$(srcdir)/kernels
 EMU_CXXFLAGS = -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wextra \
 	-Wno-unknown-pragmas
 
+# Those kernels (kernels/cuda_apply_emu.cc, kernels/cuda_norm_emu.cc) are
+# compiled once, into tests/libfremu.a, for every program that runs them: a
+# program links the members it uses, with the C++ linker (a C++ source
+# named in its nodist_EXTRA_..._SOURCES, never built, makes automake pick it).
+if HAVE_CUDA_EMU
+check_LIBRARIES = tests/libfremu.a
+tests_libfremu_a_SOURCES = kernels/cuda_apply_emu.cc kernels/cuda_norm_emu.cc
+tests_libfremu_a_CPPFLAGS = $(EMU_CPPFLAGS)
+tests_libfremu_a_CXXFLAGS = $(EMU_CXXFLAGS)
+endif
+EMU_LIBS = tests/libfremu.a
+
 if HAVE_CHECK
 check_PROGRAMS += tests/test_cache tests/test_apply tests/test_errors tests/test_cpu_rows \
 	tests/test_axes
@@ -122,39 +134,36 @@ EXTRA_DIST += tests/emu_config.h
 if HAVE_CUDA_EMU
 check_PROGRAMS += tests/test_apply_emu
 TESTS += tests/test_apply_emu
-tests_test_apply_emu_SOURCES = tests/test_apply.c tests/cuda_emu_wrap.c \
-	kernels/cuda_apply_emu.cc
+tests_test_apply_emu_SOURCES = tests/test_apply.c tests/cuda_emu_wrap.c
 tests_test_apply_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_apply_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_apply_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_test_apply_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
-tests_test_apply_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_apply_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+tests_test_apply_emu_LDADD = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+nodist_EXTRA_tests_test_apply_emu_SOURCES = emu_link.cc
+tests_test_apply_emu_DEPENDENCIES = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # test_axes the same way: multimodal positions through the emulated kernels.
 check_PROGRAMS += tests/test_axes_emu
 TESTS += tests/test_axes_emu
-tests_test_axes_emu_SOURCES = tests/test_axes.c tests/cuda_emu_wrap.c \
-	kernels/cuda_apply_emu.cc
+tests_test_axes_emu_SOURCES = tests/test_axes.c tests/cuda_emu_wrap.c
 tests_test_axes_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_axes_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_axes_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_test_axes_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
-tests_test_axes_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_axes_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+tests_test_axes_emu_LDADD = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+nodist_EXTRA_tests_test_axes_emu_SOURCES = emu_link.cc
+tests_test_axes_emu_DEPENDENCIES = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # Element offsets past 2^31 and 2^32 in sparse mappings (tests/test_bigindex.c),
 # through the emulated kernels as well as the OpenMP backend.
 check_PROGRAMS += tests/test_bigindex_emu
 TESTS += tests/test_bigindex_emu
-tests_test_bigindex_emu_SOURCES = tests/test_bigindex.c tests/cuda_emu_wrap.c \
-	kernels/cuda_apply_emu.cc
+tests_test_bigindex_emu_SOURCES = tests/test_bigindex.c tests/cuda_emu_wrap.c
 tests_test_bigindex_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_bigindex_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_bigindex_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_test_bigindex_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
-tests_test_bigindex_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_bigindex_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+tests_test_bigindex_emu_LDADD = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+nodist_EXTRA_tests_test_bigindex_emu_SOURCES = emu_link.cc
+tests_test_bigindex_emu_DEPENDENCIES = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # test_norm again with the norm's OpenMP backend wrapped: every call runs
 # kernels/cuda_norm.cu's launcher and kernels built for the host, with three
@@ -162,38 +171,37 @@ tests_test_bigindex_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 # (tests/cuda_norm_emu_wrap.c).
 check_PROGRAMS += tests/test_norm_emu
 TESTS += tests/test_norm_emu
-tests_test_norm_emu_SOURCES = tests/test_norm.c tests/cuda_norm_emu_wrap.c \
-	kernels/cuda_norm_emu.cc
+tests_test_norm_emu_SOURCES = tests/test_norm.c tests/cuda_norm_emu_wrap.c
 tests_test_norm_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_norm_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_norm_emu_CXXFLAGS = $(EMU_CXXFLAGS)
 tests_test_norm_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_norm_forward \
 	-Wl,--wrap=fusedrope__cpu_norm_backward
-tests_test_norm_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_norm_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+tests_test_norm_emu_LDADD = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+nodist_EXTRA_tests_test_norm_emu_SOURCES = emu_link.cc
+tests_test_norm_emu_DEPENDENCIES = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # The kernels' own checks of device-side positions (NaN and the range flag),
 # on the same host build of the kernels.
 check_PROGRAMS += tests/test_kernel_emu
 TESTS += tests/test_kernel_emu
-tests_test_kernel_emu_SOURCES = tests/test_kernel_emu.c kernels/cuda_apply_emu.cc
+tests_test_kernel_emu_SOURCES = tests/test_kernel_emu.c
 tests_test_kernel_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_kernel_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_kernel_emu_CXXFLAGS = $(EMU_CXXFLAGS)
-tests_test_kernel_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_kernel_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+tests_test_kernel_emu_LDADD = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+nodist_EXTRA_tests_test_kernel_emu_SOURCES = emu_link.cc
+tests_test_kernel_emu_DEPENDENCIES = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # The same for the fused RMSNorm + RoPE's kernels (kernels/cuda_norm.cu):
 # out-of-table device positions give NaN rows and raise the range flag or
 # the call's range_status word (tests/test_norm_kernel_emu.c).
 check_PROGRAMS += tests/test_norm_kernel_emu
 TESTS += tests/test_norm_kernel_emu
-tests_test_norm_kernel_emu_SOURCES = tests/test_norm_kernel_emu.c kernels/cuda_norm_emu.cc
+tests_test_norm_kernel_emu_SOURCES = tests/test_norm_kernel_emu.c
 tests_test_norm_kernel_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_norm_kernel_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_norm_kernel_emu_CXXFLAGS = $(EMU_CXXFLAGS)
-tests_test_norm_kernel_emu_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
-tests_test_norm_kernel_emu_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+tests_test_norm_kernel_emu_LDADD = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
+nodist_EXTRA_tests_test_norm_kernel_emu_SOURCES = emu_link.cc
+tests_test_norm_kernel_emu_DEPENDENCIES = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 endif
 else
 check_SCRIPTS = tests/no-libcheck.sh
