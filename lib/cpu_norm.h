@@ -42,7 +42,6 @@
         }                                                                                      \
     } while (0)
 
-
 /* A forward call's constants, shared by its threads. */
 typedef struct {
     const fr_norm_args *na;

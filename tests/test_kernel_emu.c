@@ -18,7 +18,10 @@
  *     place); the flag raised;
  *   - every other token: the bytes the CPU backend writes for it.
  * Each case runs again with a per-call pos->range_status word, which must
- * be raised instead of the cache's flag.  Further tests: two calls with two
+ * be raised instead of the cache's flag.  96 random cases do the same over
+ * random shapes and device positions (invalid cu_seqlens among them), each
+ * token's fate from the test's own model of the position rules
+ * (test_random_device_positions).  Further tests: two calls with two
  * words each report their own; the host-side rules on the word (alignment,
  * no overlap, never written on a CPU cache); a cache of another device.
  * The same for caches with position axes (multimodal rope): ids rows whose
@@ -66,6 +69,10 @@ typedef struct {
     int sections[FUSEDROPE_MAX_AXES];
     int tableless;
     int flag;       /* the flag the kernel must leave: 1 raised, 0 not */
+    /* an invalid cu_seqlens (test_random_device_positions): which tokens
+     * the kernels place where is their search's, so only the flag, the
+     * padding and the pass-through channels are checked */
+    int garbage;
 } kcase;
 
 /* Random values in [-2, 2), rounded to the dtype; seed from tu_seed, which
@@ -139,8 +146,9 @@ static void run_case(const kcase *k, const char *name, uint64_t seed)
                 if (!k->tableless && p >= M)
                     bad = 1;
             }
-            ck_assert_msg(bad == k->bad[t], "%s: token %lld is %s, the case says otherwise",
-                          name, (long long)t, bad ? "bad" : "good");
+            ck_assert_msg(k->garbage || bad == k->bad[t],
+                          "%s: token %lld is %s, the case says otherwise", name, (long long)t,
+                          bad ? "bad" : "good");
             for (int ax = 0; ax < cache->num_axes; ax++)
                 if (bad)
                     ids[ax * rows + t] = 0;
@@ -194,6 +202,8 @@ static void run_case(const kcase *k, const char *name, uint64_t seed)
                                                          : y[o] == 0xa5;
                             ck_assert_msg(same, "%s: padding written at s %lld b %lld h %lld",
                                           name, (long long)s, (long long)b, (long long)h);
+                        } else if (k->garbage && c < R) {
+                            continue; /* placed by the kernels' search */
                         } else if (bad && c < R) {
                             ck_assert_msg(isnan(ref_load(y + o, k->dt, 0)),
                                           "%s: token (s %lld, b %lld) head %lld channel %lld: "
@@ -354,6 +364,132 @@ START_TEST(test_positions_the_kernels_check)
     k.pos.ids_row_stride = cases[c].ids_stride ? cases[c].ids_stride : k.S * k.B;
     variant(&k, _i % VARIANTS);
     run_case(&k, cases[c].name, tu_seed + 1000 * (uint64_t)c + (uint64_t)_i);
+}
+END_TEST
+
+/* ------------------------------------------ random device-side positions */
+
+/* A position value for the random cases: mostly in the table (0..M-1),
+ * one in six outside it (negative, just past, far past, an int64 end). */
+static int64_t rand_position(tu_rng *r)
+{
+    static const int64_t outside[6] = { -1, M, M + 7, -1000, INT64_MAX, INT64_MIN };
+    return tu_int(r, 0, 5) == 0 ? outside[tu_int(r, 0, 5)] : tu_int(r, 0, M - 1);
+}
+
+/*
+ * Random calls with device-style positions nobody checked: ids (a row, or a
+ * row per axis with a stride wider than the tokens), offsets (near the ends
+ * of int64 too, where s + offset passes them) or cu_seqlens (a valid split,
+ * sequences longer than the table; the right ends with a decrease inside; or
+ * anything: entries out of range, ends that are not 0 and the tokens), over random
+ * shapes and the variants.  The expected flag and each token's position come
+ * from this model, written from DESIGN.md's position rules: a token is bad
+ * when it lies in no sequence, or a position on some axis is negative or
+ * past the table's M rows (s + offset computed without overflow); a call
+ * with a bad token or an invalid cu_seqlens raises the flag.  The run and
+ * checks are run_case's (an invalid cu_seqlens: the flag, the padding and
+ * the pass-through channels; ASan and valgrind watch every read the
+ * kernels make of the arrays).
+ */
+enum { NRANDOM = 96 };
+
+START_TEST(test_random_device_positions)
+{
+    static const int64_t dims[4] = { 64, 72, 80, 96 };
+    int64_t ids[FUSEDROPE_MAX_AXES * 80], offsets[4];
+    int32_t cu[8];
+    int bad[64] = { 0 };
+    char name[160];
+    kcase k;
+    tu_rng r;
+    int mode, any = 0;
+
+    /* under valgrind a fifth (_i 0, 5, 10, ...: every mode, _i % 4) */
+    if (tu_under_valgrind() && _i % 5 != 0)
+        return;
+    tu_rng_init(&r, tu_seed * 7919 + 31 + (uint64_t)_i);
+    memset(&k, 0, sizeof k);
+    mode = _i % 4; /* 0 ids, 1 offsets, 2 cu_seqlens, 3 ids rows per axis */
+    k.D = dims[tu_int(&r, 0, 3)];
+    k.B = mode == 2 ? 1 : tu_int(&r, 1, 4);
+    k.S = mode == 2 ? tu_int(&r, 1, 48) : tu_int(&r, 1, 16);
+    /* several heads a thread at 1 SM where the call is large enough */
+    k.H = tu_int(&r, 0, 3) == 0 && k.S * k.B <= 16 ? 40 : tu_int(&r, 1, 6);
+    k.pos.cp_size = 1;
+    k.pos.num_axes = 1;
+    k.pos.ids_rows = 1;
+    k.pos.ids_row_stride = k.S * k.B;
+    k.axes = FUSEDROPE_AXES_NONE;
+    if (mode == 0 || mode == 3) {
+        const int rows = mode == 3 ? 3 : 1;
+        const int64_t stride = k.S * k.B + tu_int(&r, 0, 3);
+        for (int64_t i = 0; i < rows * stride; i++)
+            ids[i] = i % stride < k.S * k.B ? rand_position(&r) : -777; /* never read */
+        for (int64_t t = 0; t < k.S * k.B; t++)
+            for (int a = 0; a < rows; a++)
+                bad[t] |= ids[a * stride + t] < 0 || ids[a * stride + t] >= M;
+        k.pos.ids = ids;
+        if (mode == 3) {
+            static const int sections[FUSEDROPE_MAX_AXES] = { 8, 12, 12, 0 };
+            k.axes = FUSEDROPE_AXES_SECTIONS;
+            memcpy(k.sections, sections, sizeof k.sections);
+            k.pos.num_axes = 3;
+            k.pos.ids_rows = 3;
+            k.pos.ids_row_stride = stride;
+        }
+    } else if (mode == 1) {
+        for (int64_t b = 0; b < k.B; b++) {
+            const int64_t o = rand_position(&r);
+            offsets[b] = o == INT64_MAX || o == INT64_MIN ? o : o - tu_int(&r, 0, k.S);
+            for (int64_t s = 0; s < k.S; s++) {
+                const __int128 p = (__int128)s + offsets[b];
+                bad[b * k.S + s] = p < 0 || p >= M;
+            }
+        }
+        k.pos.offsets = offsets;
+    } else {
+        const int kind = (int)tu_int(&r, 0, 2), n = (int)tu_int(&r, kind == 1 ? 2 : 1, 6);
+        int valid = 1;
+        if (kind < 2) { /* a split of the S tokens, sequences maybe empty */
+            cu[0] = 0;
+            for (int i = 1; i < n; i++)
+                cu[i] = (int32_t)tu_int(&r, cu[i - 1], k.S);
+            cu[n] = (int32_t)k.S;
+            if (kind == 1) { /* the right ends, an entry inside below the one before it */
+                const int i = (int)tu_int(&r, 1, n - 1);
+                cu[i] = cu[i - 1] - (int32_t)tu_int(&r, 1, 5);
+            }
+        } else { /* anything near the tokens, and the int32 ends */
+            for (int i = 0; i <= n; i++)
+                cu[i] = tu_int(&r, 0, 9) == 0 ? (tu_int(&r, 0, 1) ? INT32_MAX : INT32_MIN)
+                                              : (int32_t)tu_int(&r, -3, k.S + 4);
+        }
+        valid = cu[0] == 0 && cu[n] == k.S;
+        for (int i = 0; i < n; i++)
+            valid = valid && cu[i + 1] >= cu[i];
+        if (valid) {
+            /* token s: position s - cu[i] in the sequence i that holds it */
+            for (int i = 0; i < n; i++)
+                for (int64_t s = cu[i]; s < cu[i + 1]; s++)
+                    bad[s] = s - cu[i] >= M;
+        } else {
+            k.garbage = 1;
+            any = 1;
+        }
+        k.pos.cu_seqlens = cu;
+        k.pos.num_seqs = n;
+    }
+    for (int64_t t = 0; t < k.S * k.B; t++)
+        any |= bad[t];
+    k.bad = bad;
+    k.flag = any;
+    variant(&k, (int)tu_int(&r, 0, VARIANTS - 1));
+    snprintf(name, sizeof name, "random case %d (%s, [%lld, %lld, %lld, %lld] pad %lld, %s%s)", _i,
+             mode == 0 ? "ids" : mode == 1 ? "offsets" : mode == 2 ? "cu_seqlens" : "ids rows",
+             (long long)k.S, (long long)k.B, (long long)k.H, (long long)k.D, (long long)k.pad,
+             ref_dtype_name(k.dt), k.garbage ? ", invalid cu_seqlens" : "");
+    run_case(&k, name, tu_seed + 77000 + (uint64_t)_i);
 }
 END_TEST
 
@@ -591,6 +727,7 @@ int main(void)
     make_cu_back_many();
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_positions_the_kernels_check, 0, NCASES * VARIANTS);
+    tcase_add_loop_test(tc, test_random_device_positions, 0, NRANDOM);
     tcase_add_test(tc, test_wrong_device_refused);
     tcase_add_test(tc, test_range_status_per_call);
     tcase_add_test(tc, test_range_status_rules);
