@@ -369,14 +369,6 @@ END_TEST
 
 /* ------------------------------------------ random device-side positions */
 
-/* A position value for the random cases: mostly in the table (0..M-1),
- * one in six outside it (negative, just past, far past, an int64 end). */
-static int64_t rand_position(tu_rng *r)
-{
-    static const int64_t outside[6] = { -1, M, M + 7, -1000, INT64_MAX, INT64_MIN };
-    return tu_int(r, 0, 5) == 0 ? outside[tu_int(r, 0, 5)] : tu_int(r, 0, M - 1);
-}
-
 /*
  * Random calls with device-style positions nobody checked: ids (a row, or a
  * row per axis with a stride wider than the tokens), offsets (near the ends
@@ -425,7 +417,7 @@ START_TEST(test_random_device_positions)
         const int rows = mode == 3 ? 3 : 1;
         const int64_t stride = k.S * k.B + tu_int(&r, 0, 3);
         for (int64_t i = 0; i < rows * stride; i++)
-            ids[i] = i % stride < k.S * k.B ? rand_position(&r) : -777; /* never read */
+            ids[i] = i % stride < k.S * k.B ? tu_position(&r, M) : -777; /* never read */
         for (int64_t t = 0; t < k.S * k.B; t++)
             for (int a = 0; a < rows; a++)
                 bad[t] |= ids[a * stride + t] < 0 || ids[a * stride + t] >= M;
@@ -440,7 +432,7 @@ START_TEST(test_random_device_positions)
         }
     } else if (mode == 1) {
         for (int64_t b = 0; b < k.B; b++) {
-            const int64_t o = rand_position(&r);
+            const int64_t o = tu_position(&r, M);
             offsets[b] = o == INT64_MAX || o == INT64_MIN ? o : o - tu_int(&r, 0, k.S);
             for (int64_t s = 0; s < k.S; s++) {
                 const __int128 p = (__int128)s + offsets[b];
@@ -449,26 +441,8 @@ START_TEST(test_random_device_positions)
         }
         k.pos.offsets = offsets;
     } else {
-        const int kind = (int)tu_int(&r, 0, 2), n = (int)tu_int(&r, kind == 1 ? 2 : 1, 6);
-        int valid = 1;
-        if (kind < 2) { /* a split of the S tokens, sequences maybe empty */
-            cu[0] = 0;
-            for (int i = 1; i < n; i++)
-                cu[i] = (int32_t)tu_int(&r, cu[i - 1], k.S);
-            cu[n] = (int32_t)k.S;
-            if (kind == 1) { /* the right ends, an entry inside below the one before it */
-                const int i = (int)tu_int(&r, 1, n - 1);
-                cu[i] = cu[i - 1] - (int32_t)tu_int(&r, 1, 5);
-            }
-        } else { /* anything near the tokens, and the int32 ends */
-            for (int i = 0; i <= n; i++)
-                cu[i] = tu_int(&r, 0, 9) == 0 ? (tu_int(&r, 0, 1) ? INT32_MAX : INT32_MIN)
-                                              : (int32_t)tu_int(&r, -3, k.S + 4);
-        }
-        valid = cu[0] == 0 && cu[n] == k.S;
-        for (int i = 0; i < n; i++)
-            valid = valid && cu[i + 1] >= cu[i];
-        if (valid) {
+        const int n = (int)tu_int(&r, 1, 6);
+        if (tu_cu_seqlens(&r, cu, n, k.S)) {
             /* token s: position s - cu[i] in the sequence i that holds it */
             for (int i = 0; i < n; i++)
                 for (int64_t s = cu[i]; s < cu[i + 1]; s++)

@@ -43,7 +43,9 @@
  *             raised instead, and the cache's flag is left 0
  *             (test_out_of_table_range_status).
  * The dx kernels raise the flag (with dw too: the rows' terms carry the NaN
- * angle into dw).
+ * angle into dw).  48 random cases do the same over random shapes and
+ * device positions, an invalid cu_seqlens among them, each token's fate from
+ * the test's own model (test_random_device_positions).
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -137,6 +139,22 @@ static variant decode(int i)
     return v;
 }
 
+/* A case as run_case takes it: a row of the table above, or a random one
+ * (test_random_device_positions). */
+typedef struct {
+    const char *name;
+    fusedrope_dtype dt;
+    int64_t D, R, pad, S, B;
+    fr_pos_args pos; /* the case's positions (what fr_apply_prepare derives) */
+    int bad[MAXT];   /* per token (b * S + s): no position */
+    int flag;        /* the flag the case's call raises: a bad token, or garbage */
+    int garbage;     /* an invalid cu_seqlens: which tokens the kernels place where is
+                      * their search's, so only the padding, the channels past rot_dim
+                      * (forward), rstd and dw past rot_dim are checked */
+    int rows;        /* the register-row kernels take it (rows_hd) */
+    uint64_t seed;
+} ncase;
+
 /* One tensor's buffers ([S, B, H, D + pad] in sbhd order); [0]: the
  * reference call's output, [1]: the case's. */
 typedef struct {
@@ -153,27 +171,37 @@ static void *alloc64(size_t n)
     return p;
 }
 
-/* The case's position arguments (what fr_apply_prepare derives). */
-static fr_pos_args case_pos(int c)
+/* Row c of the table as a case (positions as fr_apply_prepare derives them). */
+static void table_case(int c, ncase *nc)
 {
-    fr_pos_args p;
-    memset(&p, 0, sizeof p);
+    memset(nc, 0, sizeof *nc);
+    nc->name = cases[c].name;
+    nc->dt = cases[c].dt;
+    nc->D = cases[c].D;
+    nc->R = cases[c].R;
+    nc->pad = cases[c].pad;
+    nc->S = cases[c].S;
+    nc->B = cases[c].B;
     if (cases[c].cu) {
-        p.cu_seqlens = cases[c].cu;
-        p.num_seqs = 2;
+        nc->pos.cu_seqlens = cases[c].cu;
+        nc->pos.num_seqs = 2;
     } else {
-        p.ids = ids_bad;
+        nc->pos.ids = ids_bad;
     }
-    p.seq_len = cases[c].S;
-    p.cp_size = 1;
-    p.num_axes = 1;
-    p.ids_rows = 1;
-    p.ids_row_stride = cases[c].S * cases[c].B;
-    return p;
+    nc->pos.seq_len = cases[c].S;
+    nc->pos.cp_size = 1;
+    nc->pos.num_axes = 1;
+    nc->pos.ids_rows = 1;
+    nc->pos.ids_row_stride = cases[c].S * cases[c].B;
+    for (int j = 0; j < 6 && cases[c].bad[j] >= 0; j++)
+        nc->bad[cases[c].bad[j]] = 1;
+    nc->flag = 1;
+    nc->rows = cases[c].rows;
+    nc->seed = 1000 * (uint64_t)c;
 }
 
 typedef struct {
-    int c;
+    const ncase *nc;
     variant v;
     fusedrope_dtype dt, wdt;
     int64_t S, B, D, R;
@@ -250,14 +278,15 @@ static void call(const ctx *x, int backward, int which, int status, const char *
     na.a.range_status = status ? &word : NULL;
     ck_assert_int_eq(backward ? fr_emu_cuda_norm_backward(&na) : fr_emu_cuda_norm_forward(&na),
                      FUSEDROPE_OK);
+    const int want = which ? x->nc->flag : 0;
     if (status)
-        ck_assert_msg(word == which && flag == 0,
+        ck_assert_msg(word == want && flag == 0,
                       "%s, %s %s: range_status is %d (want %d), the cache's flag %d (want 0)",
-                      cases[x->c].name, backward ? "backward" : "forward", what, (int)word, which,
+                      x->nc->name, backward ? "backward" : "forward", what, (int)word, want,
                       flag);
     else
-        ck_assert_msg(flag == which, "%s, %s %s: the range flag is %d, not %d", cases[x->c].name,
-                      backward ? "backward" : "forward", what, flag, which);
+        ck_assert_msg(flag == want, "%s, %s %s: the range flag is %d, not %d", x->nc->name,
+                      backward ? "backward" : "forward", what, flag, want);
 }
 
 /* An element's check: libcheck sends every passing ck_assert_* down its
@@ -278,7 +307,10 @@ static int nan_at(const unsigned char *p, fusedrope_dtype dt)
 static void check_rows(const ctx *x, int backward, const int *bad)
 {
     const size_t es = ref_dtype_size(x->dt);
-    const char *name = cases[x->c].name;
+    const char *name = x->nc->name;
+    int any = 0;
+    for (int64_t t = 0; t < x->S * x->B; t++)
+        any |= bad[t];
     for (int k = 0; k < 2; k++) {
         const tens *t = &x->t[k];
         const unsigned char *got = backward ? t->dx[1] : t->y[1],
@@ -302,7 +334,9 @@ static void check_rows(const ctx *x, int backward, const int *bad)
                                       "%s %s: the reference is NaN at tensor %d s %lld b %lld "
                                       "h %lld c %lld", name, backward ? "dx" : "y", k,
                                       (long long)s, (long long)b, (long long)h, (long long)c);
-                        if (bt && (backward || c < x->R)) {
+                        if (x->nc->garbage && (backward || c < x->R)) {
+                            continue; /* placed by the kernels' search */
+                        } else if (bt && (backward || c < x->R)) {
                             CHECK(nan_at(got + o, x->dt),
                                           "%s %s: token (s %lld, b %lld) has no position but "
                                           "tensor %d head %lld channel %lld is not NaN", name,
@@ -325,7 +359,9 @@ static void check_rows(const ctx *x, int backward, const int *bad)
             for (int64_t c = 0; c < x->D; c++) {
                 CHECK(isfinite(t->dw[0][c]), "%s: the reference dw[%lld] is %g", name,
                               (long long)c, (double)t->dw[0][c]);
-                if (c < x->R)
+                if (c < x->R && x->nc->garbage)
+                    continue;
+                if (c < x->R && any)
                     CHECK(isnan(t->dw[1][c]),
                                   "%s: tensor %d dw[%lld] (rotated) is %g, not NaN", name, k,
                                   (long long)c, (double)t->dw[1][c]);
@@ -338,32 +374,30 @@ static void check_rows(const ctx *x, int backward, const int *bad)
     }
 }
 
-static void run_case(int c, int vi, int status)
+static void run_case(const ncase *nc, int vi, int status)
 {
-    const size_t es = ref_dtype_size(cases[c].dt);
+    const size_t es = ref_dtype_size(nc->dt);
     fusedrope_cache_config cfg;
     fusedrope_cache *cache;
     int64_t good_ids[MAXT];
-    int bad[MAXT] = { 0 };
+    const int *bad = nc->bad;
     ctx x;
     tu_rng r;
 
     memset(&x, 0, sizeof x);
-    x.c = c;
+    x.nc = nc;
     x.v = decode(vi);
-    x.dt = cases[c].dt;
+    x.dt = nc->dt;
     /* a 16-bit weight in the tensors' dtype in half of the variants */
     x.wdt = x.dt != FUSEDROPE_FLOAT32 && x.v.saved_y ? x.dt : FUSEDROPE_FLOAT32;
-    x.S = cases[c].S;
-    x.B = cases[c].B;
-    x.D = cases[c].D;
-    x.R = cases[c].R;
+    x.S = nc->S;
+    x.B = nc->B;
+    x.D = nc->D;
+    x.R = nc->R;
     ck_assert(x.S * x.B <= MAXT);
-    for (int j = 0; j < 6 && cases[c].bad[j] >= 0; j++)
-        bad[cases[c].bad[j]] = 1;
     /* rows_hd's rule (kernels/cuda_norm.cu), the case's claim about its kernels */
-    ck_assert_int_eq(cases[c].rows, x.dt != FUSEDROPE_FLOAT32 && (x.D == 64 || x.D == 128) &&
-                                        x.R == x.D && cases[c].pad == 0);
+    ck_assert_int_eq(nc->rows, x.dt != FUSEDROPE_FLOAT32 && (x.D == 64 || x.D == 128) &&
+                                   x.R == x.D && nc->pad == 0);
 
     fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)x.R, M, 10000.0);
     ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
@@ -371,14 +405,15 @@ static void run_case(int c, int vi, int status)
 
     /* positions: the case's, and the reference's (each token's explicit
      * position; a bad token's 0), with a check of which tokens are bad */
-    x.pos[1] = case_pos(c);
+    x.pos[1] = nc->pos;
     for (int64_t b = 0; b < x.B; b++)
         for (int64_t s = 0; s < x.S; s++) {
             int bt = 0;
             const int64_t p = fr_token_position(&x.pos[1], b, s, &bt);
             bt |= p >= M;
-            ck_assert_msg(bt == bad[b * x.S + s], "%s: token %lld is %s, the case says otherwise",
-                          cases[c].name, (long long)(b * x.S + s), bt ? "bad" : "good");
+            ck_assert_msg(nc->garbage || bt == bad[b * x.S + s],
+                          "%s: token %lld is %s, the case says otherwise", nc->name,
+                          (long long)(b * x.S + s), bt ? "bad" : "good");
             good_ids[b * x.S + s] = bt ? 0 : p;
         }
     memset(&x.pos[0], 0, sizeof x.pos[0]);
@@ -389,11 +424,11 @@ static void run_case(int c, int vi, int status)
     x.pos[0].ids_rows = 1;
     x.pos[0].ids_row_stride = x.S * x.B;
 
-    tu_rng_init(&r, 1000 * (uint64_t)c + (uint64_t)vi + (status ? 500 : 0));
+    tu_rng_init(&r, nc->seed + (uint64_t)vi + (status ? 500 : 0));
     for (int k = 0; k < 2; k++) {
         tens *t = &x.t[k];
         t->H = heads[k];
-        t->sh = x.D + cases[c].pad;
+        t->sh = x.D + nc->pad;
         t->sb = t->H * t->sh;
         t->ss = x.B * t->sb;
         t->n = (size_t)(x.S * t->ss);
@@ -418,7 +453,7 @@ static void run_case(int c, int vi, int status)
     /* forward: the reference (its y and rstd feed the backward), then the
      * case's positions */
     call(&x, 0, 0, status, "with valid ids");
-    if (cases[c].rows) { /* the register-row cases also with a warp per row */
+    if (nc->rows) { /* the register-row cases also with a warp per row */
         fr_emu_norm_warp = 1;
         fr_emu_norm_warp_heads = 4;
         fr_emu_norm_warp_rpw = 2;
@@ -454,9 +489,11 @@ static void run_case(int c, int vi, int status)
  * third of the variants a case, each variant on the cases of its residue. */
 START_TEST(test_out_of_table_positions)
 {
+    ncase nc;
     if (tu_under_valgrind() && (_i % VARIANTS) % 3 != (_i / VARIANTS) % 3)
         return;
-    run_case(_i / VARIANTS, _i % VARIANTS, 0);
+    table_case(_i / VARIANTS, &nc);
+    run_case(&nc, _i % VARIANTS, 0);
 }
 END_TEST
 
@@ -467,7 +504,91 @@ END_TEST
 START_TEST(test_out_of_table_range_status)
 {
     const int j = _i % 4;
-    run_case(_i / 4, (j & 1) + 8 * (j >> 1), 1);
+    ncase nc;
+    table_case(_i / 4, &nc);
+    run_case(&nc, (j & 1) + 8 * (j >> 1), 1);
+}
+END_TEST
+
+/*
+ * Random calls with device-style positions nobody checked: ids (one row),
+ * offsets (near the int64 ends too) or cu_seqlens (tests/util.c's
+ * tu_cu_seqlens: valid splits, sequences longer than the table, a decrease
+ * inside, anything), over random dtypes, head_dim 64 or 128, full or half
+ * rotary, rows on or off 16 bytes, token counts, variants and the flag or
+ * the call's word; which tokens are bad and whether the flag rises come from
+ * the test's model of the position rules (test_kernel_emu's), run_case
+ * checks the rest.
+ */
+enum { NRANDOM = 48 };
+
+START_TEST(test_random_device_positions)
+{
+    static const fusedrope_dtype dts[3] = { FUSEDROPE_FLOAT32, FUSEDROPE_FLOAT16,
+                                            FUSEDROPE_BFLOAT16 };
+    static char names[NRANDOM][160];
+    const int mode = _i % 3; /* 0 ids, 1 offsets, 2 cu_seqlens */
+    static int64_t ids[MAXT], offsets[4];
+    static int32_t cu[8];
+    ncase nc;
+    tu_rng r;
+
+    /* under valgrind a quarter (_i 0, 4, 8, ...: every mode, _i % 3) */
+    if (tu_under_valgrind() && _i % 4 != 0)
+        return;
+    tu_rng_init(&r, tu_seed * 7919 + 4243 + (uint64_t)_i);
+    memset(&nc, 0, sizeof nc);
+    nc.dt = dts[tu_int(&r, 0, 2)];
+    nc.D = tu_int(&r, 0, 1) ? 128 : 64;
+    nc.R = tu_int(&r, 0, 1) ? nc.D : nc.D / 2;
+    nc.pad = tu_int(&r, 0, 3) == 0;
+    nc.B = mode == 2 ? 1 : tu_int(&r, 1, 4);
+    nc.S = mode == 2 ? tu_int(&r, 1, 48) : tu_int(&r, 1, 16);
+    nc.pos.seq_len = nc.S;
+    nc.pos.cp_size = 1;
+    nc.pos.num_axes = 1;
+    nc.pos.ids_rows = 1;
+    nc.pos.ids_row_stride = nc.S * nc.B;
+    if (mode == 0) {
+        for (int64_t t = 0; t < nc.S * nc.B; t++) {
+            ids[t] = tu_position(&r, M);
+            nc.bad[t] = ids[t] < 0 || ids[t] >= M;
+        }
+        nc.pos.ids = ids;
+    } else if (mode == 1) {
+        for (int64_t b = 0; b < nc.B; b++) {
+            const int64_t o = tu_position(&r, M);
+            offsets[b] = o == INT64_MAX || o == INT64_MIN ? o : o - tu_int(&r, 0, nc.S);
+            for (int64_t s = 0; s < nc.S; s++) {
+                const __int128 p = (__int128)s + offsets[b];
+                nc.bad[b * nc.S + s] = p < 0 || p >= M;
+            }
+        }
+        nc.pos.offsets = offsets;
+    } else {
+        const int n = (int)tu_int(&r, 1, 6);
+        if (tu_cu_seqlens(&r, cu, n, nc.S)) {
+            /* token s: position s - cu[i] in the sequence i that holds it */
+            for (int i = 0; i < n; i++)
+                for (int64_t s = cu[i]; s < cu[i + 1]; s++)
+                    nc.bad[s] = s - cu[i] >= M;
+        } else {
+            nc.garbage = 1;
+        }
+        nc.pos.cu_seqlens = cu;
+        nc.pos.num_seqs = n;
+    }
+    nc.flag = nc.garbage;
+    for (int64_t t = 0; t < nc.S * nc.B; t++)
+        nc.flag |= nc.bad[t];
+    nc.rows = nc.dt != FUSEDROPE_FLOAT32 && nc.R == nc.D && nc.pad == 0;
+    nc.seed = tu_seed + 90000 + 1000 * (uint64_t)_i;
+    snprintf(names[_i], sizeof names[_i], "random case %d (%s, [%lld, %lld] hd %lld rot %lld%s, %s%s)",
+             _i, mode == 0 ? "ids" : mode == 1 ? "offsets" : "cu_seqlens", (long long)nc.S,
+             (long long)nc.B, (long long)nc.D, (long long)nc.R, nc.pad ? " padded" : "",
+             ref_dtype_name(nc.dt), nc.garbage ? ", invalid cu_seqlens" : "");
+    nc.name = names[_i];
+    run_case(&nc, (int)tu_int(&r, 0, VARIANTS - 1), (int)tu_int(&r, 0, 1));
 }
 END_TEST
 
@@ -596,6 +717,7 @@ int main(void)
     tcase_add_loop_test(tc, test_out_of_table_positions, 0, NCASES * VARIANTS);
     tcase_add_loop_test(tc, test_out_of_table_range_status, 0, NCASES * 4);
     tcase_add_loop_test(tc, test_device_and_cu_seqlens, 0, 6);
+    tcase_add_loop_test(tc, test_random_device_positions, 0, NRANDOM);
     suite_add_tcase(s, tc);
     return tu_main(s, "test_norm_kernel_emu");
 }

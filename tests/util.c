@@ -48,6 +48,36 @@ int64_t tu_int(tu_rng *r, int64_t lo, int64_t hi)
     return lo + (int64_t)(tu_next(r) % span);
 }
 
+int64_t tu_position(tu_rng *r, int64_t rows)
+{
+    const int64_t outside[6] = { -1, rows, rows + 7, -1000, INT64_MAX, INT64_MIN };
+    return tu_int(r, 0, 5) == 0 ? outside[tu_int(r, 0, 5)] : tu_int(r, 0, rows - 1);
+}
+
+int tu_cu_seqlens(tu_rng *r, int32_t *cu, int n, int64_t tokens)
+{
+    const int kind = (int)tu_int(r, 0, 2);
+    int valid;
+    if (kind < 2 || n < 2) {
+        cu[0] = 0;
+        for (int i = 1; i < n; i++)
+            cu[i] = (int32_t)tu_int(r, cu[i - 1], tokens);
+        cu[n] = (int32_t)tokens;
+        if (kind == 1 && n >= 2) {
+            const int i = (int)tu_int(r, 1, n - 1);
+            cu[i] = cu[i - 1] - (int32_t)tu_int(r, 1, 5);
+        }
+    } else {
+        for (int i = 0; i <= n; i++)
+            cu[i] = tu_int(r, 0, 9) == 0 ? (tu_int(r, 0, 1) ? INT32_MAX : INT32_MIN)
+                                         : (int32_t)tu_int(r, -3, tokens + 4);
+    }
+    valid = cu[0] == 0 && cu[n] == tokens;
+    for (int i = 0; i < n; i++)
+        valid = valid && cu[i + 1] >= cu[i];
+    return valid;
+}
+
 void tu_threads(int n)
 {
 #ifdef _OPENMP

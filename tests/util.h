@@ -25,6 +25,16 @@ void tu_rng_init(tu_rng *r, uint64_t stream);
 uint64_t tu_next(tu_rng *r);
 double tu_uniform(tu_rng *r, double lo, double hi);
 int64_t tu_int(tu_rng *r, int64_t lo, int64_t hi); /* inclusive */
+/* Device-style positions for the emulated kernels' random cases
+ * (test_kernel_emu, test_norm_kernel_emu): a position in a table of `rows`
+ * rows, one in six outside it (negative, just past, far past, an int64
+ * end); and a cu_seqlens of n sequences over `tokens` tokens: a valid split
+ * (sequences maybe empty), the right ends with an entry inside below the one
+ * before it (n >= 2), or anything near the tokens with the int32 ends.
+ * tu_cu_seqlens returns whether cu is valid (cu[0] 0, never decreasing,
+ * cu[n] the tokens). */
+int64_t tu_position(tu_rng *r, int64_t rows);
+int tu_cu_seqlens(tu_rng *r, int32_t *cu, int n, int64_t tokens);
 
 /* OpenMP threads for the library's calls in this test: n, or (n <= 0) at least
  * two, so that the threaded paths run.  A no-op without OpenMP. */
