@@ -402,7 +402,7 @@ ATTR void NAME(const fwd_call *fc, float *mine, char *stage, int k, int64_t b,  
             r.k = k;                                                                              \
             if (stream)                                                                           \
                 dst = stage;                                                                      \
-            fr_norm_out_portable(fc, &r, rstd, dst);                                                  \
+            fr_norm_out_portable(fc, &r, rstd, dst);                                              \
         }                                                                                         \
         if (dst != y)                                                                             \
             fr_stream_row(y, dst, (size_t)hd * (size_t)es);                                       \

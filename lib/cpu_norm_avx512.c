@@ -12,14 +12,14 @@
  * The AVX2 forward row's two passes with 512-bit vectors, for CPUs with
  * AVX-512 F, BW and VL (fr_avx512_usable), on rows whose rotation pairs and
  * other channels come in whole 16-channel vectors (n5_whole, every slot of
- * the call; other calls take the AVX2 rows).  The bits are the AVX2 rows', lane by
- * lane: the same operations in the same order, in float, without FMA.  The
- * row sum keeps norm_math.h's 32 partial sums: partial l is lane l % 16 of
- * accumulator l / 16 (the AVX2 rows' accumulators 0-1 and 2-3 side by
- * side), and the tree adds the two (off 16), then the 256-bit halves (off
- * 8), then as nv_tree.  The bf16 roundings keep the integer arithmetic (not
- * vcvtneps2bf16, which flushes subnormal inputs to zero); a mask adds the
- * rounding's odd bit (cpu_avx512.c's bf16_high).
+ * the call; other calls take the AVX2 rows).  The bits are the AVX2 rows',
+ * lane by lane: the same operations in the same order, in float, without
+ * FMA.  The row sum keeps norm_math.h's 32 partial sums: partial l is lane
+ * l % 16 of accumulator l / 16 (the AVX2 rows' accumulators 0-1 and 2-3
+ * side by side), and the tree adds the two (off 16), then the 256-bit
+ * halves (off 8), then as nv_tree.  The bf16 roundings keep the integer
+ * arithmetic (not vcvtneps2bf16, which flushes subnormal inputs to zero); a
+ * mask adds the rounding's odd bit (cpu_avx512.c's bf16_high).
  */
 #define FR_N5_TARGET __attribute__((target("avx2,f16c,avx512f,avx512bw,avx512vl")))
 #define FR_N5_INLINE FR_N5_TARGET static inline __attribute__((always_inline))
