@@ -28,7 +28,10 @@
  * are 0 or NaN (NaN in each pair holding the infinity), and so does mean +
  * eps past FLT_MAX (a huge eps).  Rows at the float32 edges (sum of squares
  * or mean + eps near FLT_MAX, mean + eps below 2^-100) and elements beyond a
- * quarter of the dtype's range are not value-checked.
+ * quarter of the dtype's range are not value-checked.  An accepted forward
+ * runs again with the CPU's vector rows off, from the same inputs, and must
+ * give the same bytes and rstd (a NaN element NaN in both; not where rstd
+ * lies in a tensor buffer).
  *
  * Backward (after an accepted forward, 3 times in 4): the saved x (a copy of
  * the forward's input) or y (saved_output 1), a random dq_out, dq_in in place
@@ -910,6 +913,59 @@ out:
     }
 }
 
+/*
+ * An accepted forward again on the portable path (the CPU's vector rows off:
+ * fz_simd_off), from the same inputs: every byte the same, a NaN element a
+ * NaN in both runs; rstd in own memory compared the same way, float by
+ * float.  The AVX2 and AVX-512 rows promise the portable loops' bits.
+ */
+static void rerun_portable(const cache_t *ct, fz_call *fc, nrun *R)
+{
+    const fusedrope_positions *pp = fc->ps.given ? &fc->ps.p : NULL;
+    const fusedrope_tensor *d[4];
+    unsigned char **first = fz_rerun_begin(fc), *own_first[MAX_OWN];
+    fusedrope_status st;
+
+    for (int k = 0; k < 4; k++)
+        d[k] = k < 2 * fc->count && fc->ts[k].present ? &fc->ts[k].t : NULL;
+    for (int i = 0; i < R->nown; i++) {
+        own_first[i] = malloc(R->own[i].size ? R->own[i].size : 1);
+        if (!own_first[i])
+            abort();
+        memcpy(own_first[i], R->own[i].p, R->own[i].size);
+        memcpy(R->own[i].p, R->own[i].snap, R->own[i].size);
+    }
+    fz_simd_off(1);
+    st = fusedrope_norm_forward_qk(ct->cache, (fusedrope_style)fc->style, pp,
+                                   R->nm_null ? NULL : (const fusedrope_norm *)(void *)R->nmbuf,
+                                   d[0], d[1], d[2], d[3], fc->stream);
+    fz_simd_off(0);
+    fz_rerun_end(fc, first, st);
+    for (int i = 0; i < R->nown; i++) {
+        for (size_t j = 0; j < R->own[i].size; j++) {
+            const extra_t *in = NULL;
+            float a, b;
+            if (own_first[i][j] == R->own[i].p[j])
+                continue;
+            for (int k = 0; k < 2; k++) {
+                const extra_t *e = &R->ex[k ? EX_KR : EX_QR];
+                if (e->p && e->region == i + OWN_BASE && j >= e->off && j < e->off + e->bytes)
+                    in = e;
+            }
+            CHECK(in, "own array %d byte %zu differs between the SIMD and the portable forward, "
+                  "outside q_rstd and k_rstd", i, j);
+            {
+                const size_t e0 = in->off + (j - in->off) / 4 * 4;
+                memcpy(&a, own_first[i] + e0, 4);
+                memcpy(&b, R->own[i].p + e0, 4);
+                CHECK(isnan(a) && isnan(b), "%s at byte %zu: %.9g with the SIMD path, %.9g on "
+                      "the portable path", in->name, e0 - in->off, (double)a, (double)b);
+            }
+        }
+        free(own_first[i]);
+    }
+}
+
 /* ------------------------------------------------------------ the calls */
 
 static void run_norm(src_t *s, cache_t *ct, rng_t *r, int null_cache)
@@ -1129,6 +1185,11 @@ static void run_norm(src_t *s, cache_t *ct, rng_t *r, int null_cache)
               "norm_forward_qk %s own array %d (a weight, a refused call's rstd, or dq_weight)",
               st == FUSEDROPE_OK ? "wrote" : "refused, but wrote", i);
     }
+    /* (rstd in a tensor buffer: fz_rerun_end would take a NaN's other
+     * payload there for a stray write) */
+    if (st == FUSEDROPE_OK && !null_cache && (!R.ex[EX_QR].p || R.ex[EX_QR].region >= OWN_BASE) &&
+        (!R.ex[EX_KR].p || R.ex[EX_KR].region >= OWN_BASE))
+        rerun_portable(ct, fc, &R);
     if (st == FUSEDROPE_OK && fc->tokpos && !null_cache && fc->any_nonempty) {
         refctx X;
         int all = 1;
