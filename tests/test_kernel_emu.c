@@ -20,7 +20,7 @@
  * Each case runs again with a per-call pos->range_status word, which must
  * be raised instead of the cache's flag.  96 random cases do the same over
  * random shapes and device positions (invalid cu_seqlens among them), each
- * token's fate from the test's own model of the position rules
+ * token's fate from the test reference's position model
  * (test_random_device_positions).  Further tests: two calls with two
  * words each report their own; the host-side rules on the word (alignment,
  * no overlap, never written on a CPU cache); a cache of another device.
@@ -375,14 +375,13 @@ END_TEST
  * of int64 too, where s + offset passes them) or cu_seqlens (a valid split,
  * sequences longer than the table; the right ends with a decrease inside; or
  * anything: entries out of range, ends that are not 0 and the tokens), over random
- * shapes and the variants.  The expected flag and each token's position come
- * from this model, written from DESIGN.md's position rules: a token is bad
- * when it lies in no sequence, or a position on some axis is negative or
- * past the table's M rows (s + offset computed without overflow); a call
- * with a bad token or an invalid cu_seqlens raises the flag.  The run and
- * checks are run_case's (an invalid cu_seqlens: the flag, the padding and
- * the pass-through channels; ASan and valgrind watch every read the
- * kernels make of the arrays).
+ * shapes and the variants.  Which tokens are bad comes from the test
+ * reference's position model (tu_bad_tokens: tests/ref.c's
+ * ref_axis_positions, a position negative or past the table's M rows on
+ * some axis); a call with a bad token or an invalid cu_seqlens raises the
+ * flag.  The run and checks are run_case's (an invalid cu_seqlens: the
+ * flag, the padding and the pass-through channels; ASan and valgrind watch
+ * every read the kernels make of the arrays).
  */
 enum { NRANDOM = 96 };
 
@@ -394,6 +393,7 @@ START_TEST(test_random_device_positions)
     int bad[64] = { 0 };
     char name[160];
     kcase k;
+    fusedrope_positions P; /* the same positions, for the reference's model */
     tu_rng r;
     int mode, any = 0;
 
@@ -413,15 +413,15 @@ START_TEST(test_random_device_positions)
     k.pos.ids_rows = 1;
     k.pos.ids_row_stride = k.S * k.B;
     k.axes = FUSEDROPE_AXES_NONE;
+    fusedrope_positions_init(&P);
     if (mode == 0 || mode == 3) {
         const int rows = mode == 3 ? 3 : 1;
         const int64_t stride = k.S * k.B + tu_int(&r, 0, 3);
         for (int64_t i = 0; i < rows * stride; i++)
             ids[i] = i % stride < k.S * k.B ? tu_position(&r, M) : -777; /* never read */
-        for (int64_t t = 0; t < k.S * k.B; t++)
-            for (int a = 0; a < rows; a++)
-                bad[t] |= ids[a * stride + t] < 0 || ids[a * stride + t] >= M;
-        k.pos.ids = ids;
+        k.pos.ids = P.ids = ids;
+        P.ids_axes = rows;
+        P.ids_axis_stride = stride;
         if (mode == 3) {
             static const int sections[FUSEDROPE_MAX_AXES] = { 8, 12, 12, 0 };
             k.axes = FUSEDROPE_AXES_SECTIONS;
@@ -434,26 +434,17 @@ START_TEST(test_random_device_positions)
         for (int64_t b = 0; b < k.B; b++) {
             const int64_t o = tu_position(&r, M);
             offsets[b] = o == INT64_MAX || o == INT64_MIN ? o : o - tu_int(&r, 0, k.S);
-            for (int64_t s = 0; s < k.S; s++) {
-                const __int128 p = (__int128)s + offsets[b];
-                bad[b * k.S + s] = p < 0 || p >= M;
-            }
         }
-        k.pos.offsets = offsets;
+        k.pos.offsets = P.offsets = offsets;
     } else {
         const int n = (int)tu_int(&r, 1, 6);
-        if (tu_cu_seqlens(&r, cu, n, k.S)) {
-            /* token s: position s - cu[i] in the sequence i that holds it */
-            for (int i = 0; i < n; i++)
-                for (int64_t s = cu[i]; s < cu[i + 1]; s++)
-                    bad[s] = s - cu[i] >= M;
-        } else {
-            k.garbage = 1;
-            any = 1;
-        }
-        k.pos.cu_seqlens = cu;
-        k.pos.num_seqs = n;
+        k.garbage = !tu_cu_seqlens(&r, cu, n, k.S);
+        any = k.garbage;
+        k.pos.cu_seqlens = P.cu_seqlens = cu;
+        k.pos.num_seqs = P.num_seqs = n;
     }
+    if (!k.garbage)
+        tu_bad_tokens(&P, mode == 3 ? 3 : 1, k.S, k.B, M, bad);
     for (int64_t t = 0; t < k.S * k.B; t++)
         any |= bad[t];
     k.bad = bad;

@@ -45,7 +45,7 @@
  * The dx kernels raise the flag (with dw too: the rows' terms carry the NaN
  * angle into dw).  48 random cases do the same over random shapes and
  * device positions, an invalid cu_seqlens among them, each token's fate from
- * the test's own model (test_random_device_positions).
+ * the test reference's position model (test_random_device_positions).
  */
 #ifdef HAVE_CONFIG_H
 #include <config.h>
@@ -516,9 +516,9 @@ END_TEST
  * tu_cu_seqlens: valid splits, sequences longer than the table, a decrease
  * inside, anything), over random dtypes, head_dim 64 or 128, full or half
  * rotary, rows on or off 16 bytes, token counts, variants and the flag or
- * the call's word; which tokens are bad and whether the flag rises come from
- * the test's model of the position rules (test_kernel_emu's), run_case
- * checks the rest.
+ * the call's word; which tokens are bad comes from the test reference's
+ * position model (tu_bad_tokens), the flag from them and the cu_seqlens'
+ * validity (tu_cu_seqlens), and run_case checks the rest.
  */
 enum { NRANDOM = 48 };
 
@@ -531,6 +531,7 @@ START_TEST(test_random_device_positions)
     static int64_t ids[MAXT], offsets[4];
     static int32_t cu[8];
     ncase nc;
+    fusedrope_positions P; /* the same positions, for the reference's model */
     tu_rng r;
 
     /* under valgrind a quarter (_i 0, 4, 8, ...: every mode, _i % 3) */
@@ -549,35 +550,25 @@ START_TEST(test_random_device_positions)
     nc.pos.num_axes = 1;
     nc.pos.ids_rows = 1;
     nc.pos.ids_row_stride = nc.S * nc.B;
+    fusedrope_positions_init(&P);
     if (mode == 0) {
-        for (int64_t t = 0; t < nc.S * nc.B; t++) {
+        for (int64_t t = 0; t < nc.S * nc.B; t++)
             ids[t] = tu_position(&r, M);
-            nc.bad[t] = ids[t] < 0 || ids[t] >= M;
-        }
-        nc.pos.ids = ids;
+        nc.pos.ids = P.ids = ids;
     } else if (mode == 1) {
         for (int64_t b = 0; b < nc.B; b++) {
             const int64_t o = tu_position(&r, M);
             offsets[b] = o == INT64_MAX || o == INT64_MIN ? o : o - tu_int(&r, 0, nc.S);
-            for (int64_t s = 0; s < nc.S; s++) {
-                const __int128 p = (__int128)s + offsets[b];
-                nc.bad[b * nc.S + s] = p < 0 || p >= M;
-            }
         }
-        nc.pos.offsets = offsets;
+        nc.pos.offsets = P.offsets = offsets;
     } else {
         const int n = (int)tu_int(&r, 1, 6);
-        if (tu_cu_seqlens(&r, cu, n, nc.S)) {
-            /* token s: position s - cu[i] in the sequence i that holds it */
-            for (int i = 0; i < n; i++)
-                for (int64_t s = cu[i]; s < cu[i + 1]; s++)
-                    nc.bad[s] = s - cu[i] >= M;
-        } else {
-            nc.garbage = 1;
-        }
-        nc.pos.cu_seqlens = cu;
-        nc.pos.num_seqs = n;
+        nc.garbage = !tu_cu_seqlens(&r, cu, n, nc.S);
+        nc.pos.cu_seqlens = P.cu_seqlens = cu;
+        nc.pos.num_seqs = P.num_seqs = n;
     }
+    if (!nc.garbage)
+        tu_bad_tokens(&P, 1, nc.S, nc.B, M, nc.bad);
     nc.flag = nc.garbage;
     for (int64_t t = 0; t < nc.S * nc.B; t++)
         nc.flag |= nc.bad[t];

@@ -78,6 +78,24 @@ int tu_cu_seqlens(tu_rng *r, int32_t *cu, int n, int64_t tokens)
     return valid;
 }
 
+void tu_bad_tokens(const fusedrope_positions *pos, int naxes, int64_t S, int64_t B,
+                   int64_t rows, int *bad)
+{
+    /* an offset's sum past int64 wraps (ref_token_position) to a value past
+     * every small table: negative, or far from it */
+    const int64_t n = S * B;
+    int64_t *p = malloc(sizeof *p * (size_t)(n * naxes) + 1);
+    if (!p)
+        abort();
+    ref_axis_positions(pos, naxes, S, B, p);
+    for (int64_t k = 0; k < n; k++) {
+        bad[k] = 0;
+        for (int a = 0; a < naxes; a++)
+            bad[k] |= p[a * n + k] < 0 || p[a * n + k] >= rows;
+    }
+    free(p);
+}
+
 void tu_threads(int n)
 {
 #ifdef _OPENMP

@@ -35,6 +35,11 @@ int64_t tu_int(tu_rng *r, int64_t lo, int64_t hi); /* inclusive */
  * cu[n] the tokens). */
 int64_t tu_position(tu_rng *r, int64_t rows);
 int tu_cu_seqlens(tu_rng *r, int32_t *cu, int n, int64_t tokens);
+/* Which tokens of a call (bad[b * S + s]; THD: the packed index, B 1) have
+ * no position in a table of `rows` rows on some of naxes axes, by tests/ref.c's
+ * position model (ref_axis_positions; a cu_seqlens must be valid). */
+void tu_bad_tokens(const fusedrope_positions *pos, int naxes, int64_t S, int64_t B,
+                   int64_t rows, int *bad);
 
 /* OpenMP threads for the library's calls in this test: n, or (n <= 0) at least
  * two, so that the threaded paths run.  A no-op without OpenMP. */
