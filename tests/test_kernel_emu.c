@@ -431,10 +431,8 @@ START_TEST(test_random_device_positions)
             k.pos.ids_row_stride = stride;
         }
     } else if (mode == 1) {
-        for (int64_t b = 0; b < k.B; b++) {
-            const int64_t o = tu_position(&r, M);
-            offsets[b] = o == INT64_MAX || o == INT64_MIN ? o : o - tu_int(&r, 0, k.S);
-        }
+        for (int64_t b = 0; b < k.B; b++)
+            offsets[b] = tu_offset(&r, M, k.S);
         k.pos.offsets = P.offsets = offsets;
     } else {
         const int n = (int)tu_int(&r, 1, 6);

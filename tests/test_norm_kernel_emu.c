@@ -556,10 +556,8 @@ START_TEST(test_random_device_positions)
             ids[t] = tu_position(&r, M);
         nc.pos.ids = P.ids = ids;
     } else if (mode == 1) {
-        for (int64_t b = 0; b < nc.B; b++) {
-            const int64_t o = tu_position(&r, M);
-            offsets[b] = o == INT64_MAX || o == INT64_MIN ? o : o - tu_int(&r, 0, nc.S);
-        }
+        for (int64_t b = 0; b < nc.B; b++)
+            offsets[b] = tu_offset(&r, M, nc.S);
         nc.pos.offsets = P.offsets = offsets;
     } else {
         const int n = (int)tu_int(&r, 1, 6);

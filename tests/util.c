@@ -54,6 +54,12 @@ int64_t tu_position(tu_rng *r, int64_t rows)
     return tu_int(r, 0, 5) == 0 ? outside[tu_int(r, 0, 5)] : tu_int(r, 0, rows - 1);
 }
 
+int64_t tu_offset(tu_rng *r, int64_t rows, int64_t S)
+{
+    const int64_t o = tu_position(r, rows);
+    return o == INT64_MAX || o == INT64_MIN ? o : o - tu_int(r, 0, S);
+}
+
 int tu_cu_seqlens(tu_rng *r, int32_t *cu, int n, int64_t tokens)
 {
     const int kind = (int)tu_int(r, 0, 2);

@@ -34,6 +34,9 @@ int64_t tu_int(tu_rng *r, int64_t lo, int64_t hi); /* inclusive */
  * tu_cu_seqlens returns whether cu is valid (cu[0] 0, never decreasing,
  * cu[n] the tokens). */
 int64_t tu_position(tu_rng *r, int64_t rows);
+/* An offset for a batch entry of S tokens: tu_position less up to S (the
+ * int64 ends as they are, where s + offset passes them). */
+int64_t tu_offset(tu_rng *r, int64_t rows, int64_t S);
 int tu_cu_seqlens(tu_rng *r, int32_t *cu, int n, int64_t tokens);
 /* Which tokens of a call (bad[b * S + s]; THD: the packed index, B 1) have
  * no position in a table of `rows` rows on some of naxes axes, by tests/ref.c's
