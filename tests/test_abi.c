@@ -119,6 +119,17 @@ static void unguard(void *q)
     munmap(p, (size_t)page * 2);
 }
 
+/* What an *_init_sized of a struct of `size` bytes, `known` of them this
+ * library's, leaves: struct_size (the first member) `size`, the tail zero. */
+static void assert_sized_init(const unsigned char *raw, size_t known, size_t size)
+{
+    size_t struct_size;
+    memcpy(&struct_size, raw, sizeof struct_size);
+    ck_assert_uint_eq(struct_size, size);
+    for (size_t i = known; i < size; i++)
+        ck_assert_int_eq(raw[i], 0);
+}
+
 /* A small CPU forward with offsets {3, 7}: y for the given positions struct. */
 typedef struct {
     fusedrope_cache *cache;
@@ -218,9 +229,7 @@ START_TEST(test_positions_newer_header)
     small_init(&c);
     memset(raw, 0x5a, n);
     fusedrope_positions_init_sized(p, n);
-    ck_assert_uint_eq(p->struct_size, n);
-    for (size_t i = sizeof *p; i < n; i++)
-        ck_assert_int_eq(raw[i], 0);
+    assert_sized_init(raw, sizeof *p, n);
     p->offsets = c.offsets;
     ck_assert_int_eq(small_run(&c, p), FUSEDROPE_OK); /* unknown fields zero: fine */
     small_check(&c);
@@ -340,9 +349,7 @@ START_TEST(test_config_and_norm_newer_header)
 
     memset(rc, 0x5a, nc);
     fusedrope_cache_config_init_sized(cfg, nc, FUSEDROPE_ROPE_DEFAULT, 8, 16, 10000.0);
-    ck_assert_uint_eq(cfg->struct_size, nc);
-    for (size_t i = sizeof *cfg; i < nc; i++)
-        ck_assert_int_eq(rc[i], 0);
+    assert_sized_init(rc, sizeof *cfg, nc);
     ck_assert_int_eq(fusedrope_cache_create(cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
     ck_assert_int_eq(fusedrope_cache_copy_table(cache, cs, sn), FUSEDROPE_OK);
     rc[sizeof *cfg + 3] = 1;
@@ -367,9 +374,7 @@ START_TEST(test_config_and_norm_newer_header)
     fusedrope_norm_init(&plain);
     memset(rn, 0x5a, nn);
     fusedrope_norm_init_sized(nm, nn);
-    ck_assert_uint_eq(nm->struct_size, nn);
-    for (size_t i = sizeof *nm; i < nn; i++)
-        ck_assert_int_eq(rn[i], 0);
+    assert_sized_init(rn, sizeof *nm, nn);
     nm->q_rstd = rstd;
     ck_assert_int_eq(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, nm, &tx, &ty, NULL,
                                                NULL, NULL),

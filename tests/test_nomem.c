@@ -72,26 +72,22 @@ static int should_fail(void)
     return armed && ++count == fail_at;
 }
 
-void *__wrap_malloc(size_t n)
+/* A new block p (or NULL), kept in the live set while armed. */
+static void *tracked(void *p)
 {
-    void *p;
-    if (should_fail())
-        return NULL;
-    p = __real_malloc(n);
     if (armed && p)
         add_live(p);
     return p;
 }
 
+void *__wrap_malloc(size_t n)
+{
+    return should_fail() ? NULL : tracked(__real_malloc(n));
+}
+
 void *__wrap_calloc(size_t n, size_t m)
 {
-    void *p;
-    if (should_fail())
-        return NULL;
-    p = __real_calloc(n, m);
-    if (armed && p)
-        add_live(p);
-    return p;
+    return should_fail() ? NULL : tracked(__real_calloc(n, m));
 }
 
 void *__wrap_realloc(void *q, size_t n)
@@ -100,23 +96,14 @@ void *__wrap_realloc(void *q, size_t n)
     if (should_fail())
         return NULL;
     p = __real_realloc(q, n);
-    if (armed && p) {
-        if (q)
-            drop_live(q);
-        add_live(p);
-    }
-    return p;
+    if (armed && p && q)
+        drop_live(q);
+    return tracked(p);
 }
 
 void *__wrap_aligned_alloc(size_t a, size_t n)
 {
-    void *p;
-    if (should_fail())
-        return NULL;
-    p = __real_aligned_alloc(a, n);
-    if (armed && p)
-        add_live(p);
-    return p;
+    return should_fail() ? NULL : tracked(__real_aligned_alloc(a, n));
 }
 
 void __wrap_free(void *p)
