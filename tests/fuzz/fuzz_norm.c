@@ -913,6 +913,19 @@ out:
     }
 }
 
+/* The call's fusedrope_norm_forward_qk, as decoded (cache NULL for null_cache). */
+static fusedrope_status norm_forward(const cache_t *ct, fz_call *fc, const nrun *R,
+                                     int null_cache)
+{
+    const fusedrope_positions *pp = fc->ps.given ? &fc->ps.p : NULL;
+    const fusedrope_tensor *d[4];
+    for (int k = 0; k < 4; k++)
+        d[k] = k < 2 * fc->count && fc->ts[k].present ? &fc->ts[k].t : NULL;
+    return fusedrope_norm_forward_qk(null_cache ? NULL : ct->cache, (fusedrope_style)fc->style,
+                                     pp, R->nm_null ? NULL : (const fusedrope_norm *)(void *)R->nmbuf,
+                                     d[0], d[1], d[2], d[3], fc->stream);
+}
+
 /*
  * An accepted forward again on the portable path (the CPU's vector rows off:
  * fz_simd_off), from the same inputs: every byte the same, a NaN element a
@@ -921,13 +934,9 @@ out:
  */
 static void rerun_portable(const cache_t *ct, fz_call *fc, nrun *R)
 {
-    const fusedrope_positions *pp = fc->ps.given ? &fc->ps.p : NULL;
-    const fusedrope_tensor *d[4];
     unsigned char **first = fz_rerun_begin(fc), *own_first[MAX_OWN];
     fusedrope_status st;
 
-    for (int k = 0; k < 4; k++)
-        d[k] = k < 2 * fc->count && fc->ts[k].present ? &fc->ts[k].t : NULL;
     for (int i = 0; i < R->nown; i++) {
         own_first[i] = malloc(R->own[i].size ? R->own[i].size : 1);
         if (!own_first[i])
@@ -936,9 +945,7 @@ static void rerun_portable(const cache_t *ct, fz_call *fc, nrun *R)
         memcpy(R->own[i].p, R->own[i].snap, R->own[i].size);
     }
     fz_simd_off(1);
-    st = fusedrope_norm_forward_qk(ct->cache, (fusedrope_style)fc->style, pp,
-                                   R->nm_null ? NULL : (const fusedrope_norm *)(void *)R->nmbuf,
-                                   d[0], d[1], d[2], d[3], fc->stream);
+    st = norm_forward(ct, fc, R, 0);
     fz_simd_off(0);
     fz_rerun_end(fc, first, st);
     for (int i = 0; i < R->nown; i++) {
@@ -1150,15 +1157,7 @@ static void run_norm(src_t *s, cache_t *ct, rng_t *r, int null_cache)
     fz_snapshot(fc);
     for (int i = 0; i < R.nown; i++)
         memcpy(R.own[i].snap, R.own[i].p, R.own[i].size);
-    {
-        const fusedrope_positions *pp = fc->ps.given ? &fc->ps.p : NULL;
-        const fusedrope_tensor *d[4];
-        for (int k = 0; k < 4; k++)
-            d[k] = k < 2 * fc->count && fc->ts[k].present ? &fc->ts[k].t : NULL;
-        st = fusedrope_norm_forward_qk(null_cache ? NULL : ct->cache, (fusedrope_style)fc->style,
-                                       pp, R.nm_null ? NULL : (const fusedrope_norm *)(void *)R.nmbuf,
-                                       d[0], d[1], d[2], d[3], fc->stream);
-    }
+    st = norm_forward(ct, fc, &R, null_cache);
     stats.fwd++;
     stats.fwd_ok += st == FUSEDROPE_OK;
     fz_verdict(fc, st);
