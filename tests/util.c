@@ -84,13 +84,14 @@ int tu_cu_seqlens(tu_rng *r, int32_t *cu, int n, int64_t tokens)
     return valid;
 }
 
-void tu_bad_tokens(const fusedrope_positions *pos, int naxes, int64_t S, int64_t B,
-                   int64_t rows, int *bad)
+int tu_bad_tokens(const fusedrope_positions *pos, int naxes, int64_t S, int64_t B,
+                  int64_t rows, int *bad)
 {
     /* an offset's sum past int64 wraps (ref_token_position) to a value past
      * every small table: negative, or far from it */
     const int64_t n = S * B;
     int64_t *p = malloc(sizeof *p * (size_t)(n * naxes) + 1);
+    int any = 0;
     if (!p)
         abort();
     ref_axis_positions(pos, naxes, S, B, p);
@@ -98,8 +99,10 @@ void tu_bad_tokens(const fusedrope_positions *pos, int naxes, int64_t S, int64_t
         bad[k] = 0;
         for (int a = 0; a < naxes; a++)
             bad[k] |= p[a * n + k] < 0 || p[a * n + k] >= rows;
+        any |= bad[k];
     }
     free(p);
+    return any;
 }
 
 void tu_threads(int n)

@@ -40,8 +40,9 @@ int64_t tu_offset(tu_rng *r, int64_t rows, int64_t S);
 int tu_cu_seqlens(tu_rng *r, int32_t *cu, int n, int64_t tokens);
 /* Which tokens of a call (bad[b * S + s]; THD: the packed index, B 1) have
  * no position in a table of `rows` rows on some of naxes axes, by tests/ref.c's
- * position model (ref_axis_positions; a cu_seqlens must be valid). */
-void tu_bad_tokens(const fusedrope_positions *pos, int naxes, int64_t S, int64_t B,
+ * position model (ref_axis_positions; a cu_seqlens must be valid); returns
+ * whether any has none. */
+int tu_bad_tokens(const fusedrope_positions *pos, int naxes, int64_t S, int64_t B,
                    int64_t rows, int *bad);
 
 /* OpenMP threads for the library's calls in this test: n, or (n <= 0) at least
