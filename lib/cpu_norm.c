@@ -315,7 +315,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
     /* the AVX-512 rows where every slot's are whole 16-channel vectors (a
      * call whose q and k differ in head_dim may mix: it takes the AVX2 rows,
      * the same bits, rather than a function for both widths) */
-    if (all16 && a->count > 0)
+    if (all16)
         avx2_rows = fr_norm_avx512_rows(na->rounding, (int)a->dtype, a->interleaved);
 #endif
     /* a call's input in the cache needs no prefetches (they cost ~4% a row) */
