@@ -913,10 +913,46 @@ __device__ __forceinline__ float *term_row(const NParams &P, const NIo &io, int6
     return io.terms != nullptr ? io.terms + ((t - P.t0) * io.heads + h) * io.hd : nullptr;
 }
 
+/* p[0] + p[stride] + ... + p[(n - 1) stride], added in that order from 0,
+ * in batches of B loads written apart from the adds (the next batch's
+ * before this one's): so ptxas issues a batch's loads together, a round
+ * trip a batch (cuobjdump).  A plain loop kept 3 to 4 loads in flight, a
+ * batch loaded then added 8: the compilers place loads beside the adds that
+ * use them. */
+__device__ __forceinline__ float sum_in_order(const float *p, int64_t n, int64_t stride)
+{
+    constexpr int B = 32;
+    float sum = 0.0f, cur[B], next[B];
+    int64_t j = 0;
+    if (n >= B) {
+#pragma unroll
+        for (int i = 0; i < B; i++)
+            cur[i] = p[i * stride];
+    }
+    for (; j + B <= n; j += B) {
+        const bool more = j + 2 * B <= n;
+        if (more) {
+#pragma unroll
+            for (int i = 0; i < B; i++)
+                next[i] = p[(j + B + i) * stride];
+        }
+#pragma unroll
+        for (int i = 0; i < B; i++)
+            sum = sum + cur[i];
+        if (more) {
+#pragma unroll
+            for (int i = 0; i < B; i++)
+                cur[i] = next[i];
+        }
+    }
+    for (; j < n; j++)
+        sum = sum + p[j * stride];
+    return sum;
+}
+
 /* (1) one thread per (tensor, chunk of tokens t0..t1, channel): the chunk's
  * terms, its tokens in order and each token's heads in order, into its
- * partial.  The terms' loads do not wait for the sum, so several are in
- * flight; t0 is a multiple of the chunk. */
+ * partial; t0 is a multiple of the chunk. */
 __global__ void norm_dw_chunks(const __grid_constant__ NParams P)
 {
     const int64_t C = FUSEDROPE_NORM_DW_CHUNK, k0 = P.t0 / C, nk = (P.t1 + C - 1) / C - k0;
@@ -930,15 +966,13 @@ __global__ void norm_dw_chunks(const __grid_constant__ NParams P)
         const int64_t ta = ch * C, tb = ta + C < P.t1 ? ta + C : P.t1;
         const float *tp = io.terms + (ta - P.t0) * io.heads * io.hd + c;
         const int64_t n = (tb - ta) * io.heads;
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int64_t j = 0; j < n; j++)
-            acc = acc + tp[j * io.hd];
-        io.part[ch * io.hd + c] = acc;
+        io.part[ch * io.hd + c] = sum_in_order(tp, n, io.hd);
     }
 }
 
-/* (2) one thread per (tensor, channel): the partials in chunk order. */
+/* (2) one thread per (tensor, channel): the partials in chunk order (a
+ * few loads in flight at a time made this pass a tenth of the backward's
+ * time at 4096 tokens: bench/RESULTS.md). */
 __global__ void norm_dw_sum(const __grid_constant__ NParams P)
 {
     const int64_t n0 = P.io[0].part ? P.io[0].hd : 0, n1 = P.io[1].part ? P.io[1].hd : 0;
@@ -947,10 +981,7 @@ __global__ void norm_dw_sum(const __grid_constant__ NParams P)
         const int k = q >= n0;
         const NIo &io = P.io[k];
         const int64_t c = q - (k ? n0 : 0);
-        float sum = 0.0f;
-        for (int64_t ch = 0; ch < P.chunks; ch++)
-            sum = sum + io.part[ch * io.hd + c];
-        io.dw[c] = sum;
+        io.dw[c] = sum_in_order(io.part + c, P.chunks, io.hd);
     }
 }
 
