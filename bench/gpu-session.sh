@@ -91,12 +91,12 @@ quiet_host() {
   [ $n -gt 0 ] && note "quiet host: the $n variant builds done"
   vpid=()
 }
-normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:0:0 1000000000:2:8:1:0 1000000000:1:8:1:10 1000000000:1:8:1:12}
+normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:0 1000000000:1:8:1:0:9 1000000000:1:4:1:0:0 1000000000:1:8:1:10:10}
 normbwd_variants=${NORMBWD_VARIANTS:-16:1:2:1 16:1:4:1 8:1:3:2 16:1:3:2}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
     prebuild normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW FR_CUDA_NORM_WARP_HEADS \
-      FR_CUDA_NORM_WARP_AHEAD FR_CUDA_NORM_WARP_MINB
+      FR_CUDA_NORM_WARP_AHEAD FR_CUDA_NORM_WARP_MINB FR_CUDA_NORM_WARP_GRID
   done ;;
 esac
 case " $sections " in *" normbwd "*)
@@ -226,19 +226,21 @@ section_normwarp() {
   # the norm forward's row kernels, each variant's build taking one
   # (FR_CUDA_NORM_WARP_ROWS 0: a thread per row; huge: rows over warps,
   # items of at most HEADS rows of a token, RPW of them at a time, the next
-  # RPW rows' loads AHEAD or not, MINB blocks an SM asked of ptxas or 0),
-  # test_norm_gpu on each, then the same norm lines on each and on the
-  # default build last (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD:MINB;
-  # by default one row without the next ahead (48 registers), 2 rows with
-  # (63), one row with at 48 and at 40 registers (a few bytes spilled; the
-  # default: 51), since the loads stay unwidened until used (a7e5f09);
-  # the 2026-11-27 runs measured 0:1:8, huge:1:8, huge:2:8 and huge:4:8
-  # while every load was waited for at once); NORMWARP_TOKENS the sizes
+  # RPW rows' loads AHEAD or not, MINB blocks an SM asked of ptxas or 0,
+  # GRID the grid's blocks an SM or 0: a warp an item; a value left off
+  # keeps the default), test_norm_gpu on each, then the same norm lines on
+  # each and on the default build last (NORMWARP_VARIANTS chooses
+  # ROWS:RPW:HEADS:AHEAD:MINB:GRID; by default the grid's bound, the
+  # default's 16 blocks an SM being 1.78 waves at 4096 tokens: none, 9 (one
+  # wave at 51 registers), none with items of 4 rows, 10 with 10 blocks
+  # asked of ptxas (48 registers); the 2026-11-28 run measured huge:1:8:0:0,
+  # huge:2:8:1:0, huge:1:8:1:10 and huge:1:8:1:12 within 3% of the default
+  # but the first); NORMWARP_TOKENS the sizes
   quiet_host
   for v in $normwarp_variants default; do
     variant_tree normwarp $v || continue
     b=$vt/tools/fusedrope-bench
-    { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS:AHEAD:MINB=$v"
+    { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS:AHEAD:MINB:GRID=$v"
       for tokens in ${NORMWARP_TOKENS:-64 256 1024 4096 16384}; do
         $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_fwd|FAIL)'
       done

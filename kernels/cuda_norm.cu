@@ -127,6 +127,17 @@ static_assert(FR_CUDA_NORM_WARP_HEADS >= 1, "FR_CUDA_NORM_WARP_HEADS: at least 1
 #define FR_NORM_WARP_BOUNDS __launch_bounds__(128)
 #endif
 
+/* The most blocks of 128 threads an SM in norm_forward_warp's grid (its
+ * warps take the items beyond them grid-stride); 0: no bound, a warp an
+ * item, the hardware handing blocks to SMs as they free up.  16 asks for
+ * more blocks than an SM holds at 51 registers (9), so a long call runs a
+ * full wave and a partial one (ncu at 4096 tokens: 1.78 waves, 47% of the
+ * 56% occupancy reached: bench/RESULTS.md).  Not yet measured otherwise. */
+#ifndef FR_CUDA_NORM_WARP_GRID
+#define FR_CUDA_NORM_WARP_GRID 16
+#endif
+static_assert(FR_CUDA_NORM_WARP_GRID >= 0, "FR_CUDA_NORM_WARP_GRID: 0 or blocks an SM");
+
 #ifdef FR_CUDA_EMULATE
 /* Emulated, a test chooses: the forward's row kernel (1: the warp's, 0: the
  * thread's, -1: FR_CUDA_NORM_WARP_ROWS decides) and the warp's rows at a time
@@ -1421,18 +1432,19 @@ cudaError_t launch(K kernel, int64_t n, const NParams &P, cudaStream_t stream)
     return cudaLaunchKernelEx(&cfg, kernel, P);
 }
 
-/* launch_warps' blocks an SM at most (a warp's lanes hold a few channels
- * each, so an SM holds 2048 threads), and so its warps an SM. */
-enum { WARP_BLOCKS_PER_SM = 16, WARPS_PER_SM = WARP_BLOCKS_PER_SM * 128 / 32 };
+/* The warps an SM holds at most (2048 threads), for warp_heads' items. */
+enum { WARPS_PER_SM = 2048 / 32 };
 
-/* A grid-stride launch of `warps` warps, at most WARP_BLOCKS_PER_SM blocks
- * of 128 threads an SM; emulated, each warp's lanes run in lockstep. */
+/* A grid-stride launch of `warps` warps, at most FR_CUDA_NORM_WARP_GRID
+ * blocks of 128 threads an SM (0: a block for each 4 warps, at most 2^20 an
+ * SM); emulated, each warp's lanes run in lockstep. */
 template <typename K>
 cudaError_t launch_warps(K kernel, int64_t warps, const NParams &P, cudaStream_t stream)
 {
     if (warps <= 0)
         return cudaSuccess;
-    const cudaLaunchConfig_t cfg = grid_of(32 * warps, WARP_BLOCKS_PER_SM, P.sms, stream);
+    const int per_sm = FR_CUDA_NORM_WARP_GRID > 0 ? FR_CUDA_NORM_WARP_GRID : 1 << 20;
+    const cudaLaunchConfig_t cfg = grid_of(32 * warps, per_sm, P.sms, stream);
 #ifdef FR_CUDA_EMULATE
     return fr_emu_launch_lockstep(&cfg, kernel, P);
 #else
