@@ -126,6 +126,9 @@ static fusedrope_status check_output_layout(const fusedrope_tensor *t, const cha
     return FUSEDROPE_OK;
 }
 
+/* What each refusal of views that views_disjoint cannot prove apart says. */
+#define NOT_PROVABLY_APART "(not provably apart: the test is conservative, fusedrope_forward(3))"
+
 /* Whether two non-empty views provably share no byte: their address ranges
  * are apart, or they share one token lattice (same seq and batch strides) and
  * their heads never meet inside a token -- q and k as views into one packed
@@ -560,17 +563,17 @@ fusedrope_status fr_apply_prepare(const fusedrope_cache *cache, fusedrope_style 
                                (ll)user_out[k]->stride_head);
             if (!views_disjoint(y, bytes_out[k], x, bytes_in[j]))
                 return fr_fail(FUSEDROPE_ERR_INVALID,
-                               "%s may %s %s (not provably apart: the test is conservative, "
-                               "fusedrope_forward(3)); an output must be the same view as its "
-                               "input (in place) or share no memory with any input",
+                               "%s may %s %s " NOT_PROVABLY_APART "; an output must be the "
+                               "same view as its input (in place) or share no memory with any "
+                               "input",
                                names[2 * k + 1], j == k ? "partially overlap" : "overlap",
                                names[2 * j]);
         }
         if (k == 1 && !tokens_empty(out[0]) &&
             !views_disjoint(out[0], bytes_out[0], out[1], bytes_out[1]))
             return fr_fail(FUSEDROPE_ERR_INVALID,
-                           "%s and %s may overlap (not provably apart: the test is conservative, "
-                           "fusedrope_forward(3)); the two outputs must not share memory",
+                           "%s and %s may overlap " NOT_PROVABLY_APART
+                           "; the two outputs must not share memory",
                            names[1], names[3]);
     }
 
