@@ -22,6 +22,9 @@ timing the peers in this process:
                CUDA cache of S rows (theta 10000, as the tables here), so
                the difference from the libfusedrope row is the binding's
                per-call cost (DLPack export, argument checks).
+  elementwise  no rope: torch.neg of the same bytes into a second buffer,
+               PyTorch's own elementwise kernel, beside the copy (a
+               cudaMemcpyAsync): what a kernel of these bytes reaches here.
 
 Backward is the formulation's transpose written the same way (what autograd
 runs for it, without the autograd engine): dx = dy*cos + rotate_half^T(dy*sin),
@@ -304,6 +307,12 @@ def main():
         pairs = list(zip(dsts, srcs))
         copy_s = time_events(torch, lambda p: p[0].copy_(p[1]), pairs, a.iters, a.warmup)
         copy_gbs = nbytes / copy_s / 1e9
+        # a plain elementwise kernel over the same bytes (PyTorch's torch.neg
+        # into a second buffer): what a kernel reaches on this device beside
+        # the copy (cudaMemcpyAsync), read as a kernel's practical ceiling
+        ew_s = time_events(torch, lambda p: torch.neg(p[1], out=p[0]), pairs, a.iters, a.warmup)
+        results.append(("elementwise", shape_str, "torch.neg", ew_s * 1e3, nbytes / ew_s / 1e9,
+                        copy_gbs, copy_s / ew_s, "(reference: the same bytes, no rope)"))
         del srcs, dsts, pairs
 
         for opname, sign, pick in (("forward", 1.0, 1), ("backward", -1.0, 2)):
@@ -335,7 +344,8 @@ def main():
         print("%-11s %-18s %-13s %10.4f %9.1f %9.1f %8.3f  %s" % (op, shape, impl, ms, gbs, cgbs,
                                                                  frac, chk))
     print("\n'of copy' is each program's own copy of the same bytes in the same run "
-          "(fusedrope-bench: cudaMemcpyAsync; peers: tensor.copy_).")
+          "(fusedrope-bench: cudaMemcpyAsync; peers: tensor.copy_); 'elementwise' is "
+          "torch.neg of the same bytes, a kernel's ceiling.")
     sys.exit(0 if ok_all else 1)
 
 
