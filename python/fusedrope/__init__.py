@@ -312,9 +312,31 @@ def _export_stream(a, cuda_stream, torch_current):
     return cuda_stream if cuda_stream else 1
 
 
+def _torch_direct(a, torch_current):
+    """Whether a is a plain PyTorch tensor that tensor.__dlpack__ would
+    export as it stands, with no stream to order: not requiring gradient,
+    no conjugate bit, strided, no __torch_function__ override (a subclass,
+    a mode), and on the CPU or, for a call on PyTorch's current stream, on
+    CUDA.  Such a tensor goes through torch.utils.dlpack.to_dlpack, the
+    same export without __dlpack__'s and __dlpack_device__'s Python-level
+    work: about 7 us a tensor on the CPU, most of a small call's cost
+    (bench/RESULTS.md).  The capsule carries the tensor's device, which the
+    extension checks against the cache's."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(a) is not torch.Tensor:
+        return False
+    if a.requires_grad or a.is_conj() or a.layout is not torch.strided or \
+            torch.overrides.has_torch_function_unary(a):
+        return False
+    return not a.is_cuda or torch_current
+
+
 def _capsule(a, what, cuda_stream, torch_current=False):
     """a.__dlpack__(), asking for a versioned capsule (it carries the
-    read-only flag) where the producer offers one."""
+    read-only flag) where the producer offers one; a plain PyTorch tensor
+    with no stream to order through to_dlpack (_torch_direct)."""
+    if _torch_direct(a, torch_current):
+        return sys.modules["torch"].utils.dlpack.to_dlpack(a)
     if not hasattr(a, "__dlpack__"):
         raise TypeError(f"{what} must support DLPack (__dlpack__): a NumPy array, a PyTorch "
                         f"tensor, a CuPy array...; got {type(a).__name__}")

@@ -534,6 +534,46 @@ def test_torch_errors():
     assert y.dtype == torch.bfloat16
 
 
+def test_torch_tensors_direct():
+    """Plain tensors go through to_dlpack (fusedrope._torch_direct), the
+    rest through tensor.__dlpack__: the same bytes either way, strided views
+    included, and what __dlpack__ refuses (a tensor requiring gradient) is
+    still refused."""
+    torch = pytest.importorskip("torch")
+
+    class Sub(torch.Tensor):  # a subclass: __dlpack__, not to_dlpack
+        pass
+
+    cache = fusedrope.Cache("default", rot_dim=16, max_positions=32)
+    g = torch.Generator().manual_seed(ref.salt("torch direct"))
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        base = torch.randn(7, 2, 6, 16, generator=g).to(dtype)
+        for x in (base, base[:, :, ::2], base.transpose(0, 1)):  # sbhd, heads and seq strided
+            assert fusedrope._torch_direct(x, False)
+            assert not fusedrope._torch_direct(x.as_subclass(Sub), False)
+            y = torch.full_like(x, float("nan"))
+            ys = torch.full_like(x, float("nan")).as_subclass(Sub)
+            fusedrope.forward(cache, x, out=y)
+            fusedrope.forward(cache, x.as_subclass(Sub), out=ys)
+            assert torch.equal(y.view(torch.int16), ys.as_subclass(torch.Tensor).view(torch.int16))
+            z = fusedrope.backward(cache, y.clone())
+            assert torch.allclose(z.float(), x.float(), rtol=0, atol=0.05)
+    x = torch.randn(4, 1, 2, 16, requires_grad=True)
+    assert not fusedrope._torch_direct(x, False)
+    with pytest.raises(ValueError, match="DLPack"):
+        fusedrope.forward(cache, x, out=torch.empty(4, 1, 2, 16))
+    q, k = torch.randn(5, 1, 4, 16), torch.randn(5, 1, 2, 16)
+    w = torch.nn.Parameter(torch.rand(16) + 0.5, requires_grad=False)  # a subclass
+    qo, ko = fusedrope.norm_forward_qk(cache, q, k, w, w.detach(), rounding="once",
+                                       out=(torch.empty_like(q), torch.empty_like(k)))
+    qs, ks = fusedrope.norm_forward_qk(cache, q.as_subclass(Sub), k.as_subclass(Sub), w, w,
+                                       rounding="once",
+                                       out=(torch.empty_like(q), torch.empty_like(k)))
+    assert not torch.equal(qo, q)
+    assert torch.equal(qo, qs.as_subclass(torch.Tensor))
+    assert torch.equal(ko, ks.as_subclass(torch.Tensor))
+
+
 # ------------------------------------- multimodal rope against transformers
 
 def _qwen_vl(kind):
