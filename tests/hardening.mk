@@ -24,6 +24,31 @@ tests_fuzz_test_regress_SOURCES = tests/fuzz/test_regress.c
 tests_fuzz_test_regress_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_fuzz_test_regress_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_fuzz_test_regress_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
+
+# make check-threads: the test programs whose threads run the library at
+# the same time (test_threads: 8 threads on one cache, their errors too), for
+# the ThreadSanitizer build (README, "Reliability"; .ci/run).  That build has
+# no OpenMP (libgomp is not instrumented), so every other program runs the
+# library on one thread and gives ThreadSanitizer nothing to watch: in CI
+# they took most of the stage (bench/RESULTS.md).  Only these programs are
+# built.  A test source that starts threads must be in one of the two lists,
+# or the target fails; THREAD_TESTS_APART: those whose threads never overlap
+# (test_errors and test_stack start one and join it before going on: the
+# per-thread error message, the stack's size, which the sanitizers change)
+# or that a --without-cuda build lacks (test_cuda).  make check runs all of
+# them in every build.
+THREAD_TESTS = tests/test_threads
+THREAD_TESTS_APART = tests/test_errors tests/test_stack tests/test_cuda
+check-threads:
+	@for f in `grep -l pthread_create $(srcdir)/tests/*.c`; do \
+	  t=tests/`basename $$f .c`; \
+	  case " $(THREAD_TESTS) $(THREAD_TESTS_APART) " in *" $$t "*) ;; \
+	  *) echo "check-threads: $$f starts threads: list $$t in THREAD_TESTS (tests/hardening.mk)" >&2; exit 1 ;; esac; \
+	done
+	$(MAKE) $(AM_MAKEFLAGS) check TESTS="$(THREAD_TESTS)" check_PROGRAMS="$(THREAD_TESTS:=$(EXEEXT))"
+else
+check-threads:
+	@echo "make check-threads needs libcheck, which configure did not find" >&2; exit 1
 endif
 
 # ------------------------------------------------------- allocation failure
@@ -146,7 +171,7 @@ fuzz:
 	@echo "make fuzz needs a build configured with: ./configure CC=clang --enable-fuzzing" >&2; \
 	exit 1
 endif
-.PHONY: fuzz
+.PHONY: fuzz check-threads
 
 # ---------------------------------------------------------------- valgrind
 # make check-valgrind (= check-valgrind-memcheck): every test program under
