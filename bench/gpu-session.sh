@@ -308,18 +308,21 @@ section_normbwd() {
 
 section_normprof() {
   # where the norm kernels' time goes: ncu's throughput, occupancy, launch and
-  # warp-state sections (its rules name the top stall) for the kernels of one
-  # forward and one backward each (norm_forward_warp, norm_backward_items):
-  # 4096 tokens and the decode step's 64
+  # warp-state sections (its rules name the top stall), and the compute
+  # workload's pipe utilisation and the instruction mix (which pipe the
+  # forward's 70% "SM throughput" is), for the kernels of one forward and one
+  # backward each (norm_forward_warp, norm_backward_items): 4096 tokens and
+  # the decode step's 64
   b=/tmp/inst/bin/fusedrope-bench
   for c in "t4096 --qk 32,8 --shape 4096,1,1,128" "t64 --qk 32,8 --shape 64,1,1,128"; do
     set -- $c; name=$1; shift
     timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:norm_ --launch-count 6 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section ComputeWorkloadAnalysis --section InstructionStats \
       $b "$@" --norm qwen3 --iters 1 --warmup 0 > "$out/ncu-norm-$name.txt" 2>&1
     note "ncu norm $name ($*): rc $?"
-    grep -E '^  [a-z_:<>0-9, ()A-Za-z]+\(|Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|stalled|Block Limit' \
-      "$out/ncu-norm-$name.txt" | cut -c1-200 | head -80 | tee -a "$summary"
+    grep -E '^  [a-z_:<>0-9, ()A-Za-z]+\(|Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|stalled|Block Limit|Issue Slots Busy|Executed Ipc|pipeline|Pipe' \
+      "$out/ncu-norm-$name.txt" | cut -c1-200 | head -120 | tee -a "$summary"
   done
 }
 
