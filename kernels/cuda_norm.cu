@@ -721,34 +721,32 @@ template <int R> struct RowsTree {
 
 /* A row's pairs over a warp, from the lane's channels v, weight factors wf
  * (channel lane + 32 k) and angles: normalised as RND says, rotated, stored
- * at y. */
+ * at yl, the lane's first channel (lane) of the row. */
 template <int DT, int HD, bool IL, int RND>
 __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v, const float *wf,
-                                           const LaneAngles<HD, IL> &an, uint16_t *y)
+                                           const LaneAngles<HD, IL> &an, uint16_t *yl)
 {
     constexpr int K = HD / 32;
     if constexpr (IL) {
 #pragma unroll
         for (int k = 0; k < K; k++) {
-            const int ch = lane + 32 * k;
             const float mine = norm_value<DT>(v[k], rstd, wf[k], RND);
             const float other = __shfl_xor_sync(0xffffffffu, mine, 1);
             const bool first = (lane & 1) == 0;
             float ya, yb;
             fr_rotate(first ? mine : other, first ? other : mine, an.c[k], an.sn[k], 1.0f, &ya,
                       &yb);
-            y[ch] = (uint16_t)Elem<DT>::from_f(first ? ya : yb);
+            yl[32 * k] = (uint16_t)Elem<DT>::from_f(first ? ya : yb);
         }
     } else {
 #pragma unroll
         for (int k = 0; k < K / 2; k++) {
-            const int ca = lane + 32 * k, cb = ca + HD / 2;
             float ya, yb;
             const float va = norm_value<DT>(v[k], rstd, wf[k], RND);
             const float vb = norm_value<DT>(v[k + K / 2], rstd, wf[k + K / 2], RND);
             fr_rotate(va, vb, an.c[k], an.sn[k], 1.0f, &ya, &yb);
-            y[ca] = (uint16_t)Elem<DT>::from_f(ya);
-            y[cb] = (uint16_t)Elem<DT>::from_f(yb);
+            yl[32 * k] = (uint16_t)Elem<DT>::from_f(ya);
+            yl[32 * k + HD / 2] = (uint16_t)Elem<DT>::from_f(yb);
         }
     }
 }
@@ -780,8 +778,9 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
  * widened only where they are worked, so the loads stay in flight until then
  * (FR_CUDA_NORM_WARP_RPW: what the H100 measured while they did not).  Each
  * row's operations are the same whatever the item and R: no launch shape
- * changes a result. */
-template <int DT, int HD, bool IL, int R>
+ * changes a result.  The rounding mode RND is the kernel's own (a branch at
+ * each row took 5 of its ~142 instructions). */
+template <int DT, int HD, bool IL, int R, int RND>
 __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NParams P)
 {
     check_cu_seqlens(P.pos, P.tokens, P.flag);
@@ -806,20 +805,28 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
         /* rows j0 .. j0 + R - 1 (those before n): their bits into u, widened
          * only where they are used, so that the loads stay in flight until
          * then (widened here, each row's loads were waited for at once); the
-         * next row to load at xn, one head stride on from the last (the
-         * item's rows are heads h0, h0 + 1, ... of one tensor: a row's
-         * address from its head took ~45 instructions of its ~185) */
+         * lane's first channel of the next row to load at xn, one head
+         * stride on from the last (the item's rows are heads h0, h0 + 1, ...
+         * of one tensor: a row's address from its head took ~45
+         * instructions of its ~185), and of the next row to store at yl (the
+         * lane's offset added once an item, not at each row's loads and
+         * stores: bench/RESULTS.md) */
+        const int64_t in_sh = io.in_sh, out_sh = io.out_sh;
+        /* whether row j is past the item's: never at one row at a time (R =
+         * 1: each row the loop works or loads ahead is before n), which the
+         * compiler cannot see (it tested and branched at each row) */
+        auto past = [&](int j) { return R > 1 && j >= n; };
         const uint16_t *xn =
-            (const uint16_t *)row_ptr(io.in, s, b, h0, io.in_ss, io.in_sb, io.in_sh, DT);
+            (const uint16_t *)row_ptr(io.in, s, b, h0, io.in_ss, io.in_sb, in_sh, DT) + lane;
         auto load_rows = [&](int j0, uint16_t (&u)[R][K]) {
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                if (j0 + j >= n)
+                if (past(j0 + j))
                     break;
 #pragma unroll
                 for (int c = 0; c < K; c++)
-                    u[j][c] = xn[lane + 32 * c];
-                xn += io.in_sh;
+                    u[j][c] = xn[32 * c];
+                xn += in_sh;
             }
         };
         /* rows past the item stay unused */
@@ -835,7 +842,8 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
             wslot = k;
             lane_weights<DT>(P, io, lane, wf);
         }
-        uint16_t *y = (uint16_t *)row_ptr(io.out, s, b, h0, io.out_ss, io.out_sb, io.out_sh, DT);
+        uint16_t *yl =
+            (uint16_t *)row_ptr(io.out, s, b, h0, io.out_ss, io.out_sb, out_sh, DT) + lane;
         float *r = io.rstd != nullptr ? io.rstd + t * io.heads + h0 : nullptr;
         for (int j0 = 0; j0 < n; j0 += R) {
             /* the next rows' loads in flight during these rows' work */
@@ -850,7 +858,7 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
                     v[j][c] = Elem<DT>::to_f(raw[j][c]);
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                if (j0 + j >= n)
+                if (past(j0 + j))
                     break;
 #pragma unroll
                 for (int c = 0; c < K; c++)
@@ -860,18 +868,13 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
             const float rstd_lane = fr_norm_rstd(RowsTree<R>::sum(p, lane), HD, P.eps);
 #pragma unroll
             for (int j = 0; j < R; j++) {
-                if (j0 + j >= n)
+                if (past(j0 + j))
                     break;
                 const float rstd = RowsTree<R>::of_row(rstd_lane, j);
                 if (lane == 0 && r != nullptr)
                     r[j0 + j] = rstd;
-                if (P.rounding == FR_ROUND_LLAMA)
-                    warp_pairs<DT, HD, IL, FR_ROUND_LLAMA>(rstd, lane, v[j], wf, an, y);
-                else if (P.rounding == FR_ROUND_GEMMA)
-                    warp_pairs<DT, HD, IL, FR_ROUND_GEMMA>(rstd, lane, v[j], wf, an, y);
-                else
-                    warp_pairs<DT, HD, IL, FR_ROUND_ONCE>(rstd, lane, v[j], wf, an, y);
-                y += io.out_sh;
+                warp_pairs<DT, HD, IL, RND>(rstd, lane, v[j], wf, an, yl);
+                yl += out_sh;
             }
             if (more) {
 #pragma unroll
@@ -1594,9 +1597,13 @@ template <int DT, int HD> cudaError_t launch_rows(const NParams &P0, cudaStream_
         /* items of fewer rows than R at a time (the decode step's one row)
          * take one row at a time: no padded rows' work */
         const int r = P.warp_heads < warp_rpw() ? 1 : warp_rpw();
-#define FR_WARP_RPW(R)                                                                    \
-    (P.interleaved ? launch_warps(norm_forward_warp<DT, HD, true, R>, warps, P, stream)    \
-                   : launch_warps(norm_forward_warp<DT, HD, false, R>, warps, P, stream))
+#define FR_WARP_IL(R, RND)                                                                    \
+    (P.interleaved ? launch_warps(norm_forward_warp<DT, HD, true, R, RND>, warps, P, stream)    \
+                   : launch_warps(norm_forward_warp<DT, HD, false, R, RND>, warps, P, stream))
+#define FR_WARP_RPW(R)                                                                        \
+    (P.rounding == FR_ROUND_LLAMA   ? FR_WARP_IL(R, FR_ROUND_LLAMA)                            \
+     : P.rounding == FR_ROUND_GEMMA ? FR_WARP_IL(R, FR_ROUND_GEMMA)                            \
+                                    : FR_WARP_IL(R, FR_ROUND_ONCE))
 #ifdef FR_CUDA_EMULATE
         /* every count a test may choose, the default among them */
         return r == 4 ? FR_WARP_RPW(4) : r == 3 ? FR_WARP_RPW(3) : r == 2 ? FR_WARP_RPW(2)
@@ -1605,6 +1612,7 @@ template <int DT, int HD> cudaError_t launch_rows(const NParams &P0, cudaStream_
         return r == 1 ? FR_WARP_RPW(1) : FR_WARP_RPW(FR_CUDA_NORM_WARP_RPW);
 #endif
 #undef FR_WARP_RPW
+#undef FR_WARP_IL
     }
     return P0.interleaved ? launch(norm_forward_rows<DT, HD, true>, n, P0, stream)
                           : launch(norm_forward_rows<DT, HD, false>, n, P0, stream);
