@@ -54,11 +54,14 @@ FR_HD float fr_norm_mean(float sum, int64_t head_dim)
 }
 
 /* rstd = 1 / sqrt(sum / head_dim + eps), each operation rounded to float
- * (IEEE division and square root on the GPU too, never rsqrt). */
+ * (IEEE division and square root on the GPU too, never rsqrt).  On the GPU
+ * the division is the IEEE reciprocal (rcp.rn: 1 / s rounded to nearest,
+ * the same float as the division's by definition; its code skips the
+ * division's numerator checks). */
 FR_HD float fr_norm_rstd(float sum, int64_t head_dim, float eps)
 {
 #ifdef __CUDA_ARCH__
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(fr_norm_mean(sum, head_dim), eps)));
+    return __frcp_rn(__fsqrt_rn(__fadd_rn(fr_norm_mean(sum, head_dim), eps)));
 #else
     return 1.0f / sqrtf(fr_norm_mean(sum, head_dim) + eps);
 #endif
