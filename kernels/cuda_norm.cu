@@ -779,7 +779,7 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
  * (FR_CUDA_NORM_WARP_RPW: what the H100 measured while they did not).  Each
  * row's operations are the same whatever the item and R: no launch shape
  * changes a result.  The rounding mode RND is the kernel's own (a branch at
- * each row took 5 of its ~142 instructions). */
+ * each row took 5 of its 136 instructions: bench/RESULTS.md). */
 template <int DT, int HD, bool IL, int R, int RND>
 __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NParams P)
 {
