@@ -830,7 +830,7 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
             }
         };
         /* rows past the item stay unused */
-        uint16_t raw[R][K] = {}, raw_next[R][K] = {};
+        uint16_t raw[R][K] = {};
         /* the first rows' loads in flight while the position and angles are
          * found (two dependent round trips), and the angles' and the rows'
          * while the weights are (found at the item's first row, they took a
@@ -846,16 +846,18 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
             (uint16_t *)row_ptr(io.out, s, b, h0, io.out_ss, io.out_sb, out_sh, DT) + lane;
         float *r = io.rstd != nullptr ? io.rstd + t * io.heads + h0 : nullptr;
         for (int j0 = 0; j0 < n; j0 += R) {
-            /* the next rows' loads in flight during these rows' work */
-            const bool more = FR_CUDA_NORM_WARP_AHEAD && j0 + R < n;
-            if (more)
-                load_rows(j0 + R, raw_next);
             float v[R][K], p[RowsTree<R>::N] = {}; /* rows past the item (or R) sum to 0 */
 #pragma unroll
             for (int j = 0; j < R; j++)
 #pragma unroll
                 for (int c = 0; c < K; c++)
                     v[j][c] = Elem<DT>::to_f(raw[j][c]);
+            /* the next rows' loads in flight during these rows' work, into
+             * raw, which v now holds (a second buffer cost a copy of it at
+             * each row and a second widening: bench/RESULTS.md) */
+            const bool more = FR_CUDA_NORM_WARP_AHEAD && j0 + R < n;
+            if (more)
+                load_rows(j0 + R, raw);
 #pragma unroll
             for (int j = 0; j < R; j++) {
                 if (past(j0 + j))
@@ -876,15 +878,8 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
                 warp_pairs<DT, HD, IL, RND>(rstd, lane, v[j], wf, an, yl);
                 yl += out_sh;
             }
-            if (more) {
-#pragma unroll
-                for (int j = 0; j < R; j++)
-#pragma unroll
-                    for (int c = 0; c < K; c++)
-                        raw[j][c] = raw_next[j][c];
-            } else if (j0 + R < n) {
+            if (!more && j0 + R < n)
                 load_rows(j0 + R, raw);
-            }
         }
     }
 }
