@@ -853,8 +853,8 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
                 for (int c = 0; c < K; c++)
                     v[j][c] = Elem<DT>::to_f(raw[j][c]);
             /* the next rows' loads in flight during these rows' work, into
-             * raw, which v now holds (a second buffer cost a copy of it at
-             * each row and a second widening: bench/RESULTS.md) */
+             * raw, which v now holds (a second buffer took 8 more registers
+             * in the interleaved kernels: bench/RESULTS.md) */
             const bool more = FR_CUDA_NORM_WARP_AHEAD && j0 + R < n;
             if (more)
                 load_rows(j0 + R, raw);
