@@ -13,8 +13,8 @@
  * runs from the same bytes, and its output must be the kernels' to the bit
  * (the backends' promise; a NaN need only be NaN, its bits being each
  * path's own).  The kernels' output stays for test_apply to check.
- * Under valgrind (make check-valgrind) a call runs one of the three plans,
- * in turn (tests/emu_config.h).
+ * Under valgrind (make check-valgrind) or a sanitizer a call runs one of
+ * the three plans, in turn (tests/emu_config.h).
  *
  * The cache is the CPU one, used as if it lived on the device: its table,
  * and its frequencies for a table-less cache, are host arrays, which the

@@ -12,12 +12,13 @@
 #include "under_valgrind.h"
 
 /* Whether to run configuration i of n on call a: all of them; but under
- * valgrind (tu_under_valgrind) one, in turn from the count of calls and
- * the call's shape, since the emulated kernels took most of that stage's
- * time (bench/RESULTS.md).  Valgrind looks for memory errors, which one
- * configuration's run shows; that the configurations give the same bytes
- * is checked where all of them run (make check, the sanitizer builds).
- * The wrapper asks for i = 0, 1, ..., n - 1 in turn on each call. */
+ * valgrind (tu_under_valgrind) or a sanitizer (TU_SANITIZED) one, in turn
+ * from the count of calls and the call's shape, since the emulated kernels
+ * took most of those stages' time (bench/RESULTS.md).  The memory checkers
+ * look for memory errors and undefined behaviour, which one configuration's
+ * run shows; that the configurations give the same bytes is checked where
+ * all of them run (make check, make distcheck).  The wrapper asks for i =
+ * 0, 1, ..., n - 1 in turn on each call. */
 static inline int emu_config_runs(size_t i, size_t n, const fr_apply_args *a)
 {
     static uint64_t calls;
@@ -25,7 +26,7 @@ static inline int emu_config_runs(size_t i, size_t n, const fr_apply_args *a)
         calls++;
     const uint64_t key = (uint64_t)(a->seq_len * 31 + a->batch * 7 + a->io[0].heads * 3 +
                                     a->io[0].head_dim + (int64_t)a->dtype);
-    return !tu_under_valgrind() || i == (size_t)((calls + key) % n);
+    return !(TU_SANITIZED || tu_under_valgrind()) || i == (size_t)((calls + key) % n);
 }
 
 #endif

@@ -401,15 +401,7 @@ int main(void)
         /* 2^61 rows x 1 pair x 4 bytes = 2^63 bytes: within SIZE_MAX, so no
          * RANGE; malloc must fail.  Not run under sanitizers or valgrind,
          * which abort or warn on such a request instead of returning NULL. */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define FR_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
-    __has_feature(memory_sanitizer)
-#define FR_SANITIZED 1
-#endif
-#endif
-#ifndef FR_SANITIZED
+#if !TU_SANITIZED
         if (!tu_under_valgrind()) {
             armed = 1, fail_at = 0, count = 0, nlive = 0;
             st = fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &c);

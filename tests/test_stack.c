@@ -38,17 +38,6 @@
 #define CPU FUSEDROPE_DEVICE_CPU
 #define MSG 2048
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
-    __has_feature(memory_sanitizer)
-#define SANITIZED 1
-#endif
-#endif
-#ifndef SANITIZED
-#define SANITIZED 0
-#endif
 
 #define SMALL_STACK (32 * 1024)
 
@@ -128,7 +117,7 @@ static void arm_fault_report(void)
 {
     static _Thread_local int armed;
     stack_t ss;
-    if (SANITIZED || under_valgrind || armed)
+    if (TU_SANITIZED || under_valgrind || armed)
         return;
     memset(&ss, 0, sizeof ss);
     ss.ss_size = 64 * 1024;
@@ -317,7 +306,7 @@ START_TEST(test_caller_small_stack)
     thread_arg a = {_i * 12, 0};
     int e;
     ck_assert_int_eq(pthread_attr_init(&attr), 0);
-    if (!SANITIZED) {
+    if (!TU_SANITIZED) {
         const size_t size = SMALL_STACK + thread_overhead();
         e = pthread_attr_setstacksize(&attr, size);
         ck_assert_msg(e == 0, "pthread_attr_setstacksize(%zu): %s", size, strerror(e));
@@ -349,7 +338,7 @@ int main(int argc, char **argv)
      * outside it. */
     const char *preload = getenv("LD_PRELOAD");
     under_valgrind = preload && strstr(preload, "vgpreload");
-    if (!SANITIZED && !getenv("FUSEDROPE_TEST_STACK_CHILD") && !under_valgrind) {
+    if (!TU_SANITIZED && !getenv("FUSEDROPE_TEST_STACK_CHILD") && !under_valgrind) {
         /* the workers' stacks too leave SMALL_STACK past what a thread uses
          * before its start routine (the static CUDA runtime's TLS alone is
          * 8 KiB on 4 KiB alignment): 32K flat crashed on the H100 host */
@@ -361,7 +350,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "test_stack: cannot re-execute itself (%s); default stacks\n",
                 strerror(errno));
     }
-    if (!SANITIZED) {
+    if (!TU_SANITIZED) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_sigaction = report_fault;
@@ -373,7 +362,7 @@ int main(int argc, char **argv)
     printf("test_stack: OMP_STACKSIZE=%s, caller threads of %s; a new thread uses %zu bytes "
            "of its stack before its start routine\n",
            getenv("OMP_STACKSIZE") ? getenv("OMP_STACKSIZE") : "(default)",
-           SANITIZED ? "default stack (sanitizer build)" : "32 KiB past that", thread_overhead());
+           TU_SANITIZED ? "default stack (sanitizer build)" : "32 KiB past that", thread_overhead());
     if (under_valgrind)
         printf("test_stack: under valgrind, a quarter of the cases\n");
     return tu_main(stack_suite(), "test_stack");
