@@ -38,7 +38,6 @@
 #define CPU FUSEDROPE_DEVICE_CPU
 #define MSG 2048
 
-
 #define SMALL_STACK (32 * 1024)
 
 /* Under valgrind (its preload in LD_PRELOAD) the cases are 20 times slower,
@@ -362,7 +361,8 @@ int main(int argc, char **argv)
     printf("test_stack: OMP_STACKSIZE=%s, caller threads of %s; a new thread uses %zu bytes "
            "of its stack before its start routine\n",
            getenv("OMP_STACKSIZE") ? getenv("OMP_STACKSIZE") : "(default)",
-           TU_SANITIZED ? "default stack (sanitizer build)" : "32 KiB past that", thread_overhead());
+           TU_SANITIZED ? "default stack (sanitizer build)" : "32 KiB past that",
+           thread_overhead());
     if (under_valgrind)
         printf("test_stack: under valgrind, a quarter of the cases\n");
     return tu_main(stack_suite(), "test_stack");
