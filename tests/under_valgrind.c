@@ -11,3 +11,8 @@ int tu_under_valgrind(void)
     const char *v = getenv("VALGRIND");
     return v && *v;
 }
+
+int tu_valgrind_skips(int index_sum, int n)
+{
+    return tu_under_valgrind() && index_sum % n != 0;
+}

@@ -11,6 +11,14 @@
  * then use smaller sizes and longer timeouts. */
 int tu_under_valgrind(void);
 
+/* Under valgrind (CI's slowest stage), whether to leave out a variant of a
+ * test's matrix: all but those whose parameter indices add up to a multiple
+ * of n.  Where one of the summed indices takes n consecutive values for each
+ * setting of the others, every setting of the others still runs, once, with
+ * that index turning from setting to setting.  make check, distcheck and the
+ * sanitizer builds run every variant. */
+int tu_valgrind_skips(int index_sum, int n);
+
 /* TU_SANITIZED: 1 in a build with AddressSanitizer, ThreadSanitizer or
  * MemorySanitizer (gcc's macros, clang's __has_feature), else 0. */
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
