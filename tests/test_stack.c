@@ -240,8 +240,9 @@ static void stack_case_of(int i, stack_case *c)
 START_TEST(test_workers_small_stack)
 {
     stack_case c;
-    /* under valgrind, whose threads have stacks of its own (this test checks
-     * nothing of the stacks there, only memory), one case of each shape */
+    /* under valgrind, where main does not start the program again with
+     * OMP_STACKSIZE and the workers keep their default stacks (this test
+     * then checks memory only), one case of each shape */
     if (under_valgrind && _i % 6 != _i / 6)
         return;
     tu_threads(3); /* items split inside tokens */
