@@ -366,7 +366,7 @@ static void test_rot_dims_body(int _i)
     /* under valgrind the two widest rows (most of this test's time there)
      * in 4 of their 12 variants, every style, dtype and direction among
      * them; memcheck watches the same code paths */
-    if (tu_under_valgrind() && rd[i].rot > 512 && ((int)c.style + (_i / 2) % 3 + c.backward) % 3)
+    if (rd[i].rot > 512 && tu_valgrind_skips((int)c.style + (_i / 2) % 3 + c.backward, 3))
         return;
     c.rot_dim = rd[i].rot;
     c.D = rd[i].d;
@@ -1124,7 +1124,7 @@ static void test_many_heads_body(int _i)
     c.backward = i % 2; i /= 2;
     /* under valgrind half the variants (style, in place and direction
      * of even parity), every value of each among them */
-    if (tu_under_valgrind() && ((int)c.style + c.inplace + c.backward) % 2)
+    if (tu_valgrind_skips((int)c.style + c.inplace + c.backward, 2))
         return;
     c.H = heads[i % 4];
     c.lx = (int[]){LAY_SBHD, LAY_BSHD, LAY_SBHD_PAD, LAY_HSBD}[i % 4];

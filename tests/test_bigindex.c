@@ -101,7 +101,7 @@ START_TEST(test_offsets_past_2_32)
     /* valgrind tracks the multi-GB mappings page by page (minutes a case):
      * under it, every 13th case, which still covers every layout, dtype,
      * style, path and direction */
-    if (tu_under_valgrind() && _i % 13 != 0)
+    if (tu_valgrind_skips(_i, 13))
         return;
     const int layout = v % 2;
     const fusedrope_dtype dt = dtypes[(v /= 2) % 3];

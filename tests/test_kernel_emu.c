@@ -338,7 +338,7 @@ START_TEST(test_positions_the_kernels_check)
     kcase k;
     /* under valgrind a third: every dtype, a rotating third of the other
      * variants (the 432 forked cases took 155 s there) */
-    if (tu_under_valgrind() && (_i / 3) % 3 != 0)
+    if (tu_valgrind_skips(_i / 3, 3))
         return;
     memset(&k, 0, sizeof k);
     k.S = cases[c].S;
@@ -398,7 +398,7 @@ START_TEST(test_random_device_positions)
     int mode;
 
     /* under valgrind a fifth (_i 0, 5, 10, ...: every mode, _i % 4) */
-    if (tu_under_valgrind() && _i % 5 != 0)
+    if (tu_valgrind_skips(_i, 5))
         return;
     tu_rng_init(&r, tu_seed * 7919 + 31 + (uint64_t)_i);
     memset(&k, 0, sizeof k);
