@@ -8,7 +8,7 @@
 # graph times the decode step's calls replayed from one CUDA graph; sweep
 # runs bench/sweep-knobs.sh; normwarp the norm forward's row kernel in
 # several shapes (NORMWARP_VARIANTS) at several sizes; normbwd the norm
-# backward's block kernel in several shapes (NORMBWD_VARIANTS), each
+# backward's row kernel in several shapes (NORMBWD_VARIANTS), each
 # variant built in its own tree in the background from the start (so run
 # cuda or norm before them); normprof
 # ncu's sections for the norm kernels (where their time goes); cpunorm
@@ -93,7 +93,7 @@ quiet_host() {
   vpid=()
 }
 normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:0 1000000000:1:8:1:0:9 1000000000:1:4:1:0:0 1000000000:1:8:1:10:10}
-normbwd_variants=${NORMBWD_VARIANTS:-16:1:2:1 16:1:4:1 8:1:3:2 16:1:3:2}
+normbwd_variants=${NORMBWD_VARIANTS:-1:1:0:36 1:3:0:36 2:1:0:0 1:2:5:36}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
     prebuild normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW FR_CUDA_NORM_WARP_HEADS \
@@ -102,8 +102,8 @@ case " $sections " in *" normwarp "*)
 esac
 case " $sections " in *" normbwd "*)
   for v in $normbwd_variants; do
-    prebuild normbwd $v FR_CUDA_NORM_BWD_WARPS FR_CUDA_NORM_BWD_RPW FR_CUDA_NORM_BWD_BATCHES \
-      FR_CUDA_NORM_BWD_MINB
+    prebuild normbwd $v FR_CUDA_NORM_BWD_HEADS FR_CUDA_NORM_BWD_AHEAD FR_CUDA_NORM_BWD_MINB \
+      FR_CUDA_NORM_BWD_WAVE
   done ;;
 esac
 
@@ -280,21 +280,20 @@ section_cpunorm() {
 }
 
 section_normbwd() {
-  # the norm backward's block kernel (norm_backward_items) in each shape of
-  # FR_CUDA_NORM_BWD_WARPS:RPW:BATCHES:MINB (warps a block, rows a warp at a
-  # time, the product at most 16 for head_dim 128's shared memory; batches
-  # held in flight; blocks an SM asked of ptxas: 8:1:3:2 two 8-warp blocks
-  # at 96 registers, 16:1:3:2 two 16-warp blocks at 64 with spills), each
-  # variant's build: test_norm_gpu on each, then the backward
-  # lines (dw for q and k) at 1024, 4096 and 16384 tokens and in fp16 and
-  # interleaved, on each and on the default build last (the 2026-11-27 runs
-  # measured 8:2:2, 16:1:2, 8:1:2 and 16:1:3 while bwd_load waited for its
-  # loads; a7e5f09 leaves them in flight)
+  # the norm backward's row kernel (norm_backward_heads) in each shape of
+  # FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE (heads a warp takes at a token
+  # where the call has more one-head units than WAVE warps an SM, 0: always;
+  # tokens loaded or in flight; blocks of 128 an SM asked of ptxas; ptxas's
+  # registers for bf16 NeoX 128 from x, default 1:2:0:36: 107; 1:1: 96;
+  # 1:3: 138; 2:1: 117; 1:2:5: at most 102), each variant's build:
+  # test_norm_gpu on each, then the backward lines (dw for q and k) at 1024,
+  # 4096 and 16384 tokens and in fp16 and interleaved, on each and on the
+  # default build last
   quiet_host
   for v in $normbwd_variants default; do
     variant_tree normbwd $v || continue
     b=$vt/tools/fusedrope-bench
-    { echo "== FR_CUDA_NORM_BWD_WARPS:RPW:BATCHES:MINB=$v"
+    { echo "== FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE=$v"
       for tokens in 1024 4096 16384; do
         $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_bwd|FAIL)'
       done
@@ -311,7 +310,7 @@ section_normprof() {
   # warp-state sections (its rules name the top stall), and the compute
   # workload's pipe utilisation and the instruction mix (which pipe the
   # forward's 70% "SM throughput" is), for the kernels of one forward and one
-  # backward each (norm_forward_warp, norm_backward_items): 4096 tokens and
+  # backward each (norm_forward_warp, norm_backward_heads): 4096 tokens and
   # the decode step's 64
   b=/tmp/inst/bin/fusedrope-bench
   for c in "t4096 --qk 32,8 --shape 4096,1,1,128" "t64 --qk 32,8 --shape 64,1,1,128"; do

@@ -13,19 +13,19 @@
  *             says, rotated, written (in place safe: a pair is read before it
  *             is written); channels past rot_dim scaled and written.
  *   backward  per row: sum of dn * n in the contract's order, then dx pair
- *             by pair; dw sums the rows' terms g * n per chunk of
- *             FUSEDROPE_NORM_DW_CHUNK tokens (its tokens in order, their
- *             heads in order), then the chunks in order (norm_dw_sum).
- *             The generic kernel (norm_dx, a thread per row) writes the
- *             terms to a stream-ordered scratch array, which one thread
- *             per (chunk, channel) sums (norm_dw_chunks); a long call runs
- *             in segments of whole chunks (the terms' scratch at most
- *             TERMS_BYTES).  The common shapes take norm_backward_items, a
- *             block per chunk whose first threads add the terms as its
- *             warps produce them, so they never leave the SM.  An earlier
- *             dw pass that read dy and the saved tensor again, one thread
- *             per (chunk, channel), took about 1 ms whatever the call's size
- *             (bench/RESULTS.md).
+ *             by pair; dw sums each head's terms g * n per chunk of
+ *             FUSEDROPE_NORM_DW_CHUNK tokens (the chunk's tokens in order)
+ *             into a (chunk, head) partial, a chunk's heads' partials in
+ *             head order (norm_dw_heads), then the chunks in order
+ *             (norm_dw_sum).  The generic kernel (norm_dx, a thread per row)
+ *             writes the terms to a stream-ordered scratch array, which one
+ *             thread per (chunk, head, channel) sums (norm_dw_chunks); the
+ *             common shapes take norm_backward_heads, a warp per chunk of
+ *             one head (or a few) adding the terms in registers as it goes.  A long call
+ *             runs in segments of whole chunks (the scratch of a segment at
+ *             most TERMS_BYTES).  An earlier dw pass that read dy and the
+ *             saved tensor again, one thread per (chunk, channel), took
+ *             about 1 ms whatever the call's size (bench/RESULTS.md).
  * The generic kernels (any shape) read a row again in each pass (L1/L2)
  * with scalar loads; the common shapes (16-bit, head_dim 64 or 128, full
  * rotary, a table cache, 1D positions, rows on 16 bytes: rows_hd) take
@@ -33,14 +33,13 @@
  * row over a warp's lanes, a warp taking up to FR_CUDA_NORM_WARP_HEADS rows
  * of a token) or, where FR_CUDA_NORM_WARP_ROWS is set to say so,
  * norm_forward_rows (a thread per row, 16-byte loads; the same bytes), and
- * the backward's norm_backward_items (a row over a warp's lanes).
+ * the backward's norm_backward_heads (a row over a warp's lanes).
  *
  * With FR_CUDA_EMULATE (kernels/cuda_norm_emu.cc) the host C++ compiler
  * builds it and kernels/cuda_emu.h runs the kernels on the CPU: threads
- * share nothing but the warp kernels' shuffles and norm_backward_items'
- * shared memory behind its barriers (no atomics), so running them one after
- * another, a block's threads in lockstep for those kernels, gives what the
- * device gives.
+ * share nothing but the warp kernels' shuffles (no shared memory, no
+ * atomics), so running them one after another, a warp's lanes in lockstep
+ * for those kernels, gives what the device gives.
  */
 #include <limits.h>
 #include <stdint.h>
@@ -144,14 +143,14 @@ static_assert(FR_CUDA_NORM_WARP_GRID >= 0, "FR_CUDA_NORM_WARP_GRID: 0 or blocks 
  * (0: FR_CUDA_NORM_WARP_RPW) and its items' rows (0: warp_heads decides),
  * the backward's segment (chunks of tokens;
  * 0: TERMS_BYTES decides), so that the small calls of the tests run in
- * several segments too, and norm_backward_items' rows a warp at a time (0:
- * FR_CUDA_NORM_BWD_RPW; 3 is built too). */
+ * several segments too, and norm_backward_heads' heads a warp at a token
+ * (0: bwd_heads decides; 1 to 4 are built). */
 extern "C" {
 int fr_emu_norm_warp = -1;
 int fr_emu_norm_warp_rpw = 0;
 int fr_emu_norm_warp_heads = 0;
 int fr_emu_norm_seg_chunks = 0;
-int fr_emu_norm_bwd_rpw = 0;
+int fr_emu_norm_bwd_heads = 0;
 }
 #endif
 
@@ -188,9 +187,10 @@ struct NIo {
     float *rstd;      /* [tokens][heads] */
     float *dw;        /* backward: [head_dim], or NULL */
     float *part;      /* backward: [chunks][head_dim] scratch, or NULL */
+    float *hp;        /* backward with dw: [chunks of t0..t1][heads][head_dim] scratch, each
+                         (chunk, head)'s partial; NULL: none */
     float *terms;     /* backward with dw: [t1 - t0][heads][head_dim] scratch, g * n of the
                          rows of tokens t0..t1 as the row kernel found them; NULL: none */
-    int64_t items, item_tokens; /* norm_backward_items: this tensor's items, their tokens */
     int64_t heads, hd;
     int64_t in_ss, in_sb, in_sh, out_ss, out_sb, out_sh, x_ss, x_sb, x_sh;
 };
@@ -206,6 +206,7 @@ struct NParams {
     int64_t tokens, seq_len, max_positions, half, rot_dim, heads0, heads, chunks;
     int64_t t0, t1; /* the row kernels' tokens: t0 <= t < t1 */
     int64_t warp_heads; /* norm_forward_warp: the rows (heads of a token) of a warp's item */
+    int64_t unit_tokens; /* norm_backward_heads: the tokens of a warp's unit */
     int interleaved, dt, wdt, weight, rounding, saved_y;
     float eps;
     int sms; /* host side: the device's SM count, for the launch shapes */
@@ -659,13 +660,19 @@ template <int HD, bool IL> struct LaneAngles {
             pair_angle(a, pair(k, lane), &c[k], &sn[k]);
     }
 
-    /* from a token's staged cos/sin ([0: cos, 1: sin][pair]) */
-    __device__ __forceinline__ void load(const float (&a)[2][HD / 2], int lane)
+    /* from the table row at offset o of the table (o < 0: none, NaN): the
+     * loads from row 0 there, then NaN selected, so that they are not
+     * predicated on o (each predicated load took a move of its default) */
+    __device__ __forceinline__ void load(const NParams &P, int o, int lane)
     {
+        const int r = o < 0 ? 0 : o;
 #pragma unroll
-        for (int k = 0; k < N; k++) {
-            c[k] = a[0][pair(k, lane)];
-            sn[k] = a[1][pair(k, lane)];
+        for (int k = 0; k < N; k++)
+            fr_pair_cos_sin(P.cos + r, P.sin + r, nullptr, 1.0, 0, 0, pair(k, lane), &c[k], &sn[k]);
+        if (o < 0) {
+#pragma unroll
+            for (int k = 0; k < N; k++)
+                c[k] = sn[k] = fr_u2f(0x7fc00000u);
         }
     }
 };
@@ -959,27 +966,44 @@ __device__ __forceinline__ float sum_in_order(const float *p, int64_t n, int64_t
     return sum;
 }
 
-/* (1) one thread per (tensor, chunk of tokens t0..t1, channel): the chunk's
- * terms, its tokens in order and each token's heads in order, into its
+/* (1) one thread per (tensor, chunk of tokens t0..t1, head, channel): the
+ * head's terms of the chunk, its tokens in order, into the (chunk, head)
  * partial; t0 is a multiple of the chunk. */
 __global__ void norm_dw_chunks(const __grid_constant__ NParams P)
 {
-    const int64_t C = FUSEDROPE_NORM_DW_CHUNK, k0 = P.t0 / C, nk = (P.t1 + C - 1) / C - k0;
-    const int64_t n0 = P.io[0].terms ? nk * P.io[0].hd : 0;
-    const int64_t n1 = P.io[1].terms ? nk * P.io[1].hd : 0;
+    const int64_t C = FUSEDROPE_NORM_DW_CHUNK, nk = (P.t1 - P.t0 + C - 1) / C;
+    const int64_t n0 = P.io[0].terms ? nk * P.io[0].heads * P.io[0].hd : 0;
+    const int64_t n1 = P.io[1].terms ? nk * P.io[1].heads * P.io[1].hd : 0;
     for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n0 + n1;
          q += (int64_t)gridDim.x * blockDim.x) {
         const int k = q >= n0;
         const NIo &io = P.io[k];
-        const int64_t e = q - (k ? n0 : 0), ch = k0 + e / io.hd, c = e % io.hd;
-        const int64_t ta = ch * C, tb = ta + C < P.t1 ? ta + C : P.t1;
-        const float *tp = io.terms + (ta - P.t0) * io.heads * io.hd + c;
-        const int64_t n = (tb - ta) * io.heads;
-        io.part[ch * io.hd + c] = sum_in_order(tp, n, io.hd);
+        const int64_t e = q - (k ? n0 : 0), ch = e / (io.heads * io.hd);
+        const int64_t hc = e % (io.heads * io.hd); /* h * hd + c */
+        const int64_t ta = P.t0 + ch * C, tb = ta + C < P.t1 ? ta + C : P.t1;
+        const float *tp = io.terms + (ta - P.t0) * io.heads * io.hd + hc;
+        io.hp[e] = sum_in_order(tp, tb - ta, io.heads * io.hd);
     }
 }
 
-/* (2) one thread per (tensor, channel): the partials in chunk order (a
+/* (2) one thread per (tensor, chunk of tokens t0..t1, channel): the chunk's
+ * heads' partials in head order, into the chunk's partial. */
+__global__ void norm_dw_heads(const __grid_constant__ NParams P)
+{
+    const int64_t C = FUSEDROPE_NORM_DW_CHUNK, k0 = P.t0 / C, nk = (P.t1 - P.t0 + C - 1) / C;
+    const int64_t n0 = P.io[0].hp ? nk * P.io[0].hd : 0;
+    const int64_t n1 = P.io[1].hp ? nk * P.io[1].hd : 0;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n0 + n1;
+         q += (int64_t)gridDim.x * blockDim.x) {
+        const int k = q >= n0;
+        const NIo &io = P.io[k];
+        const int64_t e = q - (k ? n0 : 0), ch = e / io.hd, c = e % io.hd;
+        io.part[(k0 + ch) * io.hd + c] = sum_in_order(io.hp + ch * io.heads * io.hd + c,
+                                                      io.heads, io.hd);
+    }
+}
+
+/* (3) one thread per (tensor, channel): the partials in chunk order (a
  * few loads in flight at a time made this pass a tenth of the backward's
  * time at 4096 tokens: bench/RESULTS.md). */
 __global__ void norm_dw_sum(const __grid_constant__ NParams P)
@@ -994,7 +1018,7 @@ __global__ void norm_dw_sum(const __grid_constant__ NParams P)
     }
 }
 
-/* (3) one thread per row: dx. */
+/* (4) one thread per row: dx. */
 __global__ void norm_dx(const __grid_constant__ NParams P)
 {
     check_cu_seqlens(P.pos, P.tokens, P.flag);
@@ -1045,73 +1069,74 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
 }
 
 /*
- * The backward of the common rows (see norm_forward_rows), a block per item:
- * an item is one tensor's rows of a run of tokens, which the block's warps
- * take S = FR_CUDA_NORM_BWD_WARPS x R at a time in row order (tokens in
- * order, each token's heads in order), each row over a warp's lanes as in
- * norm_forward_warp (lane l holds channels l, l + 32, ...: the contract's
- * partial sum l; the butterfly is fr_norm_tree32).  A row's dx takes
- * norm_dx's operations in their order; its terms g * n go to shared memory,
- * and after the batch's barrier the block's first HD threads add the
- * batch's terms to their channel's partial in row order.  With the item a
- * chunk of FUSEDROPE_NORM_DW_CHUNK tokens, that is the contract's chunk
- * partial, and the terms never leave the SM (the generic path writes them
- * to global scratch and sums them in a second kernel: 8 more bytes an
- * element).  A tensor without dw takes items of a few tokens (one batch of
- * rows, at most a chunk).  Every lane reads only its own channels (a
- * partner's come by shuffle), and a batch's loads of the rows after it
- * touch other rows, so a row in place is safe.
- *
- * A block takes its chunk's rows one batch after another, so the chunk's
- * time is that chain's: on the H100 a block of 8 warps, 2 rows each, took
- * ~180 us for a q chunk of 32 tokens x 32 heads whether the call had 4
- * blocks or 256 (0.15 of a copy at 4096 tokens; bench/RESULTS.md,
- * 2026-11-27).  What is the same for an item's rows is found once an item
- * and kept in shared memory: its tokens' cos/sin and (b, s) row bases, so
- * a row's token and head step on from the last (BwdItem) and its angles come
- * from shared memory (they took two dependent global loads at each token before);
- * the lane's weights are loaded once an item; and a batch's loads are
- * issued before the batch ahead of it is worked, so they are in flight
- * through its arithmetic and barrier.
+ * The backward of the common rows (see norm_forward_rows), rows over a
+ * warp as in norm_forward_warp (lane l holds channels l, l + 32, ...: the
+ * contract's partial sum l; the butterfly is fr_norm_tree32).  A warp's
+ * item is a unit of tokens (a chunk of FUSEDROPE_NORM_DW_CHUNK where dw is
+ * asked for) of G heads of one tensor (G = 1, or FR_CUDA_NORM_BWD_HEADS
+ * when the call has more units than a wave: bwd_heads), which it walks
+ * token by token, each token's heads in order; a lane adds its channels'
+ * terms g * n of each head in token order in registers, which is the
+ * contract's (chunk, head) partial, written to scratch at the unit's end
+ * (norm_dw_heads then adds a chunk's heads in order, norm_dw_sum the
+ * chunks).  So no warp waits for another: the partials' order is the
+ * contract's whatever the launch shape.  (The block a chunk this replaced
+ * had to add a chunk's 1024 q terms in row order, a barrier every 16 rows,
+ * one 16-warp block an SM: 0.30 of a copy on the H200; bench/RESULTS.md.)
+ * A row's dx takes norm_dx's operations in their order.  Per unit the
+ * lanes find the positions of its tokens (lane j token j: a unit is at
+ * most 32 tokens) and each token's table row comes by shuffle; the next
+ * token's rows and angles are loaded before this token's are worked, the
+ * bits widened only when worked (so the loads stay in flight until then).
+ * Every lane reads only its own channels (a partner's come by shuffle), and
+ * a row's loads come a token before its stores, so a row in place is safe.
  */
-/* Warps a block of norm_backward_items, and the rows each holds at a time
- * (1 to 4, all their loads issued before any row's arithmetic): 16 x 1 puts
- * 16 warps on a chunk, at 110 registers (bf16 NeoX 128, CUDA 13's ptxas)
- * one block an SM, and 33.5 KiB of shared memory (16 x 2 and 32 x 1 pass the
- * 48 KiB of static shared memory); the H100's figures: bench/RESULTS.md. */
-#ifndef FR_CUDA_NORM_BWD_WARPS
-#define FR_CUDA_NORM_BWD_WARPS 16
+/* Heads a warp of norm_backward_heads takes at each token (1 to 4) where
+ * the call has more units of one head than FR_CUDA_NORM_BWD_WAVE warps an
+ * SM (below that, 1): several rows at a time give a warp independent
+ * chains and fewer, longer units, at more registers (ptxas, bf16 NeoX 128:
+ * 72 registers for one, 117 for two).  1 until measured otherwise. */
+#ifndef FR_CUDA_NORM_BWD_HEADS
+#define FR_CUDA_NORM_BWD_HEADS 1
 #endif
-#ifndef FR_CUDA_NORM_BWD_RPW
-#define FR_CUDA_NORM_BWD_RPW 1
+#ifndef FR_CUDA_NORM_BWD_WAVE
+#define FR_CUDA_NORM_BWD_WAVE 36
 #endif
-/* Batches a block of norm_backward_items holds loaded or in flight (1 to
- * 4): its chunk is a chain of batches, ~1.7 us each on the H100 with 2 (the
- * batch worked and the next), 3 no better (0.1384 and 0.1345 ms at 4096
- * tokens, bench/RESULTS.md, 2026-11-27): bwd_load widened the loads it
- * issued and so waited for them, and no batch was in flight behind another.
- * The bits now stay unwidened until their batch is worked (BwdRows). */
-#ifndef FR_CUDA_NORM_BWD_BATCHES
-#define FR_CUDA_NORM_BWD_BATCHES 3
+/* The most blocks of 128 threads an SM in norm_backward_heads' grid (its
+ * warps take the units beyond them grid-stride), as FR_CUDA_NORM_WARP_GRID. */
+#ifndef FR_CUDA_NORM_BWD_GRID
+#define FR_CUDA_NORM_BWD_GRID 16
 #endif
-/* The blocks norm_backward_items asks ptxas to fit an SM (its register
- * budget): one by default (16 warps at ~110 registers); 2 with 8 warps a
- * block leave 128, with 16 warps 64 (spilling).  Not yet measured. */
+/* Tokens a warp of norm_backward_heads holds loaded or in flight (1 to 4):
+ * token j + D's loads are issued when token j is widened, so D tokens'
+ * bytes are in flight through D tokens' work.  Not yet measured. */
+#ifndef FR_CUDA_NORM_BWD_AHEAD
+#define FR_CUDA_NORM_BWD_AHEAD 2
+#endif
+static_assert(FR_CUDA_NORM_BWD_AHEAD >= 1 && FR_CUDA_NORM_BWD_AHEAD <= 4,
+              "FR_CUDA_NORM_BWD_AHEAD: 1 to 4 tokens held");
+/* The blocks of 128 threads norm_backward_heads asks ptxas to fit an SM
+ * (0: none asked; 8 allow 64 registers, 9 allow 56), as
+ * FR_CUDA_NORM_WARP_MINB. */
 #ifndef FR_CUDA_NORM_BWD_MINB
-#define FR_CUDA_NORM_BWD_MINB 1
+#define FR_CUDA_NORM_BWD_MINB 0
 #endif
-static_assert(FR_CUDA_NORM_BWD_BATCHES >= 1 && FR_CUDA_NORM_BWD_BATCHES <= 4,
-              "FR_CUDA_NORM_BWD_BATCHES: 1 to 4 batches held");
-static_assert(FR_CUDA_NORM_BWD_RPW >= 1 && FR_CUDA_NORM_BWD_RPW <= 4,
-              "FR_CUDA_NORM_BWD_RPW: 1 to 4 rows a warp");
+#if FR_CUDA_NORM_BWD_MINB > 0
+#define FR_NORM_BWD_BOUNDS __launch_bounds__(128, FR_CUDA_NORM_BWD_MINB)
+#else
+#define FR_NORM_BWD_BOUNDS __launch_bounds__(128)
+#endif
+static_assert(FR_CUDA_NORM_BWD_HEADS >= 1 && FR_CUDA_NORM_BWD_HEADS <= 4,
+              "FR_CUDA_NORM_BWD_HEADS: 1 to 4 heads a warp");
+static_assert(FR_CUDA_NORM_BWD_GRID >= 1, "FR_CUDA_NORM_BWD_GRID: blocks an SM");
 
 /* One row's dx over a warp (dy and the saved row: this lane's channels,
  * widened; wf: their weight factors; an: the token's angles), its terms
- * g * n into tr[HD] where tr is not NULL. */
+ * g * n added into acc, dx stored from dxl (the lane's first channel). */
 template <int DT, int HD, bool IL, bool SY>
 __device__ __forceinline__ void warp_dx(const float *wf, const LaneAngles<HD, IL> &an,
                                         float rstd, int lane, const float *dy, const float *xs,
-                                        float *tr, uint16_t *dx)
+                                        float *acc, uint16_t *dxl)
 {
     constexpr int K = HD / 32;
     float g[K], n[K];
@@ -1152,8 +1177,7 @@ __device__ __forceinline__ void warp_dx(const float *wf, const LaneAngles<HD, IL
     float p = 0.0f;
 #pragma unroll
     for (int k = 0; k < K; k++) {
-        if (tr != nullptr)
-            tr[lane + 32 * k] = g[k] * n[k];
+        acc[k] = acc[k] + g[k] * n[k];
         const float dn = g[k] * wf[k];
         p = p + dn * n[k];
     }
@@ -1164,246 +1188,162 @@ __device__ __forceinline__ void warp_dx(const float *wf, const LaneAngles<HD, IL
 #pragma unroll
     for (int k = 0; k < K; k++) {
         const float dn = g[k] * wf[k];
-        dx[lane + 32 * k] = (uint16_t)Elem<DT>::from_f(rstd * (dn - n[k] * m));
+        dxl[32 * k] = (uint16_t)Elem<DT>::from_f(rstd * (dn - n[k] * m));
     }
 }
 
-/* Slots of a batch's terms: two sets (see backward_items). */
-template <int HD, int R> using Terms = float[2][FR_CUDA_NORM_BWD_WARPS * R][HD];
-
-/* An item's cos/sin, staged once an item: [token of the item][0: cos, 1:
- * sin][pair]. */
-template <int HD> using ItemAngles = float[FUSEDROPE_NORM_DW_CHUNK][2][HD / 2];
-
-/* The shared memory of a block of norm_backward_items: the terms, and the
- * item's angles, its tokens' table rows and rows of head 0 (dy, the saved
- * tensor, dx). */
-template <int HD, int R> struct BwdShared {
-    Terms<HD, R> terms;
-    ItemAngles<HD> angles;
-    RowAngles rows[FUSEDROPE_NORM_DW_CHUNK];
-    const uint16_t *dy[FUSEDROPE_NORM_DW_CHUNK], *xs[FUSEDROPE_NORM_DW_CHUNK];
-    uint16_t *dx[FUSEDROPE_NORM_DW_CHUNK];
-};
-#ifndef FR_CUDA_EMULATE
-static_assert(sizeof(BwdShared<128, FR_CUDA_NORM_BWD_RPW>) <= 48 * 1024,
-              "norm_backward_items: FR_CUDA_NORM_BWD_WARPS x RPW past static shared memory");
-#endif
-
-/* A batch's rows of one warp as loaded: dy and the saved row (this lane's
- * channels, their bits: widened only when the batch is worked, so that a
- * batch's loads stay in flight until then; widened in bwd_load, each load
- * was waited for right there, and the batches held ahead overlapped
- * nothing), rstd, and where dx goes and its token in the item; n rows of R
- * (the rest past the item's rows). */
-template <int HD, int R> struct BwdRows {
-    uint16_t dy[R][HD / 32], xs[R][HD / 32];
-    float rstd[R];
-    uint16_t *dx[R];
-    int tok[R], head[R]; /* row j: head head[j] of the item's token tok[j] */
-    int n;
+/* A token's rows of a unit as loaded: this lane's channels' bits (each in a
+ * word of its own: 16-bit halves of shared words took a PRMT a load and a
+ * copy), widened only when worked; their rstd; the token's angles and the
+ * lane's first channel of its dx row (head h0). */
+template <int HD, bool IL, int G> struct BwdTok {
+    uint32_t dy[G][HD / 32], xs[G][HD / 32];
+    float rstd[G];
+    LaneAngles<HD, IL> an;
+    uint16_t *dx;
 };
 
-/* What bwd_load needs of an item, found once: its tokens, the tensor's
- * heads (at most 2^24: rows_hd), a slot's step (the D x S rows after which
- * it is refilled) as tokens and heads, rstd at the item's first token, and
- * the heads' strides.  Row r of the item is head r % heads of its token
- * r / heads; a slot's rows step on from the last by an add and a compare,
- * where a division a row (64-bit, then 32-bit) and the 64-bit index
- * arithmetic around it were a third of the kernel's instructions. */
-struct BwdItem {
-    int ntok, heads, dtok, dhead;
-    const float *rstd;
-    int64_t in_sh, x_sh, out_sh;
-};
-
-/* w's rows: base + j x NW + warp (j < R). */
-template <int HD, int R>
-__device__ __forceinline__ void bwd_start(const BwdItem &m, int base, int warp, BwdRows<HD, R> &w)
-{
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        const int r = base + j * FR_CUDA_NORM_BWD_WARPS + warp;
-        w.tok[j] = r / m.heads;
-        w.head[j] = r % m.heads;
-    }
-}
-
-/* w's rows D x S rows on. */
-template <int HD, int R> __device__ __forceinline__ void bwd_next(const BwdItem &m, BwdRows<HD, R> &w)
-{
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        int h = w.head[j] + m.dhead, t = w.tok[j] + m.dtok;
-        if (h >= m.heads) {
-            h -= m.heads;
-            t++;
-        }
-        w.head[j] = h;
-        w.tok[j] = t;
-    }
-}
-
-/* Loads w's rows that are in the item (n of them: rows grow with j). */
-template <int DT, int HD, int R>
-__device__ __forceinline__ void bwd_load(const BwdItem &m, const BwdShared<HD, R> &sh, int lane,
-                                         BwdRows<HD, R> &w)
-{
-    constexpr int K = HD / 32;
-    w.n = 0;
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        const int tt = w.tok[j], h = w.head[j];
-        if (tt >= m.ntok)
-            break;
-        const uint16_t *d = sh.dy[tt] + h * m.in_sh, *x = sh.xs[tt] + h * m.x_sh;
-#pragma unroll
-        for (int k = 0; k < K; k++) {
-            w.dy[j][k] = d[lane + 32 * k];
-            w.xs[j][k] = x[lane + 32 * k];
-        }
-        w.rstd[j] = m.rstd[tt * m.heads + h];
-        w.dx[j] = sh.dx[tt] + h * m.out_sh;
-        w.n = j + 1;
-    }
-}
-
-template <int DT, int HD, bool IL, bool SY, int R>
-__device__ __forceinline__ void backward_items(const NParams &P, BwdShared<HD, R> &sh)
-{
-    constexpr int K = HD / 32, NW = FR_CUDA_NORM_BWD_WARPS, S = NW * R;
-    static_assert(32 * NW >= HD, "a thread per channel adds the terms");
-    const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x / 32);
-    const int64_t n0 = P.io[0].items, n = n0 + P.io[1].items;
-    int par = 0;
-    for (int64_t it = blockIdx.x; it < n; it += gridDim.x) {
-        const int q = it >= n0;
-        const NIo &io = P.io[q];
-        const int64_t ta = (it - (q ? n0 : 0)) * io.item_tokens;
-        const int64_t tb = ta + io.item_tokens < P.tokens ? ta + io.item_tokens : P.tokens;
-        const int rows = (int)((tb - ta) * io.heads);
-        BwdItem m;
-        m.ntok = (int)(tb - ta);
-        m.heads = (int)io.heads;
-        m.dtok = FR_CUDA_NORM_BWD_BATCHES * S / m.heads;
-        m.dhead = FR_CUDA_NORM_BWD_BATCHES * S % m.heads;
-        m.rstd = io.rstd + ta * io.heads;
-        m.in_sh = io.in_sh;
-        m.x_sh = io.x_sh;
-        m.out_sh = io.out_sh;
-        /* the item's tokens: angles and rows of head 0, each token's
-         * position and (b, s) found once, by a thread of its own (the last
-         * item's readers are past this barrier); then a thread's E pairs'
-         * loads all issued before any is stored, so the staging takes two
-         * round trips (a loop of position, load and store a pair took E, and
-         * E divisions) */
-        __syncthreads();
-        if (threadIdx.x < tb - ta) {
-            const int64_t tt = threadIdx.x;
-            int64_t b, s;
-            int bad = 0;
-            divmod(ta + tt, P.seq_len, &b, &s);
-            const int64_t pos = row_position(P, b, s, &bad);
-            sh.rows[tt] = row_angles<HD>(P, pos, bad);
-            sh.dy[tt] = (const uint16_t *)row_ptr(io.in, s, b, 0, io.in_ss, io.in_sb, 0, DT);
-            sh.xs[tt] = (const uint16_t *)row_ptr(io.x, s, b, 0, io.x_ss, io.x_sb, 0, DT);
-            sh.dx[tt] = (uint16_t *)row_ptr(io.out, s, b, 0, io.out_ss, io.out_sb, 0, DT);
-        }
-        __syncthreads();
-        /* the batches held: D slots, batch i in slot i % D, each refilled
-         * with the batch D on once it is worked; the first D batches' loads
-         * in flight from here, through the angles' staging */
-        constexpr int D = FR_CUDA_NORM_BWD_BATCHES;
-        BwdRows<HD, R> ring[D];
-#pragma unroll
-        for (int d = 0; d < D; d++) {
-            bwd_start<HD, R>(m, d * S, warp, ring[d]);
-            bwd_load<DT, HD, R>(m, sh, lane, ring[d]);
-        }
-        {
-            /* thread: pair i of tokens t0, t0 + PT, ... */
-            constexpr int PT = 32 * NW / (HD / 2), E = (FUSEDROPE_NORM_DW_CHUNK + PT - 1) / PT;
-            static_assert(32 * NW % (HD / 2) == 0, "a thread's pairs: one column");
-            const int i = (int)(threadIdx.x % (HD / 2)), t0 = (int)(threadIdx.x / (HD / 2));
-            float c[E], sn[E];
-#pragma unroll
-            for (int j = 0; j < E; j++) {
-                if (t0 + j * PT >= tb - ta)
-                    break;
-                pair_angle(sh.rows[t0 + j * PT], i, &c[j], &sn[j]);
-            }
-#pragma unroll
-            for (int j = 0; j < E; j++) {
-                if (t0 + j * PT >= tb - ta)
-                    break;
-                sh.angles[t0 + j * PT][0][i] = c[j];
-                sh.angles[t0 + j * PT][1][i] = sn[j];
-            }
-        }
-        __syncthreads();
-        float acc = 0.0f;
-        /* the lane's weight factors, once an item (of one tensor), while
-         * the first batches' loads are in flight (loaded before the staging,
-         * they were live through it, and it took ~25 more registers) */
-        float wf[K];
-        lane_weights<DT>(P, io, lane, wf);
-        for (int base = 0; base < rows; base += D * S) {
-#pragma unroll
-            for (int d = 0; d < D; d++) {
-                const int b0 = base + d * S;
-                if (b0 >= rows) /* the same for the whole block */
-                    break;
-                BwdRows<HD, R> &cur = ring[d];
-#pragma unroll
-                for (int j = 0; j < R; j++) {
-                    if (j >= cur.n)
-                        break;
-                    LaneAngles<HD, IL> an;
-                    an.load(sh.angles[cur.tok[j]], lane);
-                    float *tr = io.part != nullptr ? sh.terms[par][j * NW + warp] : nullptr;
-                    float dy[K], xs[K];
-#pragma unroll
-                    for (int k = 0; k < K; k++) {
-                        dy[k] = Elem<DT>::to_f(cur.dy[j][k]);
-                        xs[k] = Elem<DT>::to_f(cur.xs[j][k]);
-                    }
-                    warp_dx<DT, HD, IL, SY>(wf, an, cur.rstd[j], lane, dy, xs, tr, cur.dx[j]);
-                }
-                if (io.part != nullptr) {
-                    /* two sets of slots: a batch's writes to one are behind
-                     * the barrier after the reads of the batch before last */
-                    __syncthreads();
-                    const int v = rows - b0 < S ? rows - b0 : S;
-                    if (threadIdx.x < HD)
-                        for (int k = 0; k < v; k++)
-                            acc = acc + sh.terms[par][k][threadIdx.x];
-                    par ^= 1;
-                }
-                bwd_next<HD, R>(m, cur);
-                bwd_load<DT, HD, R>(m, sh, lane, cur);
-            }
-        }
-        if (io.part != nullptr && threadIdx.x < HD)
-            io.part[ta / FUSEDROPE_NORM_DW_CHUNK * HD + threadIdx.x] = acc;
-    }
-}
-
-/* A kernel for each kind of saved tensor (SY: the forward's output y): the
- * saved y's IEEE divisions, with their slow path's calls, took the saved x's
- * kernel from ~96 registers to 123 while they shared one. */
-template <int DT, int HD, bool IL, bool SY, int R>
-__global__ void __launch_bounds__(32 * FR_CUDA_NORM_BWD_WARPS, FR_CUDA_NORM_BWD_MINB)
-    norm_backward_items(const __grid_constant__ NParams P)
+template <int DT, int HD, bool IL, bool SY, int G>
+__global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ NParams P)
 {
     check_cu_seqlens(P.pos, P.tokens, P.flag);
-    __shared__ BwdShared<HD, R> sh;
-#ifdef FR_CUDA_EMULATE
-    /* a block starts with whatever the last left (cuda_emu.h): NaN instead */
-    if (threadIdx.x == 0)
-        memset(&sh, 0xff, sizeof sh);
-    __syncthreads();
-#endif
-    backward_items<DT, HD, IL, SY, R>(P, sh);
+    constexpr int K = HD / 32;
+    const int lane = (int)(threadIdx.x & 31);
+    const int64_t U = P.unit_tokens, nu = (P.t1 - P.t0 + U - 1) / U;
+    const int64_t gq = (P.io[0].heads + G - 1) / G, gk = (P.io[1].heads + G - 1) / G;
+    const int64_t items = nu * (gq + gk), warps = (int64_t)gridDim.x * blockDim.x / 32;
+    /* the lane's weight factors, of tensor wslot's weights */
+    int wslot = -1;
+    float wf[K] = {};
+    for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items;
+         it += warps) {
+        /* unit u of heads h0 .. h0 + n - 1 of tensor k: units in token
+         * order, each unit's head groups in order (neighbouring warps read
+         * neighbouring rows) */
+        const int k = it >= nu * gq;
+        const NIo &io = P.io[k];
+        const int64_t e = it - (k ? nu * gq : 0), groups = k ? gk : gq;
+        const int64_t u = e / groups, h0 = e % groups * G;
+        const int n = (int)(h0 + G < io.heads ? G : io.heads - h0);
+        const int64_t ta = P.t0 + u * U, tb = ta + U < P.t1 ? ta + U : P.t1;
+        const int nt = (int)(tb - ta);
+        const int64_t in_ss = io.in_ss, x_ss = io.x_ss, out_ss = io.out_ss;
+        const int64_t in_sh = io.in_sh, x_sh = io.x_sh, out_sh = io.out_sh;
+        int64_t b, s;
+        /* lane j < nt: the table offset of token ta + j's row (-1: no
+         * position there; the launcher takes tables of fewer than 2^31
+         * floats), shuffled to the lanes at its token */
+        int toff = -1;
+        if (lane < nt) {
+            int bad = 0;
+            divmod(ta + lane, P.seq_len, &b, &s);
+            const int64_t pos = row_position(P, b, s, &bad);
+            toff = bad ? -1 : (int)(pos * (HD / 2));
+        }
+        /* the lane's first channel of head h0's row at the token (b, s) */
+        const uint16_t *dyp, *xsp;
+        uint16_t *dxp;
+        auto rows_at = [&]() {
+            dyp = (const uint16_t *)row_ptr(io.in, s, b, h0, in_ss, io.in_sb, in_sh, DT) + lane;
+            xsp = (const uint16_t *)row_ptr(io.x, s, b, h0, x_ss, io.x_sb, x_sh, DT) + lane;
+            dxp = (uint16_t *)row_ptr(io.out, s, b, h0, out_ss, io.out_sb, out_sh, DT) + lane;
+        };
+        const float *rp = io.rstd + ta * io.heads + h0;
+        /* token j's loads into w: dyp, xsp, dxp and rp are at its rows */
+        auto load_tok = [&](int j, BwdTok<HD, IL, G> &w) {
+#pragma unroll
+            for (int r = 0; r < G; r++) {
+                if (r > 0 && r >= n) /* n >= 1, which the compiler cannot see */
+                    break;
+#pragma unroll
+                for (int c = 0; c < K; c++) {
+                    w.dy[r][c] = dyp[r * in_sh + 32 * c];
+                    w.xs[r][c] = xsp[r * x_sh + 32 * c];
+                }
+                w.rstd[r] = rp[r];
+            }
+            w.an.load(P, __shfl_sync(0xffffffffu, toff, j), lane);
+            w.dx = dxp;
+        };
+        /* the pointers one token on */
+        auto next_token = [&]() {
+            if (++s == P.seq_len) {
+                s = 0;
+                b++;
+                rows_at();
+            } else {
+                dyp += in_ss;
+                xsp += x_ss;
+                dxp += out_ss;
+            }
+            rp += io.heads;
+        };
+        divmod(ta, P.seq_len, &b, &s);
+        rows_at();
+        /* the ring of tokens loaded or in flight: token j in slot j % D;
+         * the first D tokens' loads in flight while the weights are found */
+        constexpr int D = FR_CUDA_NORM_BWD_AHEAD;
+        BwdTok<HD, IL, G> ring[D];
+#pragma unroll
+        for (int d = 0; d < D; d++) {
+            if (d >= nt)
+                break;
+            if (d > 0)
+                next_token();
+            load_tok(d, ring[d]);
+        }
+        if (k != wslot) {
+            wslot = k;
+            lane_weights<DT>(P, io, lane, wf);
+        }
+        float acc[G][K] = {};
+        for (int j0 = 0; j0 < nt; j0 += D) {
+#pragma unroll
+            for (int d = 0; d < D; d++) {
+                const int j = j0 + d;
+                if (j >= nt)
+                    break;
+                /* token j widened out of its slot, then token j + D's
+                 * loads into it, in flight during the next D tokens' work */
+                BwdTok<HD, IL, G> &w = ring[d];
+                float dy[G][K], xs[G][K], rs[G];
+#pragma unroll
+                for (int r = 0; r < G; r++) {
+#pragma unroll
+                    for (int c = 0; c < K; c++) {
+                        dy[r][c] = Elem<DT>::to_f((uint16_t)w.dy[r][c]);
+                        xs[r][c] = Elem<DT>::to_f((uint16_t)w.xs[r][c]);
+                    }
+                    rs[r] = w.rstd[r];
+                }
+                const LaneAngles<HD, IL> an = w.an;
+                uint16_t *dxt = w.dx;
+                if (j + D < nt) {
+                    next_token();
+                    load_tok(j + D, w);
+                }
+#pragma unroll
+                for (int r = 0; r < G; r++) {
+                    if (r > 0 && r >= n)
+                        break;
+                    warp_dx<DT, HD, IL, SY>(wf, an, rs[r], lane, dy[r], xs[r], acc[r],
+                                            dxt + r * out_sh);
+                }
+            }
+        }
+        /* the (chunk, head) partials: the unit is the segment's chunk u */
+        if (io.hp != nullptr) {
+#pragma unroll
+            for (int r = 0; r < G; r++) {
+                if (r >= n)
+                    break;
+                float *o = io.hp + (u * io.heads + h0 + r) * HD + lane;
+#pragma unroll
+                for (int c = 0; c < K; c++)
+                    o[32 * c] = acc[r][c];
+            }
+        }
+    }
 }
 
 /* ---------------------------------------------------------------- host side */
@@ -1543,24 +1483,20 @@ bool rows_on_16(const void *base, int64_t ss, int64_t sb, int64_t sh, int64_t es
            (sh * es) % 16 == 0;
 }
 
-/* The most heads norm_backward_items takes: it counts an item's rows (a
- * chunk's tokens x heads, and a slot's D x S rows past them) in int. */
-constexpr int64_t BWD_MAX_HEADS = (int64_t)1 << 24;
-
 /* The head_dim of the register-row kernels that take this call, or 0 for
- * the generic walk (see norm_forward_rows). */
+ * the generic walk (see norm_forward_rows); the backward's also needs a
+ * table of fewer than 2^31 floats (norm_backward_heads' int offsets). */
 int64_t rows_hd(const NParams &P, int count, bool backward)
 {
     const int64_t es = P.dt == 0 ? 4 : 2, hd = P.io[0].hd;
     if (P.pair_map != nullptr || P.cos == nullptr || P.rot_dim != hd || P.dt == DT_F32 ||
-        !(hd == 64 || hd == 128))
+        !(hd == 64 || hd == 128) || (backward && P.max_positions > INT_MAX / (hd / 2)))
         return 0;
     for (int k = 0; k < count; k++) {
         const NIo &o = P.io[k];
         if (o.hd != hd || !rows_on_16(o.in, o.in_ss, o.in_sb, o.in_sh, es) ||
             !rows_on_16(o.out, o.out_ss, o.out_sb, o.out_sh, es) ||
-            (backward && !rows_on_16(o.x, o.x_ss, o.x_sb, o.x_sh, es)) ||
-            (backward && o.heads > BWD_MAX_HEADS))
+            (backward && !rows_on_16(o.x, o.x_ss, o.x_sb, o.x_sh, es)))
             return 0;
     }
     return hd;
@@ -1625,68 +1561,77 @@ cudaError_t launch_forward(const NParams &P, int count, cudaStream_t stream)
     return hd == 64 ? launch_rows<DT_BF16, 64>(P, stream) : launch_rows<DT_BF16, 128>(P, stream);
 }
 
-/* The rows a warp of norm_backward_items holds at a time. */
-int bwd_rpw()
+/* The heads a warp of norm_backward_heads takes at a token, for a call of
+ * `units` units of one head. */
+int bwd_heads(const NParams &P, int64_t units)
 {
 #ifdef FR_CUDA_EMULATE
-    if (fr_emu_norm_bwd_rpw > 0)
-        return fr_emu_norm_bwd_rpw;
+    if (fr_emu_norm_bwd_heads > 0)
+        return fr_emu_norm_bwd_heads;
 #endif
-    return FR_CUDA_NORM_BWD_RPW;
+    return units <= (int64_t)FR_CUDA_NORM_BWD_WAVE * P.sms ? 1 : FR_CUDA_NORM_BWD_HEADS;
 }
 
-/* norm_backward_items over the call's items, at most 8 blocks per SM. */
-template <int DT, int HD>
-cudaError_t launch_items(const NParams &P, int r, cudaStream_t stream)
+/* norm_backward_heads over tokens t0..t1 in units of g heads, at most
+ * FR_CUDA_NORM_BWD_GRID blocks an SM. */
+template <int DT, int HD, int G, bool IL>
+cudaError_t launch_heads_g(const cudaLaunchConfig_t &cfg, const NParams &P)
 {
-    const int64_t items = P.io[0].items + P.io[1].items, cap = 8 * (int64_t)P.sms;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(items < cap ? items : cap), 1, 1);
-    cfg.blockDim = dim3(32 * FR_CUDA_NORM_BWD_WARPS, 1, 1);
-    cfg.stream = stream;
 #ifdef FR_CUDA_EMULATE
-#define FR_BWD_LAUNCH(K) fr_emu_launch_lockstep(&cfg, K, P)
-    /* the default and the count a test may choose (tests/cuda_norm_emu_wrap.c) */
-    if (r != FR_CUDA_NORM_BWD_RPW && r != 3) {
-        fprintf(stderr, "cuda_norm: %d rows a warp not built for the emulation\n", r);
-        abort();
-    }
-#define FR_BWD_RPW(IL, SY) \
-    (r == 3 ? FR_BWD_LAUNCH((norm_backward_items<DT, HD, IL, SY, 3>)) \
-            : FR_BWD_LAUNCH((norm_backward_items<DT, HD, IL, SY, FR_CUDA_NORM_BWD_RPW>)))
+    return P.saved_y ? fr_emu_launch_lockstep(&cfg, norm_backward_heads<DT, HD, IL, true, G>, P)
+                     : fr_emu_launch_lockstep(&cfg, norm_backward_heads<DT, HD, IL, false, G>, P);
 #else
-    (void)r;
-#define FR_BWD_RPW(IL, SY) \
-    cudaLaunchKernelEx(&cfg, norm_backward_items<DT, HD, IL, SY, FR_CUDA_NORM_BWD_RPW>, P)
+    return P.saved_y ? cudaLaunchKernelEx(&cfg, norm_backward_heads<DT, HD, IL, true, G>, P)
+                     : cudaLaunchKernelEx(&cfg, norm_backward_heads<DT, HD, IL, false, G>, P);
 #endif
-#define FR_BWD_SY(IL) (P.saved_y ? FR_BWD_RPW(IL, true) : FR_BWD_RPW(IL, false))
-    if (items == 0)
-        return cudaSuccess;
-    return P.interleaved ? FR_BWD_SY(true) : FR_BWD_SY(false);
-#undef FR_BWD_SY
-#undef FR_BWD_RPW
-#undef FR_BWD_LAUNCH
 }
 
-/* norm_backward_items over every row of the call: a tensor whose dw
- * partials are asked for (part set) in chunks, the other in items of a
- * batch's rows. */
-cudaError_t launch_items_all(NParams &P, int count, int64_t hd, cudaStream_t stream)
+template <int DT, int HD, int G> cudaError_t launch_heads_g(const cudaLaunchConfig_t &cfg, const NParams &P)
 {
-    const int r = bwd_rpw();
-    const int64_t S = FR_CUDA_NORM_BWD_WARPS * r;
-    for (int k = 0; k < count; k++) {
-        NIo &o = P.io[k];
-        /* at most a chunk: the tokens of the item's staged angles */
-        const int64_t few = (S + o.heads - 1) / o.heads;
-        o.item_tokens = o.part || few > FUSEDROPE_NORM_DW_CHUNK ? FUSEDROPE_NORM_DW_CHUNK : few;
-        o.items = (P.tokens + o.item_tokens - 1) / o.item_tokens;
+    return P.interleaved ? launch_heads_g<DT, HD, G, true>(cfg, P)
+                         : launch_heads_g<DT, HD, G, false>(cfg, P);
+}
+
+template <int DT, int HD>
+cudaError_t launch_heads(const NParams &P, int g, cudaStream_t stream)
+{
+    const int64_t nu = (P.t1 - P.t0 + P.unit_tokens - 1) / P.unit_tokens;
+    const int64_t units = nu * ((P.io[0].heads + g - 1) / g + (P.io[1].heads + g - 1) / g);
+    if (units == 0)
+        return cudaSuccess;
+    const cudaLaunchConfig_t cfg = grid_of(32 * units, FR_CUDA_NORM_BWD_GRID, P.sms, stream);
+#ifdef FR_CUDA_EMULATE
+    /* every count a test may choose, the default among them */
+    return g == 4   ? launch_heads_g<DT, HD, 4>(cfg, P)
+           : g == 3 ? launch_heads_g<DT, HD, 3>(cfg, P)
+           : g == 2 ? launch_heads_g<DT, HD, 2>(cfg, P)
+                    : launch_heads_g<DT, HD, 1>(cfg, P);
+#else
+    /* 1, and the build's other count where it has one */
+    return g == 1 ? launch_heads_g<DT, HD, 1>(cfg, P)
+                  : launch_heads_g<DT, HD, FR_CUDA_NORM_BWD_HEADS>(cfg, P);
+#endif
+}
+
+/* norm_backward_heads over tokens t0..t1: units of a chunk where dw is
+ * asked for (hp set), else of as many tokens as fill a wave of one head's
+ * units (at most a chunk: a unit's tokens are a warp's lanes). */
+cudaError_t launch_heads_all(NParams &P, int count, int64_t hd, cudaStream_t stream)
+{
+    const int64_t C = FUSEDROPE_NORM_DW_CHUNK, tokens = P.t1 - P.t0;
+    const int64_t wave = (int64_t)FR_CUDA_NORM_BWD_WAVE * P.sms;
+    int64_t u = C;
+    if (P.io[0].hp == nullptr && (count < 2 || P.io[1].hp == nullptr)) {
+        u = (tokens * P.heads + wave - 1) / wave;
+        u = u < 1 ? 1 : u > C ? C : u;
     }
+    P.unit_tokens = u;
+    const int g = bwd_heads(P, (tokens + u - 1) / u * P.heads);
     if (P.dt == DT_F16)
-        return hd == 64 ? launch_items<DT_F16, 64>(P, r, stream)
-                        : launch_items<DT_F16, 128>(P, r, stream);
-    return hd == 64 ? launch_items<DT_BF16, 64>(P, r, stream)
-                    : launch_items<DT_BF16, 128>(P, r, stream);
+        return hd == 64 ? launch_heads<DT_F16, 64>(P, g, stream)
+                        : launch_heads<DT_F16, 128>(P, g, stream);
+    return hd == 64 ? launch_heads<DT_BF16, 64>(P, g, stream)
+                    : launch_heads<DT_BF16, 128>(P, g, stream);
 }
 
 } /* namespace */
@@ -1710,17 +1655,17 @@ extern "C" fusedrope_status fr_cuda_norm_forward(const fr_norm_args *na)
 
 namespace {
 
-/* The backward's dw terms take at most this much scratch: a longer call runs
- * in segments of whole chunks of tokens, each its row kernel then its chunk
- * sums. */
+/* The backward's dw scratch a segment (the (chunk, head) partials, and the
+ * generic row kernel's terms) takes at most this much: a longer call runs
+ * in segments of whole chunks of tokens. */
 constexpr int64_t TERMS_BYTES = (int64_t)128 << 20;
 
-/* The tokens of one segment: whole chunks, the terms of all within
+/* The tokens of one segment: whole chunks, the scratch of all within
  * TERMS_BYTES (one chunk at least), no more than the call has. */
-int64_t segment_tokens(int64_t tokens, int64_t term_floats_per_token)
+int64_t segment_tokens(int64_t tokens, int64_t floats_per_chunk)
 {
     const int64_t C = FUSEDROPE_NORM_DW_CHUNK;
-    int64_t seg = TERMS_BYTES / (4 * term_floats_per_token) / C * C;
+    int64_t seg = TERMS_BYTES / (4 * floats_per_chunk) * C;
 #ifdef FR_CUDA_EMULATE
     if (fr_emu_norm_seg_chunks > 0)
         seg = fr_emu_norm_seg_chunks * C;
@@ -1730,48 +1675,64 @@ int64_t segment_tokens(int64_t tokens, int64_t term_floats_per_token)
     return seg < tokens ? seg : (tokens + C - 1) / C * C;
 }
 
-/* dx, and dw where asked for: the common rows by norm_backward_items, which
- * leaves each chunk's partials; the others per segment of tokens, the row
- * kernel (which also writes each row's g * n terms) and the chunks' sums of
- * the terms; then the chunks' partials summed in chunk order.  Without dw,
- * the row kernel over all tokens. */
+/* dx, and dw where asked for, per segment of tokens: the common rows by
+ * norm_backward_heads, which leaves each (chunk, head)'s partial, the
+ * others by the row kernel, which leaves each row's g * n terms, and
+ * norm_dw_chunks, which sums a (chunk, head)'s terms; then norm_dw_heads,
+ * each chunk's heads' partials in head order; then the chunks' partials
+ * summed in chunk order.  Without dw, the row kernel over all tokens. */
 cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
 {
-    const int64_t hd = rows_hd(P, count, true);
-    /* the terms' floats a token: the generic row kernel's only */
-    const int64_t f0 = hd == 0 && P.io[0].dw ? P.io[0].heads * P.io[0].hd : 0;
-    const int64_t f1 = hd == 0 && P.io[1].dw ? P.io[1].heads * P.io[1].hd : 0;
-    const size_t p0 = P.io[0].dw ? (size_t)(P.chunks * P.io[0].hd) : 0;
-    const size_t p1 = P.io[1].dw ? (size_t)(P.chunks * P.io[1].hd) : 0;
+    const int64_t C = FUSEDROPE_NORM_DW_CHUNK, hd = rows_hd(P, count, true);
+    /* the scratch floats a chunk: each (chunk, head)'s partial, and the
+     * generic row kernel's terms */
+    int64_t hpf[2] = { 0, 0 }, tf[2] = { 0, 0 };
+    size_t pf[2] = { 0, 0 };
+    for (int k = 0; k < count; k++)
+        if (P.io[k].dw != nullptr) {
+            hpf[k] = P.io[k].heads * P.io[k].hd;
+            tf[k] = hd == 0 ? C * hpf[k] : 0;
+            pf[k] = (size_t)(P.chunks * P.io[k].hd);
+        }
     void *scratch = nullptr;
-    cudaError_t err;
-    if (p0 + p1 == 0)
-        return hd != 0 ? launch_items_all(P, count, hd, stream)
+    cudaError_t err = cudaSuccess;
+    if (pf[0] + pf[1] == 0)
+        return hd != 0 ? launch_heads_all(P, count, hd, stream)
                        : launch(norm_dx, P.tokens * P.heads, P, stream);
-    const int64_t seg = f0 + f1 > 0 ? segment_tokens(P.tokens, f0 + f1) : 0;
-    if ((err = scratch_alloc(&scratch, (p0 + p1 + (size_t)(seg * (f0 + f1))) * sizeof(float),
+    const int64_t seg = segment_tokens(P.tokens, hpf[0] + hpf[1] + tf[0] + tf[1]), nks = seg / C;
+    if ((err = scratch_alloc(&scratch,
+                             (pf[0] + pf[1] + (size_t)(nks * (hpf[0] + hpf[1] + tf[0] + tf[1]))) *
+                                 sizeof(float),
                              stream)) != cudaSuccess)
         return err;
     float *f = (float *)scratch;
-    P.io[0].part = p0 ? f : nullptr;
-    P.io[1].part = p1 ? f + p0 : nullptr;
-    P.io[0].terms = f0 ? f + p0 + p1 : nullptr;
-    P.io[1].terms = f1 ? f + p0 + p1 + seg * f0 : nullptr;
-    if (hd != 0)
-        err = launch_items_all(P, count, hd, stream);
-    else
-        for (int64_t t0 = 0; t0 < P.tokens && err == cudaSuccess; t0 += seg) {
-            P.t0 = t0;
-            P.t1 = t0 + seg < P.tokens ? t0 + seg : P.tokens;
-            const int64_t nk =
-                (P.t1 - t0 + FUSEDROPE_NORM_DW_CHUNK - 1) / FUSEDROPE_NORM_DW_CHUNK;
+    for (int k = 0; k < 2; k++) {
+        P.io[k].part = pf[k] ? f : nullptr;
+        f += pf[k];
+    }
+    for (int k = 0; k < 2; k++) {
+        P.io[k].hp = hpf[k] ? f : nullptr;
+        f += nks * hpf[k];
+        P.io[k].terms = tf[k] ? f : nullptr;
+        f += nks * tf[k];
+    }
+    for (int64_t t0 = 0; t0 < P.tokens && err == cudaSuccess; t0 += seg) {
+        P.t0 = t0;
+        P.t1 = t0 + seg < P.tokens ? t0 + seg : P.tokens;
+        const int64_t nk = (P.t1 - t0 + C - 1) / C;
+        if (hd != 0) {
+            err = launch_heads_all(P, count, hd, stream);
+        } else {
             err = launch(norm_dx, (P.t1 - P.t0) * P.heads, P, stream);
             if (err == cudaSuccess)
-                err = launch(norm_dw_chunks,
-                             nk * ((f0 ? P.io[0].hd : 0) + (f1 ? P.io[1].hd : 0)), P, stream);
+                err = launch(norm_dw_chunks, nk * (hpf[0] + hpf[1]), P, stream);
         }
+        if (err == cudaSuccess)
+            err = launch(norm_dw_heads, nk * ((hpf[0] ? P.io[0].hd : 0) + (hpf[1] ? P.io[1].hd : 0)),
+                         P, stream);
+    }
     if (err == cudaSuccess)
-        err = launch(norm_dw_sum, (p0 ? P.io[0].hd : 0) + (p1 ? P.io[1].hd : 0), P, stream);
+        err = launch(norm_dw_sum, (pf[0] ? P.io[0].hd : 0) + (pf[1] ? P.io[1].hd : 0), P, stream);
     const cudaError_t e2 = scratch_free(scratch, stream);
     return err != cudaSuccess ? err : e2;
 }

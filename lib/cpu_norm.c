@@ -12,11 +12,12 @@
  * (nb_pass_a, the dot, nb_pass_b; nb5_* with AVX-512), the same bits.
  *
  * The forward splits the (token, head) rows evenly over the threads.  The
- * backward works in chunks of FUSEDROPE_NORM_DW_CHUNK tokens: a chunk's
- * rows, tokens in order and heads in order within a token, add g * n into
- * the chunk's partial weight gradient, and the partials are summed in chunk
- * order afterwards, so dw has the same bits for any thread count (and the
- * CUDA kernels', which use the same chunks and orders).
+ * backward works in chunks of FUSEDROPE_NORM_DW_CHUNK tokens: each head's
+ * rows of a chunk add g * n in token order into the head's partial (a
+ * thread's scratch), the chunk's partial is its heads' partials added in
+ * head order, and the chunks' partials are summed in chunk order
+ * afterwards, so dw has the same bits for any thread count (and the CUDA
+ * kernels', which use the same chunks and orders).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -402,7 +403,8 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     const int64_t chunks = (tokens + C - 1) / C;
     int nth;
     int64_t hdmax = 0, elems = 0, pbase[2] = { 0, 0 }, pstride[2] = { 0, 0 }, ptotal = 0, items;
-    float *wf[2] = { NULL, NULL }, *scratch, *partial;
+    int64_t hper = 0; /* a thread's heads' partials: the most floats a slot's take */
+    float *wf[2] = { NULL, NULL }, *scratch, *partial, *heads_part;
     void *block;
     size_t per, total;
 #ifdef FR_HAVE_AVX2
@@ -424,8 +426,11 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
         elems += tokens * a->io[k].heads * a->io[k].head_dim;
         pbase[k] = ptotal;
         pstride[k] = fr_line_floats(a->io[k].head_dim);
-        if (na->dw[k])
+        if (na->dw[k]) {
             ptotal += chunks * pstride[k];
+            if (a->io[k].heads * pstride[k] > hper)
+                hper = a->io[k].heads * pstride[k];
+        }
 #ifdef FR_HAVE_AVX2
         if (avx2_run && nt_whole(a->io[k].head_dim, half, a->interleaved))
             vrun[k] = avx2_run;
@@ -436,14 +441,17 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
 #endif
     }
     /* per thread: g, n (then dx), the saved row and one more (the vector
-     * runs' two rows of dn and n), a table-less token's cos/sin.
+     * runs' two rows of dn and n), a table-less token's cos/sin; then after
+     * the weight factors and the chunks' partials, each thread's heads'
+     * partials of its chunk.
      * Each thread's rows and each chunk's partial start on a cache line of
      * their own: chunks next to each other are summed by different threads,
      * and a line they shared made two threads slower than one (a bf16 q+k
      * backward 4.7 ms on two threads against 3.9 on one, bench/RESULTS.md). */
     nth = fr_cpu_team_size(cache, elems);
     per = (size_t)fr_line_floats(4 * hdmax + cache->rot_dim);
-    total = (size_t)nth * per + 2 * (size_t)fr_line_floats(hdmax) + (size_t)ptotal;
+    total = (size_t)nth * (per + (size_t)hper) + 2 * (size_t)fr_line_floats(hdmax) +
+            (size_t)ptotal;
     block = malloc(total * sizeof(float) + FR_LINE_BYTES);
     if (!block)
         return fr_fail(FUSEDROPE_ERR_NOMEM, "the norm backward's scratch (%zu bytes) could not "
@@ -451,6 +459,7 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     zero_empty_dw(na); /* after the one thing that can fail: a failed call writes nothing */
     scratch = fr_line_start(block);
     partial = scratch + (size_t)nth * per + 2 * (size_t)fr_line_floats(hdmax);
+    heads_part = partial + ptotal;
     items = chunks * a->count;
 
     /* every thread's part, and the caller's weight factors and dw sums, in
@@ -479,12 +488,12 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
             const int64_t hd = io->head_dim, rot = cache->rot_dim;
             float *g = scratch + (size_t)thread_id() * per, *nv = g + hdmax, *xs = nv + hdmax;
             float *row_c = xs + 2 * hdmax, *row_s = row_c + half;
-            float *acc = na->dw[k] ? partial + pbase[k] + ch * pstride[k] : NULL;
+            /* the chunk's heads' partials, head h's at hacc + h * pstride[k] */
+            float *hacc = na->dw[k] ? heads_part + (size_t)thread_id() * (size_t)hper : NULL;
             const int64_t t1 = (ch + 1) * C < tokens ? (ch + 1) * C : tokens;
 
-            if (acc)
-                for (int64_t c = 0; c < hd; c++)
-                    acc[c] = 0.0f;
+            if (hacc)
+                memset(hacc, 0, (size_t)(io->heads * pstride[k]) * sizeof(float));
             for (int64_t t = ch * C; t < t1; t++) {
                 const int64_t b = t / a->seq_len, s = t % a->seq_len;
                 const float *cs, *sn;
@@ -503,7 +512,8 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
                     ra.wf = wf[k];
                     ra.cs = cs;
                     ra.sn = sn;
-                    ra.acc = acc;
+                    ra.acc = hacc;
+                    ra.acc_step = pstride[k];
                     ra.hd = hd;
                     ra.half = half;
                     ra.rows = g;
@@ -531,9 +541,11 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
                         for (int64_t c = 0; c < hd; c++)
                             nv[c] = xs[c] * r;
                     }
-                    if (acc)
+                    if (hacc) {
+                        float *acc = hacc + h * pstride[k];
                         for (int64_t c = 0; c < hd; c++)
                             acc[c] = acc[c] + g[c] * nv[c];
+                    }
                     /* dn = g * w' (in g); dx = rstd * (dn - n * mean(dn * n)) */
                     for (int64_t c = 0; c < hd; c++)
                         g[c] = g[c] * wf[k][c];
@@ -544,6 +556,16 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
                                    (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es,
                            a->dtype, hd);
                 }
+            }
+            /* the chunk's partial: its heads' in head order (each channel's
+             * own sum; the loop over channels innermost, in vectors) */
+            if (hacc) {
+                float *acc = partial + pbase[k] + ch * pstride[k];
+                for (int64_t c = 0; c < hd; c++)
+                    acc[c] = 0.0f;
+                for (int64_t h = 0; h < io->heads; h++)
+                    for (int64_t c = 0; c < hd; c++)
+                        acc[c] = acc[c] + hacc[h * pstride[k] + c];
             }
             (void)rot;
         }

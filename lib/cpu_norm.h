@@ -96,7 +96,8 @@ typedef struct {
     const float *rstd;         /* the run's rstd */
     int64_t heads;
     const float *wf, *cs, *sn; /* weight factors, the token's angles */
-    float *acc;                /* the chunk's dw partial, or NULL */
+    float *acc;                /* the run's first head's dw partial of the chunk, or NULL */
+    int64_t acc_step;          /* floats from a head's partial to the next's */
     int64_t hd, half;
     float *rows;               /* the thread's scratch: 2 rows of dn and n (4 hd floats) */
 } nb_run_args;

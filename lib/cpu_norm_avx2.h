@@ -551,8 +551,8 @@ ATTR void PFX##_pass_b(void *out, const float *dn, const float *nn, float r, flo
  * NAME: a run's rows with the passes PASS_A and PASS_B.  Row h's pass A
  * comes before row h - 1's pass B, whose mean waits on the dot's tree, the
  * mean's division and the pass A stores of dn and n: one row after the
- * other left that chain exposed (bench/RESULTS.md).  Pass A keeps the row
- * order, so the dw partial's sums are the same.
+ * other left that chain exposed (bench/RESULTS.md).  Row h adds into head
+ * h's dw partial (the runs come in token order).
  */
 #define FR_DEFINE_BRUN(ATTR, NAME, PASS_A, PASS_B)                                               \
 ATTR void NAME(const nb_run_args *ra, int D, int I, int Y)                                       \
@@ -564,7 +564,8 @@ ATTR void NAME(const nb_run_args *ra, int D, int I, int Y)                      
         float next = 0.0f;                                                                       \
         if (h < ra->heads)                                                                       \
             next = fr_norm_mean(PASS_A(ra->dy + h * ra->dy_step, ra->sv + h * ra->sv_step, ra->wf, \
-                                       ra->cs, ra->sn, ra->acc, ra->rstd[h], hd, ra->half,       \
+                                       ra->cs, ra->sn, ra->acc ? ra->acc + h * ra->acc_step : NULL, \
+                                       ra->rstd[h], hd, ra->half,                                \
                                        dn[h & 1], nn[h & 1], D, I, Y), hd);                      \
         if (h > 0)                                                                               \
             PASS_B(ra->dx + (h - 1) * ra->dx_step, dn[(h - 1) & 1], nn[(h - 1) & 1],             \

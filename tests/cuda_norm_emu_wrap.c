@@ -12,8 +12,10 @@
  * (norm_forward_warp, its lanes in lockstep: items of 4 rows taken 3 a
  * warp at a time, then items as warp_heads sizes them for one SM, taken as
  * the device build takes them, FR_CUDA_NORM_WARP_RPW at a time with the
- * next ones' loads ahead) and the fourth with the backward's rows 3 a warp
- * at a time (norm_backward_items), from the same starting bytes, which must give the
+ * next ones' loads ahead), the backward's warps taking heads as the launcher
+ * decides in the first three (one a token with 132 SMs, FR_CUDA_NORM_BWD_HEADS
+ * with fewer), 3 a token in the fourth and 1 in the last
+ * (norm_backward_heads), from the same starting bytes, which must give the
  * same output bytes (y and rstd; dx and dw); then the real OpenMP backend
  * runs from the same bytes, and its output must be the kernels' to the bit
  * (a NaN need only be NaN).  The kernels' output stays.  The CPU cache
@@ -41,7 +43,7 @@ fusedrope_status __wrap_fusedrope__cpu_norm_backward(const fr_norm_args *a);
 int fr_emu_sms = 132;
 /* kernels/cuda_norm.cu, emulated */
 extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp, fr_emu_norm_warp_rpw, fr_emu_norm_warp_heads,
-    fr_emu_norm_bwd_rpw;
+    fr_emu_norm_bwd_heads;
 
 /* The call's outputs as (pointer, bytes, element size) pieces. */
 typedef struct { unsigned char *p; size_t n, es; } piece;
@@ -104,7 +106,7 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
 {
     static const int sms[] = { 132, 1, 5, 3, 1 }, seg_chunks[] = { 0, 1, 2, 3, 0 },
                      warp[] = { 0, 0, 0, 1, 1 }, warp_rpw[] = { 0, 0, 0, 3, 0 },
-                     warp_heads[] = { 0, 0, 0, 4, 0 }, bwd_rpw[] = { 0, 0, 0, 3, 0 };
+                     warp_heads[] = { 0, 0, 0, 4, 0 }, bwd_heads[] = { 0, 0, 0, 3, 1 };
     const int max = 4 + 2 * (int)(na->a.seq_len * na->a.batch *
                                   (na->a.io[0].heads + (na->a.count > 1 ? na->a.io[1].heads : 0)));
     piece *pc = malloc(sizeof *pc * (size_t)max);
@@ -141,7 +143,7 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         fr_emu_norm_warp = warp[i];
         fr_emu_norm_warp_rpw = warp_rpw[i];
         fr_emu_norm_warp_heads = warp_heads[i];
-        fr_emu_norm_bwd_rpw = bwd_rpw[i];
+        fr_emu_norm_bwd_heads = bwd_heads[i];
         st = backward ? fr_emu_cuda_norm_backward(&e) : fr_emu_cuda_norm_forward(&e);
         if (st != FUSEDROPE_OK || flag) {
             fprintf(stderr, "emulated CUDA norm %s, %d SMs: status %d, flag %d (%s)\n",
@@ -152,10 +154,10 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         save(pc, n, f == SIZE_MAX ? first : now, 1);
         if (f != SIZE_MAX && memcmp(first, now, total) != 0) {
             fprintf(stderr, "emulated CUDA norm: configurations %zu and %zu (%d SMs, segments of "
-                            "%d chunks, warp rows %d, %d at a time, %d an item, backward %d a "
-                            "warp) differ\n",
+                            "%d chunks, warp rows %d, %d at a time, %d an item, backward heads %d "
+                            "a warp) differ\n",
                     f, i, sms[i], seg_chunks[i], warp[i], warp_rpw[i], warp_heads[i],
-                    bwd_rpw[i]);
+                    bwd_heads[i]);
             abort();
         }
         if (f == SIZE_MAX)

@@ -769,10 +769,10 @@ END_TEST
 
 /* dw over several FUSEDROPE_NORM_DW_CHUNK chunks of tokens (the matrix's
  * cases stay under one), every layout (THD's sequences cross the chunks'
- * borders), judged by ref_norm_backward; the last four with more heads than
- * a batch of norm_backward_items' rows in q (a batch within a token) and
- * fewer in k (a batch across tokens), as a model's 32 + 8 are, the last two
- * of them with dx apart and dy in a layout of its own. */
+ * borders), judged by ref_norm_backward; the last four in the shape
+ * norm_backward_heads takes, with many heads in q and a few in k, as a
+ * model's 32 + 8 are (odd counts too: a warp's last group of heads short),
+ * the last two of them with dx apart and dy in a layout of its own. */
 START_TEST(test_backward_dw_chunks)
 {
     tu_rng r;
@@ -784,7 +784,7 @@ START_TEST(test_backward_dw_chunks)
     c.b = tu_int(&r, 1, 2);
     c.hq = tu_int(&r, 1, 3);
     c.hk = 1;
-    if (_i >= 6) { /* and the shape norm_backward_items takes */
+    if (_i >= 6) { /* and the shape norm_backward_heads takes */
         c.hq = tu_int(&r, 17, 24);
         c.hk = tu_int(&r, 4, 8);
         c.b = 1;

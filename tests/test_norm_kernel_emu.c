@@ -14,11 +14,11 @@
  *
  * Each case (q with 3 heads and k with 2; dtype, head_dim, rot_dim, head
  * stride and positions as the table below says) runs on the register-row
- * kernels (norm_forward_rows, norm_backward_items: 16-bit, head_dim 64/128,
+ * kernels (norm_forward_rows, norm_backward_heads: 16-bit, head_dim 64/128,
  * full rotary, rows on 16 bytes; the forward also on norm_forward_warp, in
  * items of 4 rows across q and k, 2 at a time) or the generic ones
  * (norm_forward, norm_dx, and the backward's dw kernels: the rows' terms,
- * norm_dw_chunks, norm_dw_sum), in both
+ * norm_dw_chunks, norm_dw_heads, norm_dw_sum), in both
  * styles, in and out of place, from x or from the saved y, in each rounding
  * mode (WEIGHT, or PLUS_ONE with the Gemma rounding), with and without dw.
  * Each call runs twice: with the case's positions, and with every bad
@@ -68,7 +68,7 @@ fusedrope_status fr_emu_cuda_norm_backward(const fr_norm_args *a);
 int fr_emu_sms = 132;
 /* kernels/cuda_norm.cu, emulated: norm_forward_warp, its items' rows and its
  * rows at a time */
-extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw, fr_emu_norm_bwd_rpw;
+extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw, fr_emu_norm_bwd_heads;
 
 enum { M = 32, MAXT = 64 }; /* table rows; most tokens of a case */
 static const int64_t heads[2] = { 3, 2 }; /* q, k */
@@ -583,7 +583,7 @@ END_TEST
  * {-2, 4, 8} or {0, 6, 2, 8} over 8 tokens) raise the flag
  * (check_cu_seqlens).  _i: the forward's three
  * kernels (thread per row, rows in registers, rows over a warp) and the
- * backward's two (norm_dx, norm_backward_items).
+ * backward's two (norm_dx, norm_backward_heads).
  */
 START_TEST(test_device_and_cu_seqlens)
 {
@@ -650,7 +650,7 @@ START_TEST(test_device_and_cu_seqlens)
         na.dw_zero_n[0] = D;
     }
     fr_emu_norm_warp = _i % 3 == 2; /* the forward's third: rows over a warp */
-    fr_emu_norm_bwd_rpw = 0;
+    fr_emu_norm_bwd_heads = 0;
 #define RUN() (backward ? fr_emu_cuda_norm_backward(&na) : fr_emu_cuda_norm_forward(&na))
 
     memset(y, 0xa5, bytes);
