@@ -93,7 +93,7 @@ quiet_host() {
   vpid=()
 }
 normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:0 1000000000:1:8:1:0:9 1000000000:1:4:1:0:0 1000000000:1:8:1:10:10}
-normbwd_variants=${NORMBWD_VARIANTS:-1:1:0:36 1:3:0:36 2:1:0:0 1:2:5:36}
+normbwd_variants=${NORMBWD_VARIANTS:-1:2:0:36 1:3:0:36 2:1:0:0 1:1:6:36}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
     prebuild normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW FR_CUDA_NORM_WARP_HEADS \
@@ -284,8 +284,8 @@ section_normbwd() {
   # FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE (heads a warp takes at a token
   # where the call has more one-head units than WAVE warps an SM, 0: always;
   # tokens loaded or in flight; blocks of 128 an SM asked of ptxas; ptxas's
-  # registers for bf16 NeoX 128 from x, default 1:2:0:36: 107; 1:1: 96;
-  # 1:3: 138; 2:1: 117; 1:2:5: at most 102), each variant's build:
+  # registers for bf16 NeoX 128 from x, default 1:1:0:36: 95; 1:2: 114;
+  # 1:3: ~140; 2:1: ~117; 1:1:6: at most 80), each variant's build:
   # test_norm_gpu on each, then the backward lines (dw for q and k) at 1024,
   # 4096 and 16384 tokens and in fp16 and interleaved, on each and on the
   # default build last

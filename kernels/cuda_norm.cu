@@ -1085,11 +1085,14 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * one 16-warp block an SM: 0.30 of a copy on the H200; bench/RESULTS.md.)
  * A row's dx takes norm_dx's operations in their order.  Per unit the
  * lanes find the positions of its tokens (lane j token j: a unit is at
- * most 32 tokens) and each token's table row comes by shuffle; the next
- * token's rows and angles are loaded before this token's are worked, the
- * bits widened only when worked (so the loads stay in flight until then).
- * Every lane reads only its own channels (a partner's come by shuffle), and
- * a row's loads come a token before its stores, so a row in place is safe.
+ * most 32 tokens) and each token's table row comes by shuffle; the rows
+ * and angles of the next FR_CUDA_NORM_BWD_AHEAD tokens are loaded or in
+ * flight while this token's are worked, the bits widened only when worked
+ * (so the loads stay in flight until then).  Every lane reads only its own
+ * channels (a partner's come by shuffle), and a row's loads come before
+ * its stores (where the next tokens are past the unit, its last token's
+ * rows are loaded again, before that token's stores, and never used), so a
+ * row in place is safe.
  */
 /* Heads a warp of norm_backward_heads takes at each token (1 to 4) where
  * the call has more units of one head than FR_CUDA_NORM_BWD_WAVE warps an
@@ -1109,9 +1112,11 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
 #endif
 /* Tokens a warp of norm_backward_heads holds loaded or in flight (1 to 4):
  * token j + D's loads are issued when token j is widened, so D tokens'
- * bytes are in flight through D tokens' work.  Not yet measured. */
+ * bytes are in flight through D tokens' work.  ptxas (bf16 NeoX 128, from
+ * x): 1 takes 95 registers and ~150 instructions a token, 2 114 and ~214
+ * (it moves the ring's registers about).  Not yet measured. */
 #ifndef FR_CUDA_NORM_BWD_AHEAD
-#define FR_CUDA_NORM_BWD_AHEAD 2
+#define FR_CUDA_NORM_BWD_AHEAD 1
 #endif
 static_assert(FR_CUDA_NORM_BWD_AHEAD >= 1 && FR_CUDA_NORM_BWD_AHEAD <= 4,
               "FR_CUDA_NORM_BWD_AHEAD: 1 to 4 tokens held");
@@ -1318,10 +1323,12 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                 }
                 const LaneAngles<HD, IL> an = w.an;
                 uint16_t *dxt = w.dx;
-                if (j + D < nt) {
+                /* past the unit's last token, that token's rows again (in
+                 * L1): loads under a condition kept the slot's old bits
+                 * alive beside them, ~30 moves a token (cuobjdump) */
+                if (j + D < nt)
                     next_token();
-                    load_tok(j + D, w);
-                }
+                load_tok(j + D < nt ? j + D : nt - 1, w);
 #pragma unroll
                 for (int r = 0; r < G; r++) {
                     if (r > 0 && r >= n)
