@@ -1314,6 +1314,8 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                 float dy[G][K], xs[G][K], rs[G];
 #pragma unroll
                 for (int r = 0; r < G; r++) {
+                    if (r > 0 && r >= n) /* rows past the unit's: never loaded */
+                        break;
 #pragma unroll
                     for (int c = 0; c < K; c++) {
                         dy[r][c] = Elem<DT>::to_f((uint16_t)w.dy[r][c]);
