@@ -92,12 +92,12 @@ quiet_host() {
   [ $n -gt 0 ] && note "quiet host: the $n variant builds done"
   vpid=()
 }
-normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:0 1000000000:1:8:1:0:9 1000000000:1:4:1:0:0 1000000000:1:8:1:10:10}
+normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:16:0 1000000000:1:8:1:0:7:1 1000000000:1:4:1:0:16:1 1000000000:1:8:1:8:16:1}
 normbwd_variants=${NORMBWD_VARIANTS:-1:2:0:36 1:3:0:36 2:1:0:0 1:1:6:36}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
     prebuild normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW FR_CUDA_NORM_WARP_HEADS \
-      FR_CUDA_NORM_WARP_AHEAD FR_CUDA_NORM_WARP_MINB FR_CUDA_NORM_WARP_GRID
+      FR_CUDA_NORM_WARP_AHEAD FR_CUDA_NORM_WARP_MINB FR_CUDA_NORM_WARP_GRID FR_CUDA_NORM_WARP_HALF
   done ;;
 esac
 case " $sections " in *" normbwd "*)
@@ -228,20 +228,21 @@ section_normwarp() {
   # (FR_CUDA_NORM_WARP_ROWS 0: a thread per row; huge: rows over warps,
   # items of at most HEADS rows of a token, RPW of them at a time, the next
   # RPW rows' loads AHEAD or not, MINB blocks an SM asked of ptxas or 0,
-  # GRID the grid's blocks an SM or 0: a warp an item; a value left off
-  # keeps the default), test_norm_gpu on each, then the same norm lines on
-  # each and on the default build last (NORMWARP_VARIANTS chooses
-  # ROWS:RPW:HEADS:AHEAD:MINB:GRID; by default the grid's bound, the
-  # default's 16 blocks an SM being 1.78 waves at 4096 tokens: none, 9 (one
-  # wave at 51 registers), none with items of 4 rows, 10 with 10 blocks
-  # asked of ptxas (48 registers); the 2026-11-28 run measured huge:1:8:0:0,
-  # huge:2:8:1:0, huge:1:8:1:10 and huge:1:8:1:12 within 3% of the default
-  # but the first); NORMWARP_TOKENS the sizes
+  # GRID the grid's blocks an SM or 0: a warp an item, HALF 1 for
+  # norm_forward_half (two rows a warp in 32-bit words; RPW and AHEAD are
+  # norm_forward_warp's); a value left off keeps the default), test_norm_gpu
+  # on each, then the same norm lines on each and on the default build last
+  # (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF; by
+  # default: the one-row warp kernel as the 2026-11-28 run measured it
+  # (0.0430 ms at 4096 tokens), and the half-warp kernel, the default, with
+  # a grid of one wave at its 70 registers (7 blocks an SM), with items of 4
+  # rows, and with 8 blocks asked of ptxas (64 registers)); NORMWARP_TOKENS
+  # the sizes
   quiet_host
   for v in $normwarp_variants default; do
     variant_tree normwarp $v || continue
     b=$vt/tools/fusedrope-bench
-    { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS:AHEAD:MINB:GRID=$v"
+    { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF=$v"
       for tokens in ${NORMWARP_TOKENS:-64 256 1024 4096 16384}; do
         $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_fwd|FAIL)'
       done

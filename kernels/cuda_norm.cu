@@ -29,11 +29,13 @@
  * The generic kernels (any shape) read a row again in each pass (L1/L2)
  * with scalar loads; the common shapes (16-bit, head_dim 64 or 128, full
  * rotary, a table cache, 1D positions, rows on 16 bytes: rows_hd) take
- * kernels that hold a row in registers: the forward's norm_forward_warp (a
- * row over a warp's lanes, a warp taking up to FR_CUDA_NORM_WARP_HEADS rows
- * of a token) or, where FR_CUDA_NORM_WARP_ROWS is set to say so,
- * norm_forward_rows (a thread per row, 16-byte loads; the same bytes), and
- * the backward's norm_backward_heads (a row over a warp's lanes).
+ * kernels that hold a row in registers: the forward's norm_forward_half (a
+ * pair of rows over a warp's halves, a warp taking up to
+ * FR_CUDA_NORM_WARP_HEADS rows of a token) or norm_forward_warp (a row over
+ * a warp's lanes; FR_CUDA_NORM_WARP_HALF chooses) or, where
+ * FR_CUDA_NORM_WARP_ROWS is set to say so, norm_forward_rows (a thread per
+ * row, 16-byte loads; the same bytes), and the backward's
+ * norm_backward_heads (a row over a warp's lanes).
  *
  * With FR_CUDA_EMULATE (kernels/cuda_norm_emu.cc) the host C++ compiler
  * builds it and kernels/cuda_emu.h runs the kernels on the CPU: threads
@@ -99,6 +101,13 @@
 #ifndef FR_CUDA_NORM_WARP_AHEAD
 #define FR_CUDA_NORM_WARP_AHEAD 1
 #endif
+
+/* Whether the warp kernel's calls take norm_forward_half, two rows a warp
+ * over its halves in 32-bit words (1), or norm_forward_warp, a row over
+ * the warp in 16-bit elements (0).  Not yet measured. */
+#ifndef FR_CUDA_NORM_WARP_HALF
+#define FR_CUDA_NORM_WARP_HALF 1
+#endif
 static_assert(FR_CUDA_NORM_WARP_RPW >= 1 && FR_CUDA_NORM_WARP_RPW <= 4,
               "FR_CUDA_NORM_WARP_RPW: 1 to 4 rows a warp");
 
@@ -149,6 +158,7 @@ extern "C" {
 int fr_emu_norm_warp = -1;
 int fr_emu_norm_warp_rpw = 0;
 int fr_emu_norm_warp_heads = 0;
+int fr_emu_norm_warp_half = -1;
 int fr_emu_norm_seg_chunks = 0;
 int fr_emu_norm_bwd_heads = 0;
 }
@@ -167,6 +177,16 @@ bool warp_rows(int64_t rows)
         return fr_emu_norm_warp != 0;
 #endif
     return rows <= FR_CUDA_NORM_WARP_ROWS;
+}
+
+/* Whether the warp kernel's calls take norm_forward_half. */
+bool warp_half()
+{
+#ifdef FR_CUDA_EMULATE
+    if (fr_emu_norm_warp_half >= 0)
+        return fr_emu_norm_warp_half != 0;
+#endif
+    return FR_CUDA_NORM_WARP_HALF != 0;
 }
 
 /* The rows a warp of norm_forward_warp holds at a time. */
@@ -891,6 +911,149 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
     }
 }
 
+/* The weight factors of a half-warp row kernel's lane h: channels 2h + 32w
+ * and 2h + 32w + 1 (w < W) into wf[2w], wf[2w + 1] (a weight may start on
+ * any element: loaded element by element, once a tensor). */
+template <int DT, int W>
+__device__ __forceinline__ void lane_weights_half(const NParams &P, const NIo &io, int h,
+                                                  float (&wf)[2 * W])
+{
+#pragma unroll
+    for (int c = 0; c < 2 * W; c++)
+        wf[c] = row_weight<DT>(P, io, 2 * h + 32 * (c / 2) + (c & 1));
+}
+
+/*
+ * The forward's rows over half-warps (FR_CUDA_NORM_WARP_HALF): lanes
+ * 16 r .. 16 r + 15 hold row r of a pair of rows, lane h of a half the
+ * 32-bit words h + 16 w (w < HD / 32) of its row, channels 2h + 32w and
+ * 2h + 32w + 1: the contract's partial sums 2h and 2h + 1, which the lane
+ * adds in order.  fr_norm_tree32's first level (p[l] + p[l + 16]) pairs
+ * lanes h and h ^ 8: each sends the partial the other keeps (2h + 1 from h
+ * < 8, 2h + 16 from h + 8), so lane h < 8 holds the level's sum 2h and lane
+ * h + 8 its sum 2h + 1; the levels off 8, 4, 2 are then xor-shuffles 4, 2,
+ * 1 and off 1 (sums 0 and 1) xor 8, each lane adding what it receives to
+ * its own (a + b and b + a are the same float): the tree of norm_math.h to
+ * the bit, every lane of the half ending with its row's total.  A NeoX pair
+ * (i, i + HD/2) is words w and w + HD/64 of one lane; an interleaved pair
+ * is one word.  So a warp instruction loads, converts and stores two rows'
+ * words where norm_forward_warp's loaded one row's 16-bit elements, and
+ * the tree is 5 shuffles for two rows: fewer instructions a row in a
+ * kernel ncu found bound by issue (bench/RESULTS.md).  An item's rows go
+ * two at a time (the item's last odd row with a copy of its first in the
+ * other half, not stored); the operations of a row are norm_forward_warp's.
+ */
+template <int DT, int HD, bool IL, int RND>
+__global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NParams P)
+{
+    check_cu_seqlens(P.pos, P.tokens, P.flag);
+    constexpr int W = HD / 32; /* a lane's words of its row */
+    const int lane = (int)(threadIdx.x & 31), half = lane >> 4, h = lane & 15;
+    const int64_t G = P.warp_heads, g0 = warp_groups0(P), groups = warp_groups(P);
+    const int64_t items = (P.t1 - P.t0) * groups, warps = (int64_t)gridDim.x * blockDim.x / 32;
+    /* the lane's weight factors (channels 2h + 32w, 2h + 32w + 1), of
+     * tensor wslot's weights */
+    int wslot = -1;
+    float wf[2 * W] = {};
+    for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items;
+         it += warps) {
+        const int64_t t = P.t0 + it / groups, g = it % groups;
+        const int k = g >= g0;
+        const NIo &io = P.io[k];
+        const int64_t h0 = (k ? g - g0 : g) * G;
+        const int n = (int)(h0 + G < io.heads ? G : io.heads - h0); /* the item's rows */
+        const int64_t b = t / P.seq_len, s = t % P.seq_len;
+        const int64_t in_sh = io.in_sh, out_sh = io.out_sh;
+        int bad = 0;
+        /* this half's row of the pair at j0 is j0 + half, or (past the
+         * item) j0, loaded but not stored; xn: the lane's first word of the
+         * next pair's row j0 + half, which steps two heads a pair (strides
+         * in words: even element counts, rows_on_16) */
+        const int64_t in_w = in_sh / 2, out_w = out_sh / 2;
+        const uint32_t *xn =
+            (const uint32_t *)row_ptr(io.in, s, b, h0, io.in_ss, io.in_sb, in_sh, DT) + h + half * in_w;
+        uint32_t *yl =
+            (uint32_t *)row_ptr(io.out, s, b, h0, io.out_ss, io.out_sb, out_sh, DT) + h + half * out_w;
+        auto load_pair = [&](int j0, uint32_t (&u)[W]) {
+            const uint32_t *x = j0 + half < n ? xn : xn - in_w;
+#pragma unroll
+            for (int w = 0; w < W; w++)
+                u[w] = x[16 * w];
+            xn += 2 * in_w;
+        };
+        uint32_t raw[W];
+        /* the first pair's loads in flight while the angles and weights are
+         * found */
+        load_pair(0, raw);
+        const int64_t pos = row_position(P, b, s, &bad);
+        const RowAngles ra = row_angles<HD>(P, pos, bad);
+        /* cos/sin of the lane's pairs: NeoX pairs 2h + 32w + e (w < W/2, e
+         * < 2), interleaved h + 16w (w < W) */
+        constexpr int NA = IL ? W : W;
+        float ca[NA], sa[NA];
+#pragma unroll
+        for (int q = 0; q < NA; q++)
+            pair_angle(ra, IL ? h + 16 * q : 2 * h + 32 * (q / 2) + (q & 1), &ca[q], &sa[q]);
+        if (k != wslot) {
+            wslot = k;
+            lane_weights_half<DT, W>(P, io, h, wf);
+        }
+        float *r = io.rstd != nullptr ? io.rstd + t * io.heads + h0 : nullptr;
+        for (int j0 = 0; j0 < n; j0 += 2) {
+            float v[2 * W];
+#pragma unroll
+            for (int w = 0; w < W; w++) {
+                v[2 * w] = Elem<DT>::to_f((uint16_t)raw[w]);
+                v[2 * w + 1] = Elem<DT>::to_f((uint16_t)(raw[w] >> 16));
+            }
+            const bool mine = j0 + half < n;
+            if (j0 + 2 < n)
+                load_pair(j0 + 2, raw);
+            /* partial sums 2h (even channels) and 2h + 1, words in order */
+            float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+            for (int w = 0; w < W; w++) {
+                p0 = p0 + v[2 * w] * v[2 * w];
+                p1 = p1 + v[2 * w + 1] * v[2 * w + 1];
+            }
+            const bool hi8 = (h & 8) != 0;
+            float q = (hi8 ? p1 : p0) + __shfl_xor_sync(0xffffffffu, hi8 ? p0 : p1, 8);
+            q = q + __shfl_xor_sync(0xffffffffu, q, 4);
+            q = q + __shfl_xor_sync(0xffffffffu, q, 2);
+            q = q + __shfl_xor_sync(0xffffffffu, q, 1);
+            q = q + __shfl_xor_sync(0xffffffffu, q, 8);
+            const float rstd = fr_norm_rstd(q, HD, P.eps);
+            if (h == 0 && mine && r != nullptr)
+                r[j0 + half] = rstd;
+            float y[2 * W];
+            if constexpr (IL) {
+#pragma unroll
+                for (int w = 0; w < W; w++) {
+                    const float va = norm_value<DT>(v[2 * w], rstd, wf[2 * w], RND);
+                    const float vb = norm_value<DT>(v[2 * w + 1], rstd, wf[2 * w + 1], RND);
+                    fr_rotate(va, vb, ca[w], sa[w], 1.0f, &y[2 * w], &y[2 * w + 1]);
+                }
+            } else {
+#pragma unroll
+                for (int q2 = 0; q2 < W; q2++) {
+                    /* pair 2h + 32 (q2 / 2) + (q2 & 1): channel c of word w =
+                     * q2 / 2 and its partner of word w + W / 2 */
+                    const int c = 2 * (q2 / 2) + (q2 & 1), d = c + W;
+                    const float va = norm_value<DT>(v[c], rstd, wf[c], RND);
+                    const float vb = norm_value<DT>(v[d], rstd, wf[d], RND);
+                    fr_rotate(va, vb, ca[q2], sa[q2], 1.0f, &y[c], &y[d]);
+                }
+            }
+            if (mine) {
+#pragma unroll
+                for (int w = 0; w < W; w++)
+                    yl[16 * w] = Elem<DT>::from_f2(y[2 * w], y[2 * w + 1]);
+            }
+            yl += 2 * out_w;
+        }
+    }
+}
+
 /* ----------------------------------------------------------------- backward */
 
 /* g and n of channel ch of the row at token (b, s): g = (R^T dy)[ch]; n =
@@ -1533,6 +1696,19 @@ template <int DT, int HD> cudaError_t launch_rows(const NParams &P0, cudaStream_
     if (warp_rows(n)) {
         NParams P = P0;
         P.warp_heads = warp_heads(P, n);
+        if (warp_half()) {
+            /* items of two rows at least, one a half */
+            if (P.warp_heads < 2 && P.heads >= 2)
+                P.warp_heads = 2;
+            const int64_t warps = (P.t1 - P.t0) * warp_groups(P);
+#define FR_HALF_IL(RND)                                                                       \
+    (P.interleaved ? launch_warps(norm_forward_half<DT, HD, true, RND>, warps, P, stream)       \
+                   : launch_warps(norm_forward_half<DT, HD, false, RND>, warps, P, stream))
+            return P.rounding == FR_ROUND_LLAMA   ? FR_HALF_IL(FR_ROUND_LLAMA)
+                   : P.rounding == FR_ROUND_GEMMA ? FR_HALF_IL(FR_ROUND_GEMMA)
+                                                  : FR_HALF_IL(FR_ROUND_ONCE);
+#undef FR_HALF_IL
+        }
         const int64_t warps = (P.t1 - P.t0) * warp_groups(P);
         /* items of fewer rows than R at a time (the decode step's one row)
          * take one row at a time: no padded rows' work */

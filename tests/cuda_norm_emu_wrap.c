@@ -9,10 +9,9 @@
  * (other grids: the kernels are grid-stride), the second to fourth with the
  * backward's tokens in segments of 1, 2 and 3 chunks (kernels/cuda_norm.cu,
  * segment_tokens), the last two with the forward's rows spread over warps
- * (norm_forward_warp, its lanes in lockstep: items of 4 rows taken 3 a
- * warp at a time, then items as warp_heads sizes them for one SM, taken as
- * the device build takes them, FR_CUDA_NORM_WARP_RPW at a time with the
- * next ones' loads ahead), the backward's warps taking heads as the launcher
+ * (its lanes in lockstep: norm_forward_warp's items of 4 rows taken 3 a
+ * warp at a time, then norm_forward_half's items as warp_heads sizes them
+ * for one SM, two rows a warp), the backward's warps taking heads as the launcher
  * decides in the first three (one a token with 132 SMs, FR_CUDA_NORM_BWD_HEADS
  * with fewer), 3 a token in the fourth and 1 in the last
  * (norm_backward_heads), from the same starting bytes, which must give the
@@ -43,7 +42,7 @@ fusedrope_status __wrap_fusedrope__cpu_norm_backward(const fr_norm_args *a);
 int fr_emu_sms = 132;
 /* kernels/cuda_norm.cu, emulated */
 extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp, fr_emu_norm_warp_rpw, fr_emu_norm_warp_heads,
-    fr_emu_norm_bwd_heads;
+    fr_emu_norm_bwd_heads, fr_emu_norm_warp_half;
 
 /* The call's outputs as (pointer, bytes, element size) pieces. */
 typedef struct { unsigned char *p; size_t n, es; } piece;
@@ -106,7 +105,8 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
 {
     static const int sms[] = { 132, 1, 5, 3, 1 }, seg_chunks[] = { 0, 1, 2, 3, 0 },
                      warp[] = { 0, 0, 0, 1, 1 }, warp_rpw[] = { 0, 0, 0, 3, 0 },
-                     warp_heads[] = { 0, 0, 0, 4, 0 }, bwd_heads[] = { 0, 0, 0, 3, 1 };
+                     warp_heads[] = { 0, 0, 0, 4, 0 }, bwd_heads[] = { 0, 0, 0, 3, 1 },
+                     warp_half[] = { -1, -1, -1, 0, 1 };
     const int max = 4 + 2 * (int)(na->a.seq_len * na->a.batch *
                                   (na->a.io[0].heads + (na->a.count > 1 ? na->a.io[1].heads : 0)));
     piece *pc = malloc(sizeof *pc * (size_t)max);
@@ -144,6 +144,7 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         fr_emu_norm_warp_rpw = warp_rpw[i];
         fr_emu_norm_warp_heads = warp_heads[i];
         fr_emu_norm_bwd_heads = bwd_heads[i];
+        fr_emu_norm_warp_half = warp_half[i];
         st = backward ? fr_emu_cuda_norm_backward(&e) : fr_emu_cuda_norm_forward(&e);
         if (st != FUSEDROPE_OK || flag) {
             fprintf(stderr, "emulated CUDA norm %s, %d SMs: status %d, flag %d (%s)\n",

@@ -16,7 +16,8 @@
  * stride and positions as the table below says) runs on the register-row
  * kernels (norm_forward_rows, norm_backward_heads: 16-bit, head_dim 64/128,
  * full rotary, rows on 16 bytes; the forward also on norm_forward_warp, in
- * items of 4 rows across q and k, 2 at a time) or the generic ones
+ * items of 4 rows across q and k, 2 at a time, and on norm_forward_half, in
+ * items of 3 rows, two at a time) or the generic ones
  * (norm_forward, norm_dx, and the backward's dw kernels: the rows' terms,
  * norm_dw_chunks, norm_dw_heads, norm_dw_sum), in both
  * styles, in and out of place, from x or from the saved y, in each rounding
@@ -68,7 +69,8 @@ fusedrope_status fr_emu_cuda_norm_backward(const fr_norm_args *a);
 int fr_emu_sms = 132;
 /* kernels/cuda_norm.cu, emulated: norm_forward_warp, its items' rows and its
  * rows at a time */
-extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw, fr_emu_norm_bwd_heads;
+extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw, fr_emu_norm_bwd_heads,
+    fr_emu_norm_warp_half;
 
 enum { M = 32, MAXT = 64 }; /* table rows; most tokens of a case */
 static const int64_t heads[2] = { 3, 2 }; /* q, k */
@@ -450,12 +452,18 @@ static void run_case(const ncase *nc, int vi, int status)
     /* forward: the reference (its y and rstd feed the backward), then the
      * case's positions */
     call(&x, 0, 0, status, "with valid ids");
-    if (nc->rows) { /* the register-row cases also with a warp per row */
+    if (nc->rows) { /* the register-row cases also with rows over warps */
         fr_emu_norm_warp = 1;
+        fr_emu_norm_warp_half = 0;
         fr_emu_norm_warp_heads = 4;
         fr_emu_norm_warp_rpw = 2;
         call(&x, 0, 1, status, "with the case's positions, rows over warps");
+        check_rows(&x, 0, bad);
+        fr_emu_norm_warp_half = 1; /* and over half-warps, items of 3 rows */
+        fr_emu_norm_warp_heads = 3;
+        call(&x, 0, 1, status, "with the case's positions, rows over half-warps");
         fr_emu_norm_warp = 0;
+        fr_emu_norm_warp_half = -1;
         fr_emu_norm_warp_heads = 0;
         fr_emu_norm_warp_rpw = 0;
         check_rows(&x, 0, bad);
