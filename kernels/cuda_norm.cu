@@ -314,6 +314,28 @@ FR_HD int64_t warp_groups(const NParams &P)
     return warp_groups0(P) + (P.heads - P.heads0 + P.warp_heads - 1) / P.warp_heads;
 }
 
+/* Item it of the forward's warp kernels (warp_groups' groups a token, g0
+ * of them q's): its token t = (b, s), tensor k, first head h0 and rows n
+ * (P.warp_heads, the tensor's last group fewer). */
+struct WarpItem {
+    int64_t t, h0, b, s;
+    int k, n;
+};
+
+__device__ __forceinline__ WarpItem warp_item(const NParams &P, int64_t it, int64_t groups,
+                                              int64_t g0)
+{
+    WarpItem m;
+    const int64_t g = it % groups, G = P.warp_heads;
+    m.t = P.t0 + it / groups;
+    m.k = g >= g0;
+    m.h0 = (m.k ? g - g0 : g) * G;
+    m.n = (int)(m.h0 + G < P.io[m.k].heads ? G : P.io[m.k].heads - m.h0);
+    m.b = m.t / P.seq_len;
+    m.s = m.t % P.seq_len;
+    return m;
+}
+
 /* Row r = (token t, head hh of q's then k's heads). */
 __device__ __forceinline__ const NIo &row_io(const NParams &P, int64_t r, int64_t *t, int64_t *h,
                                              int64_t *b, int64_t *s)
@@ -813,7 +835,7 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
     check_cu_seqlens(P.pos, P.tokens, P.flag);
     constexpr int K = HD / 32;
     const int lane = (int)(threadIdx.x & 31);
-    const int64_t G = P.warp_heads, g0 = warp_groups0(P), groups = warp_groups(P);
+    const int64_t g0 = warp_groups0(P), groups = warp_groups(P);
     const int64_t items = (P.t1 - P.t0) * groups, warps = (int64_t)gridDim.x * blockDim.x / 32;
     /* the lane's weight factors, of tensor wslot's weights (kept from item
      * to item: they are the same for every row of a tensor) */
@@ -821,12 +843,10 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
     float wf[K] = {};
     for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items;
          it += warps) {
-        const int64_t t = P.t0 + it / groups, g = it % groups;
-        const int k = g >= g0;
+        const WarpItem m = warp_item(P, it, groups, g0);
+        const int64_t t = m.t, h0 = m.h0, b = m.b, s = m.s;
+        const int k = m.k, n = m.n;
         const NIo &io = P.io[k];
-        const int64_t h0 = (k ? g - g0 : g) * G;
-        const int n = (int)(h0 + G < io.heads ? G : io.heads - h0); /* the item's rows */
-        const int64_t b = t / P.seq_len, s = t % P.seq_len;
         int bad = 0;
         LaneAngles<HD, IL> an;
         /* rows j0 .. j0 + R - 1 (those before n): their bits into u, widened
@@ -949,7 +969,7 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
     check_cu_seqlens(P.pos, P.tokens, P.flag);
     constexpr int W = HD / 32; /* a lane's words of its row */
     const int lane = (int)(threadIdx.x & 31), half = lane >> 4, h = lane & 15;
-    const int64_t G = P.warp_heads, g0 = warp_groups0(P), groups = warp_groups(P);
+    const int64_t g0 = warp_groups0(P), groups = warp_groups(P);
     const int64_t items = (P.t1 - P.t0) * groups, warps = (int64_t)gridDim.x * blockDim.x / 32;
     /* the lane's weight factors (channels 2h + 32w, 2h + 32w + 1), of
      * tensor wslot's weights */
@@ -957,12 +977,10 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
     float wf[2 * W] = {};
     for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items;
          it += warps) {
-        const int64_t t = P.t0 + it / groups, g = it % groups;
-        const int k = g >= g0;
+        const WarpItem m = warp_item(P, it, groups, g0);
+        const int64_t t = m.t, h0 = m.h0, b = m.b, s = m.s;
+        const int k = m.k, n = m.n;
         const NIo &io = P.io[k];
-        const int64_t h0 = (k ? g - g0 : g) * G;
-        const int n = (int)(h0 + G < io.heads ? G : io.heads - h0); /* the item's rows */
-        const int64_t b = t / P.seq_len, s = t % P.seq_len;
         const int64_t in_sh = io.in_sh, out_sh = io.out_sh;
         int bad = 0;
         /* this half's row of the pair at j0 is j0 + half, or (past the
