@@ -1278,8 +1278,9 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
 /* Heads a warp of norm_backward_heads takes at each token (1 to 4) where
  * the call has more units of one head than FR_CUDA_NORM_BWD_WAVE warps an
  * SM (below that, 1): several rows at a time give a warp independent
- * chains and fewer, longer units, at more registers (ptxas, bf16 NeoX 128:
- * 72 registers for one, 117 for two).  1 until measured otherwise. */
+ * chains and fewer, longer units, at more registers (ptxas, bf16 NeoX 128,
+ * one token ahead: 95 for one head; 117 for two in a first version that
+ * took 72 for one).  1 until measured otherwise. */
 #ifndef FR_CUDA_NORM_BWD_HEADS
 #define FR_CUDA_NORM_BWD_HEADS 1
 #endif
