@@ -1007,10 +1007,9 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
         const RowAngles ra = row_angles<HD>(P, pos, bad);
         /* cos/sin of the lane's pairs: NeoX pairs 2h + 32w + e (w < W/2, e
          * < 2), interleaved h + 16w (w < W) */
-        constexpr int NA = IL ? W : W;
-        float ca[NA], sa[NA];
+        float ca[W], sa[W];
 #pragma unroll
-        for (int q = 0; q < NA; q++)
+        for (int q = 0; q < W; q++)
             pair_angle(ra, IL ? h + 16 * q : 2 * h + 32 * (q / 2) + (q & 1), &ca[q], &sa[q]);
         if (k != wslot) {
             wslot = k;
@@ -1053,13 +1052,12 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
                 }
             } else {
 #pragma unroll
-                for (int q2 = 0; q2 < W; q2++) {
-                    /* pair 2h + 32 (q2 / 2) + (q2 & 1): channel c of word w =
-                     * q2 / 2 and its partner of word w + W / 2 */
-                    const int c = 2 * (q2 / 2) + (q2 & 1), d = c + W;
+                for (int c = 0; c < W; c++) {
+                    /* pair 2h + 32 (c / 2) + (c & 1): v[c] (word c / 2) and
+                     * its partner v[c + W] (word c / 2 + W / 2) */
                     const float va = norm_value<DT>(v[c], rstd, wf[c], RND);
-                    const float vb = norm_value<DT>(v[d], rstd, wf[d], RND);
-                    fr_rotate(va, vb, ca[q2], sa[q2], 1.0f, &y[c], &y[d]);
+                    const float vb = norm_value<DT>(v[c + W], rstd, wf[c + W], RND);
+                    fr_rotate(va, vb, ca[c], sa[c], 1.0f, &y[c], &y[c + W]);
                 }
             }
             if (mine) {
@@ -1436,11 +1434,14 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
             dxp = (uint16_t *)row_ptr(io.out, s, b, h0, out_ss, io.out_sb, out_sh, DT) + lane;
         };
         const float *rp = io.rstd + ta * io.heads + h0;
+        /* whether row r of a token is past the unit's (never loaded): row 0
+         * never is (n >= 1, which the compiler cannot see) */
+        auto past = [&](int r) { return r > 0 && r >= n; };
         /* token j's loads into w: dyp, xsp, dxp and rp are at its rows */
         auto load_tok = [&](int j, BwdTok<HD, IL, G> &w) {
 #pragma unroll
             for (int r = 0; r < G; r++) {
-                if (r > 0 && r >= n) /* n >= 1, which the compiler cannot see */
+                if (past(r))
                     break;
 #pragma unroll
                 for (int c = 0; c < K; c++) {
@@ -1496,7 +1497,7 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                 float dy[G][K], xs[G][K], rs[G];
 #pragma unroll
                 for (int r = 0; r < G; r++) {
-                    if (r > 0 && r >= n) /* rows past the unit's: never loaded */
+                    if (past(r))
                         break;
 #pragma unroll
                     for (int c = 0; c < K; c++) {
@@ -1515,7 +1516,7 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                 load_tok(j + D < nt ? j + D : nt - 1, w);
 #pragma unroll
                 for (int r = 0; r < G; r++) {
-                    if (r > 0 && r >= n)
+                    if (past(r))
                         break;
                     warp_dx<DT, HD, IL, SY>(wf, an, rs[r], lane, dy[r], xs[r], acc[r],
                                             dxt + r * out_sh);
@@ -1526,7 +1527,7 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
         if (io.hp != nullptr) {
 #pragma unroll
             for (int r = 0; r < G; r++) {
-                if (r >= n)
+                if (past(r))
                     break;
                 float *o = io.hp + (u * io.heads + h0 + r) * HD + lane;
 #pragma unroll
@@ -1820,12 +1821,12 @@ cudaError_t launch_heads(const NParams &P, int g, cudaStream_t stream)
 /* norm_backward_heads over tokens t0..t1: units of a chunk where dw is
  * asked for (hp set), else of as many tokens as fill a wave of one head's
  * units (at most a chunk: a unit's tokens are a warp's lanes). */
-cudaError_t launch_heads_all(NParams &P, int count, int64_t hd, cudaStream_t stream)
+cudaError_t launch_heads_all(NParams &P, int64_t hd, cudaStream_t stream)
 {
     const int64_t C = FUSEDROPE_NORM_DW_CHUNK, tokens = P.t1 - P.t0;
     const int64_t wave = (int64_t)FR_CUDA_NORM_BWD_WAVE * P.sms;
     int64_t u = C;
-    if (P.io[0].hp == nullptr && (count < 2 || P.io[1].hp == nullptr)) {
+    if (P.io[0].hp == nullptr && P.io[1].hp == nullptr) {
         u = (tokens * P.heads + wave - 1) / wave;
         u = u < 1 ? 1 : u > C ? C : u;
     }
@@ -1901,7 +1902,7 @@ cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
     void *scratch = nullptr;
     cudaError_t err = cudaSuccess;
     if (pf[0] + pf[1] == 0)
-        return hd != 0 ? launch_heads_all(P, count, hd, stream)
+        return hd != 0 ? launch_heads_all(P, hd, stream)
                        : launch(norm_dx, P.tokens * P.heads, P, stream);
     const int64_t seg = segment_tokens(P.tokens, hpf[0] + hpf[1] + tf[0] + tf[1]), nks = seg / C;
     if ((err = scratch_alloc(&scratch,
@@ -1925,7 +1926,7 @@ cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
         P.t1 = t0 + seg < P.tokens ? t0 + seg : P.tokens;
         const int64_t nk = (P.t1 - t0 + C - 1) / C;
         if (hd != 0) {
-            err = launch_heads_all(P, count, hd, stream);
+            err = launch_heads_all(P, hd, stream);
         } else {
             err = launch(norm_dx, (P.t1 - P.t0) * P.heads, P, stream);
             if (err == cudaSuccess)
