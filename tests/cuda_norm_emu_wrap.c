@@ -155,10 +155,10 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         save(pc, n, f == SIZE_MAX ? first : now, 1);
         if (f != SIZE_MAX && memcmp(first, now, total) != 0) {
             fprintf(stderr, "emulated CUDA norm: configurations %zu and %zu (%d SMs, segments of "
-                            "%d chunks, warp rows %d, %d at a time, %d an item, backward heads %d "
-                            "a warp) differ\n",
+                            "%d chunks, warp rows %d, %d at a time, %d an item, half-warps %d, "
+                            "backward heads %d a warp) differ\n",
                     f, i, sms[i], seg_chunks[i], warp[i], warp_rpw[i], warp_heads[i],
-                    bwd_heads[i]);
+                    warp_half[i], bwd_heads[i]);
             abort();
         }
         if (f == SIZE_MAX)
