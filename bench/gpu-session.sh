@@ -93,7 +93,7 @@ quiet_host() {
   vpid=()
 }
 normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:16:0 1000000000:1:8:1:0:7:1 1000000000:1:4:1:0:16:1 1000000000:1:8:1:8:16:1}
-normbwd_variants=${NORMBWD_VARIANTS:-1:2:0:36 1:3:0:36 2:1:0:0 1:1:6:36}
+normbwd_variants=${NORMBWD_VARIANTS:-1:1:0:36:0 1:2:0:36:0 1:2:0:36:1 1:1:5:36:1}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
     prebuild normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW FR_CUDA_NORM_WARP_HEADS \
@@ -103,7 +103,7 @@ esac
 case " $sections " in *" normbwd "*)
   for v in $normbwd_variants; do
     prebuild normbwd $v FR_CUDA_NORM_BWD_HEADS FR_CUDA_NORM_BWD_AHEAD FR_CUDA_NORM_BWD_MINB \
-      FR_CUDA_NORM_BWD_WAVE
+      FR_CUDA_NORM_BWD_WAVE FR_CUDA_NORM_BWD_HALF
   done ;;
 esac
 
@@ -282,11 +282,12 @@ section_cpunorm() {
 
 section_normbwd() {
   # the norm backward's row kernel (norm_backward_heads) in each shape of
-  # FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE (heads a warp takes at a token
-  # where the call has more one-head units than WAVE warps an SM, 0: always;
-  # tokens loaded or in flight; blocks of 128 an SM asked of ptxas; ptxas's
-  # registers for bf16 NeoX 128 from x, default 1:1:0:36: 95; 1:2: 114;
-  # 1:3: ~140; 2:1: ~117; 1:1:6: at most 80), each variant's build:
+  # FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF (heads a warp takes at a
+  # token where the call has more one-head units than WAVE warps an SM, 0:
+  # always; tokens loaded or in flight; blocks of 128 an SM asked of ptxas;
+  # rows over half-warps, 1, or over warps, 0; ptxas's registers for bf16
+  # NeoX 128 from x, default 1:1:0:36:1: 122; 1:1:0:36:0: 95; 1:2:0:36:0:
+  # 114; 1:1:5:36:1: at most 96), each variant's build:
   # test_norm_gpu on each, then the backward lines (dw for q and k) at 1024,
   # 4096 and 16384 tokens and in fp16 and interleaved, on each and on the
   # default build last
@@ -294,7 +295,7 @@ section_normbwd() {
   for v in $normbwd_variants default; do
     variant_tree normbwd $v || continue
     b=$vt/tools/fusedrope-bench
-    { echo "== FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE=$v"
+    { echo "== FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF=$v"
       for tokens in 1024 4096 16384; do
         $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_bwd|FAIL)'
       done

@@ -21,7 +21,8 @@
  *             writes the terms to a stream-ordered scratch array, which one
  *             thread per (chunk, head, channel) sums (norm_dw_chunks); the
  *             common shapes take norm_backward_heads, a warp per chunk of
- *             one head (or a few) adding the terms in registers as it goes.  A long call
+ *             two heads (over its halves) or of one head (or a few) adding
+ *             the terms in registers as it goes.  A long call
  *             runs in segments of whole chunks (the scratch of a segment at
  *             most TERMS_BYTES).  An earlier dw pass that read dy and the
  *             saved tensor again, one thread per (chunk, channel), took
@@ -35,7 +36,8 @@
  * a warp's lanes; FR_CUDA_NORM_WARP_HALF chooses) or, where
  * FR_CUDA_NORM_WARP_ROWS is set to say so, norm_forward_rows (a thread per
  * row, 16-byte loads; the same bytes), and the backward's
- * norm_backward_heads (a row over a warp's lanes).
+ * norm_backward_heads (a row over a half-warp's lanes, or over a warp's:
+ * FR_CUDA_NORM_BWD_HALF chooses).
  *
  * With FR_CUDA_EMULATE (kernels/cuda_norm_emu.cc) the host C++ compiler
  * builds it and kernels/cuda_emu.h runs the kernels on the CPU: threads
@@ -153,7 +155,8 @@ static_assert(FR_CUDA_NORM_WARP_GRID >= 0, "FR_CUDA_NORM_WARP_GRID: 0 or blocks 
  * the backward's segment (chunks of tokens;
  * 0: TERMS_BYTES decides), so that the small calls of the tests run in
  * several segments too, and norm_backward_heads' heads a warp at a token
- * (0: bwd_heads decides; 1 to 4 are built). */
+ * (0: bwd_heads decides; 1 to 4 are built) and layout (1: half-warps, 0:
+ * warps, -1: FR_CUDA_NORM_BWD_HALF decides). */
 extern "C" {
 int fr_emu_norm_warp = -1;
 int fr_emu_norm_warp_rpw = 0;
@@ -161,6 +164,7 @@ int fr_emu_norm_warp_heads = 0;
 int fr_emu_norm_warp_half = -1;
 int fr_emu_norm_seg_chunks = 0;
 int fr_emu_norm_bwd_heads = 0;
+int fr_emu_norm_bwd_half = -1;
 }
 #endif
 
@@ -554,15 +558,25 @@ __device__ __forceinline__ void pair_angle(const RowAngles &a, int i, float *c, 
     fr_pair_cos_sin(a.cos, a.sin, nullptr, 1.0, 0, 0, i, c, sn);
 }
 
-/* weight_factor's value for the register-row kernels, channels lane + 32 k
- * (k < K) of a warp row kernel into wf: a 16-bit weight is in the tensors'
+/* The channel of a row a lane holds as its e-th: over a warp (HALF false)
+ * lane + 32 e, over a half-warp (HALF true; lane is the lane in its half,
+ * which holds the 32-bit words lane + 16 w) 2 lane + 32 (e / 2) + (e & 1). */
+template <bool HALF> __device__ __forceinline__ int lane_channel(int lane, int e)
+{
+    return HALF ? 2 * lane + 32 * (e / 2) + (e & 1) : lane + 32 * e;
+}
+
+/* weight_factor's value for the register-row kernels, the lane's channels
+ * (lane_channel<HALF>(lane, k), k < K) of a warp row kernel into wf (a
+ * weight may start on any element: loaded element by element, once a
+ * tensor): a 16-bit weight is in the tensors'
  * dtype, so the one conversion of cuda_elem.cuh replaces load_f's three (the
  * same value: widening is exact).  The K loads are issued before any is
  * widened, so they make one round trip (a load and its widening per channel
  * made K: the widening came right after its load, in the same basic block,
  * and waited for it).  The float and 16-bit loads stay apart: through one
  * 32-bit word the kernels took 2-7 more registers. */
-template <int DT, int K>
+template <int DT, bool HALF = false, int K>
 __device__ __forceinline__ void lane_weights(const NParams &P, const NIo &io, int lane,
                                              float (&wf)[K])
 {
@@ -574,7 +588,7 @@ __device__ __forceinline__ void lane_weights(const NParams &P, const NIo &io, in
         float w[K];
 #pragma unroll
         for (int k = 0; k < K; k++)
-            w[k] = ((const float *)io.w)[lane + 32 * k];
+            w[k] = ((const float *)io.w)[lane_channel<HALF>(lane, k)];
 #pragma unroll
         for (int k = 0; k < K; k++)
             wf[k] = fr_norm_wf(P.weight, w[k]);
@@ -582,7 +596,7 @@ __device__ __forceinline__ void lane_weights(const NParams &P, const NIo &io, in
         uint16_t w[K];
 #pragma unroll
         for (int k = 0; k < K; k++)
-            w[k] = ((const uint16_t *)io.w)[lane + 32 * k];
+            w[k] = ((const uint16_t *)io.w)[lane_channel<HALF>(lane, k)];
 #pragma unroll
         for (int k = 0; k < K; k++)
             wf[k] = fr_norm_wf(P.weight, Elem<DT>::to_f(w[k]));
@@ -682,16 +696,22 @@ __global__ void __launch_bounds__(128) norm_forward_rows(const __grid_constant__
     });
 }
 
-/* The lane's cos/sin of a warp row kernel's pairs: NeoX pair lane + 32 k
- * (k < HD / 64: the lane's channels lane + 32 k and HD / 2 + lane + 32 k),
- * interleaved pair (lane + 32 k) / 2 (k < HD / 32: the lane's channel
- * lane + 32 k, whose partner is in lane ^ 1); NaN without a position. */
-template <int HD, bool IL> struct LaneAngles {
-    static constexpr int N = IL ? HD / 32 : HD / 64;
+/* The lane's cos/sin of a warp row kernel's pairs.  A row over a warp
+ * (HALF false): NeoX pair lane + 32 k (k < HD / 64: the lane's channels
+ * lane + 32 k and HD / 2 + lane + 32 k), interleaved pair (lane + 32 k) / 2
+ * (k < HD / 32: the lane's channel lane + 32 k, whose partner is in lane ^
+ * 1).  A row over a half-warp (HALF true; lane is h, the lane in its half,
+ * which holds the 32-bit words h + 16 w, channels 2h + 32w and 2h + 32w + 1):
+ * NeoX pair 2h + 32 (k / 2) + (k & 1) (k < HD / 32), interleaved pair h +
+ * 16 k (word k).  NaN without a position. */
+template <int HD, bool IL, bool HALF = false> struct LaneAngles {
+    static constexpr int N = IL || HALF ? HD / 32 : HD / 64;
     float c[N], sn[N];
 
     static __device__ __forceinline__ int pair(int k, int lane)
     {
+        if (HALF)
+            return IL ? lane + 16 * k : 2 * lane + 32 * (k / 2) + (k & 1);
         return IL ? (lane + 32 * k) / 2 : lane + 32 * k;
     }
 
@@ -708,9 +728,14 @@ template <int HD, bool IL> struct LaneAngles {
     __device__ __forceinline__ void load(const NParams &P, int o, int lane)
     {
         const int r = o < 0 ? 0 : o;
+        const float *cr = P.cos + r, *sr = P.sin + r;
+        /* a table there (rows_hd): without this fr_pair_cos_sin's test of
+         * it stayed, and the frequency path's registers counted */
+        if (cr == nullptr || sr == nullptr)
+            __builtin_unreachable();
 #pragma unroll
         for (int k = 0; k < N; k++)
-            fr_pair_cos_sin(P.cos + r, P.sin + r, nullptr, 1.0, 0, 0, pair(k, lane), &c[k], &sn[k]);
+            fr_pair_cos_sin(cr, sr, nullptr, 1.0, 0, 0, pair(k, lane), &c[k], &sn[k]);
         if (o < 0) {
 #pragma unroll
             for (int k = 0; k < N; k++)
@@ -931,16 +956,23 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
     }
 }
 
-/* The weight factors of a half-warp row kernel's lane h: channels 2h + 32w
- * and 2h + 32w + 1 (w < W) into wf[2w], wf[2w + 1] (a weight may start on
- * any element: loaded element by element, once a tensor). */
-template <int DT, int W>
-__device__ __forceinline__ void lane_weights_half(const NParams &P, const NIo &io, int h,
-                                                  float (&wf)[2 * W])
+/* fr_norm_tree32 of a row over a half-warp (lane h of the half holds the
+ * contract's partial sums 2h, p0, and 2h + 1, p1): the tree's first level
+ * (p[l] + p[l + 16]) pairs lanes h and h ^ 8, each sending the partial the
+ * other keeps (2h + 1 from h < 8, 2h + 16 from h + 8), so lane h < 8 holds
+ * the level's sum 2h and lane h + 8 its sum 2h + 1; the levels off 8, 4, 2
+ * are then xor-shuffles 4, 2, 1 and off 1 (sums 0 and 1) xor 8, each lane
+ * adding what it receives to its own (a + b and b + a are the same float):
+ * the tree of norm_math.h to the bit, every lane of the half ending with its
+ * row's total, in 5 shuffles for the warp's two rows. */
+__device__ __forceinline__ float half_tree(float p0, float p1, int h)
 {
-#pragma unroll
-    for (int c = 0; c < 2 * W; c++)
-        wf[c] = row_weight<DT>(P, io, 2 * h + 32 * (c / 2) + (c & 1));
+    const bool hi8 = (h & 8) != 0;
+    float q = (hi8 ? p1 : p0) + __shfl_xor_sync(0xffffffffu, hi8 ? p0 : p1, 8);
+    q = q + __shfl_xor_sync(0xffffffffu, q, 4);
+    q = q + __shfl_xor_sync(0xffffffffu, q, 2);
+    q = q + __shfl_xor_sync(0xffffffffu, q, 1);
+    return q + __shfl_xor_sync(0xffffffffu, q, 8);
 }
 
 /*
@@ -948,13 +980,7 @@ __device__ __forceinline__ void lane_weights_half(const NParams &P, const NIo &i
  * 16 r .. 16 r + 15 hold row r of a pair of rows, lane h of a half the
  * 32-bit words h + 16 w (w < HD / 32) of its row, channels 2h + 32w and
  * 2h + 32w + 1: the contract's partial sums 2h and 2h + 1, which the lane
- * adds in order.  fr_norm_tree32's first level (p[l] + p[l + 16]) pairs
- * lanes h and h ^ 8: each sends the partial the other keeps (2h + 1 from h
- * < 8, 2h + 16 from h + 8), so lane h < 8 holds the level's sum 2h and lane
- * h + 8 its sum 2h + 1; the levels off 8, 4, 2 are then xor-shuffles 4, 2,
- * 1 and off 1 (sums 0 and 1) xor 8, each lane adding what it receives to
- * its own (a + b and b + a are the same float): the tree of norm_math.h to
- * the bit, every lane of the half ending with its row's total.  A NeoX pair
+ * adds in order, and half_tree sums them.  A NeoX pair
  * (i, i + HD/2) is words w and w + HD/64 of one lane; an interleaved pair
  * is one word.  So a warp instruction loads, converts and stores two rows'
  * words where norm_forward_warp's loaded one row's 16-bit elements, and
@@ -1004,16 +1030,11 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
          * found */
         load_pair(0, raw);
         const int64_t pos = row_position(P, b, s, &bad);
-        const RowAngles ra = row_angles<HD>(P, pos, bad);
-        /* cos/sin of the lane's pairs: NeoX pairs 2h + 32w + e (w < W/2, e
-         * < 2), interleaved h + 16w (w < W) */
-        float ca[W], sa[W];
-#pragma unroll
-        for (int q = 0; q < W; q++)
-            pair_angle(ra, IL ? h + 16 * q : 2 * h + 32 * (q / 2) + (q & 1), &ca[q], &sa[q]);
+        LaneAngles<HD, IL, true> an;
+        an.load(row_angles<HD>(P, pos, bad), h);
         if (k != wslot) {
             wslot = k;
-            lane_weights_half<DT, W>(P, io, h, wf);
+            lane_weights<DT, true>(P, io, h, wf);
         }
         float *r = io.rstd != nullptr ? io.rstd + t * io.heads + h0 : nullptr;
         for (int j0 = 0; j0 < n; j0 += 2) {
@@ -1033,13 +1054,7 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
                 p0 = p0 + v[2 * w] * v[2 * w];
                 p1 = p1 + v[2 * w + 1] * v[2 * w + 1];
             }
-            const bool hi8 = (h & 8) != 0;
-            float q = (hi8 ? p1 : p0) + __shfl_xor_sync(0xffffffffu, hi8 ? p0 : p1, 8);
-            q = q + __shfl_xor_sync(0xffffffffu, q, 4);
-            q = q + __shfl_xor_sync(0xffffffffu, q, 2);
-            q = q + __shfl_xor_sync(0xffffffffu, q, 1);
-            q = q + __shfl_xor_sync(0xffffffffu, q, 8);
-            const float rstd = fr_norm_rstd(q, HD, P.eps);
+            const float rstd = fr_norm_rstd(half_tree(p0, p1, h), HD, P.eps);
             if (h == 0 && mine && r != nullptr)
                 r[j0 + half] = rstd;
             float y[2 * W];
@@ -1048,7 +1063,7 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
                 for (int w = 0; w < W; w++) {
                     const float va = norm_value<DT>(v[2 * w], rstd, wf[2 * w], RND);
                     const float vb = norm_value<DT>(v[2 * w + 1], rstd, wf[2 * w + 1], RND);
-                    fr_rotate(va, vb, ca[w], sa[w], 1.0f, &y[2 * w], &y[2 * w + 1]);
+                    fr_rotate(va, vb, an.c[w], an.sn[w], 1.0f, &y[2 * w], &y[2 * w + 1]);
                 }
             } else {
 #pragma unroll
@@ -1057,7 +1072,7 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
                      * its partner v[c + W] (word c / 2 + W / 2) */
                     const float va = norm_value<DT>(v[c], rstd, wf[c], RND);
                     const float vb = norm_value<DT>(v[c + W], rstd, wf[c + W], RND);
-                    fr_rotate(va, vb, ca[c], sa[c], 1.0f, &y[c], &y[c + W]);
+                    fr_rotate(va, vb, an.c[c], an.sn[c], 1.0f, &y[c], &y[c + W]);
                 }
             }
             if (mine) {
@@ -1250,12 +1265,15 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
 /*
  * The backward of the common rows (see norm_forward_rows), rows over a
  * warp as in norm_forward_warp (lane l holds channels l, l + 32, ...: the
- * contract's partial sum l; the butterfly is fr_norm_tree32).  A warp's
- * item is a unit of tokens (a chunk of FUSEDROPE_NORM_DW_CHUNK where dw is
- * asked for) of G heads of one tensor (G = 1, or FR_CUDA_NORM_BWD_HEADS
- * when the call has more units than a wave: bwd_heads), which it walks
- * token by token, each token's heads in order; a lane adds its channels'
- * terms g * n of each head in token order in registers, which is the
+ * contract's partial sum l; the butterfly is fr_norm_tree32) or, by
+ * default (FR_CUDA_NORM_BWD_HALF), over half-warps as in norm_forward_half
+ * (lane h of a half holds the 32-bit words h, h + 16, ...: the partial sums
+ * 2h and 2h + 1; half_tree).  A warp's item is a unit of tokens (a chunk of
+ * FUSEDROPE_NORM_DW_CHUNK where dw is asked for) of G heads of one tensor
+ * (over warps G = 1, or FR_CUDA_NORM_BWD_HEADS when the call has more units
+ * than a wave: bwd_heads; over half-warps two heads, one a half), which it
+ * walks token by token, each token's heads in order; a lane adds its
+ * channels' terms g * n of each head in token order in registers, which is the
  * contract's (chunk, head) partial, written to scratch at the unit's end
  * (norm_dw_heads then adds a chunk's heads in order, norm_dw_sum the
  * chunks).  So no warp waits for another: the partials' order is the
@@ -1271,7 +1289,11 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * channels (a partner's come by shuffle), and a row's loads come before
  * its stores (where the next tokens are past the unit, its last token's
  * rows are loaded again, before that token's stores, and never used), so a
- * row in place is safe.
+ * row in place is safe.  Over half-warps a tensor's odd last head leaves
+ * the second half a copy of the first half's row, loaded and worked (its
+ * shuffles stay in its half) but neither stored nor summed into dw; its
+ * loads of a token feed its tree before the first half's stores of that
+ * token, so in place they read the row before it is written.
  */
 /* Heads a warp of norm_backward_heads takes at each token (1 to 4) where
  * the call has more units of one head than FR_CUDA_NORM_BWD_WAVE warps an
@@ -1281,6 +1303,18 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * took 72 for one).  1 until measured otherwise. */
 #ifndef FR_CUDA_NORM_BWD_HEADS
 #define FR_CUDA_NORM_BWD_HEADS 1
+#endif
+/* Whether the backward's common rows go over half-warps, a unit of two
+ * heads with one row a half-warp in 32-bit words (1), or over warps, a row
+ * a warp in 16-bit elements and FR_CUDA_NORM_BWD_HEADS (0): a warp's
+ * instruction moves two rows' words, the tree is 5 shuffles for two rows,
+ * and a warp has two rows' bytes in flight where it had one.  ptxas and
+ * cuobjdump (nvcc 13.0, sm_90; bf16 NeoX 128 from x, one token ahead): 122
+ * registers (16 warps an SM) and 224 instructions a token's two rows on
+ * the loop's common path, against 95 (20 warps) and 151 a row over warps.
+ * Not yet measured. */
+#ifndef FR_CUDA_NORM_BWD_HALF
+#define FR_CUDA_NORM_BWD_HALF 1
 #endif
 #ifndef FR_CUDA_NORM_BWD_WAVE
 #define FR_CUDA_NORM_BWD_WAVE 36
@@ -1293,7 +1327,7 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
 /* Tokens a warp of norm_backward_heads holds loaded or in flight (1 to 4):
  * token j + D's loads are issued when token j is widened, so D tokens'
  * bytes are in flight through D tokens' work.  ptxas (bf16 NeoX 128, from
- * x): 1 takes 95 registers and ~150 instructions a token, 2 114 and ~214
+ * x, over warps): 1 takes 95 registers and ~150 instructions a token, 2 114 and ~214
  * (it moves the ring's registers about).  Not yet measured. */
 #ifndef FR_CUDA_NORM_BWD_AHEAD
 #define FR_CUDA_NORM_BWD_AHEAD 1
@@ -1315,20 +1349,39 @@ static_assert(FR_CUDA_NORM_BWD_HEADS >= 1 && FR_CUDA_NORM_BWD_HEADS <= 4,
               "FR_CUDA_NORM_BWD_HEADS: 1 to 4 heads a warp");
 static_assert(FR_CUDA_NORM_BWD_GRID >= 1, "FR_CUDA_NORM_BWD_GRID: blocks an SM");
 
-/* One row's dx over a warp (dy and the saved row: this lane's channels,
- * widened; wf: their weight factors; an: the token's angles), its terms
- * g * n added into acc, dx stored from dxl (the lane's first channel). */
-template <int DT, int HD, bool IL, bool SY>
-__device__ __forceinline__ void warp_dx(const float *wf, const LaneAngles<HD, IL> &an,
-                                        float rstd, int lane, const float *dy, const float *xs,
-                                        float *acc, uint16_t *dxl)
+/* One row's dx over a warp or (HALF) a half-warp: dy and the saved row
+ * (this lane's channels, lane_channel's order, widened), wf their weight
+ * factors, an the token's angles; the terms g * n added into acc; dx's bits
+ * into d, a word each of the lane's words of the row (HALF: two channels,
+ * else one in its low half).  The row's sum of dn * n: over a warp the
+ * lane's partial (its channels in order: the contract's partial lane) and
+ * the butterfly; over a half-warp the lane's partials 2 lane and 2 lane + 1
+ * and half_tree. */
+template <int DT, int HD, bool IL, bool SY, bool HALF>
+__device__ __forceinline__ void row_dx(const float *wf, const LaneAngles<HD, IL, HALF> &an,
+                                       float rstd, int lane, const float *dy, const float *xs,
+                                       float *acc, uint32_t *d)
 {
-    constexpr int K = HD / 32;
-    float g[K], n[K];
-    if constexpr (IL) {
+    constexpr int C = HALF ? HD / 16 : HD / 32; /* the lane's channels */
+    float g[C], n[C];
+    /* the lane's pair of channels a and b, angle q */
+    auto pair = [&](int a, int b, int q) {
+        fr_rotate(dy[a], dy[b], an.c[q], an.sn[q], -1.0f, &g[a], &g[b]);
+        if (SY) {
+            float ta, tb;
+            fr_rotate(xs[a], xs[b], an.c[q], an.sn[q], -1.0f, &ta, &tb);
+            n[a] = ta / wf[a];
+            n[b] = tb / wf[b];
+        } else {
+            n[a] = xs[a] * rstd;
+            n[b] = xs[b] * rstd;
+        }
+    };
+    if constexpr (IL && !HALF) {
+        /* the pair's other channel in lane ^ 1: both lanes rotate it whole */
         const bool first = (lane & 1) == 0;
 #pragma unroll
-        for (int k = 0; k < K; k++) {
+        for (int k = 0; k < C; k++) {
             const float c = an.c[k], sn = an.sn[k];
             float ga, gb;
             const float od = __shfl_xor_sync(0xffffffffu, dy[k], 1);
@@ -1343,73 +1396,100 @@ __device__ __forceinline__ void warp_dx(const float *wf, const LaneAngles<HD, IL
                 n[k] = xs[k] * rstd;
             }
         }
+    } else if constexpr (IL) {
+#pragma unroll
+        for (int w = 0; w < C / 2; w++)
+            pair(2 * w, 2 * w + 1, w); /* word w: pair lane + 16 w */
     } else {
 #pragma unroll
-        for (int k = 0; k < K / 2; k++) {
-            const float c = an.c[k], sn = an.sn[k];
-            fr_rotate(dy[k], dy[k + K / 2], c, sn, -1.0f, &g[k], &g[k + K / 2]);
-            if (SY) {
-                float ta, tb;
-                fr_rotate(xs[k], xs[k + K / 2], c, sn, -1.0f, &ta, &tb);
-                n[k] = ta / wf[k];
-                n[k + K / 2] = tb / wf[k + K / 2];
-            } else {
-                n[k] = xs[k] * rstd;
-                n[k + K / 2] = xs[k + K / 2] * rstd;
-            }
-        }
+        for (int c = 0; c < C / 2; c++)
+            pair(c, c + C / 2, c); /* channel and channel + HD / 2 */
     }
-    float p = 0.0f;
+    float p[2] = { 0.0f, 0.0f };
 #pragma unroll
-    for (int k = 0; k < K; k++) {
-        acc[k] = acc[k] + g[k] * n[k];
-        const float dn = g[k] * wf[k];
-        p = p + dn * n[k];
+    for (int e = 0; e < C; e++) {
+        acc[e] = acc[e] + g[e] * n[e];
+        const float dn = g[e] * wf[e];
+        p[HALF ? e & 1 : 0] = p[HALF ? e & 1 : 0] + dn * n[e];
+    }
+    float sum;
+    if constexpr (HALF) {
+        sum = half_tree(p[0], p[1], lane);
+    } else {
+        sum = p[0];
+#pragma unroll
+        for (int off = 16; off >= 1; off /= 2)
+            sum = sum + __shfl_xor_sync(0xffffffffu, sum, off);
+    }
+    const float m = fr_norm_mean(sum, HD);
+    float v[C];
+#pragma unroll
+    for (int e = 0; e < C; e++) {
+        const float dn = g[e] * wf[e];
+        v[e] = rstd * (dn - n[e] * m);
     }
 #pragma unroll
-    for (int off = 16; off >= 1; off /= 2)
-        p = p + __shfl_xor_sync(0xffffffffu, p, off);
-    const float m = fr_norm_mean(p, HD);
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const float dn = g[k] * wf[k];
-        dxl[32 * k] = (uint16_t)Elem<DT>::from_f(rstd * (dn - n[k] * m));
+    for (int w = 0; w < HD / 32; w++) {
+        if constexpr (HALF)
+            d[w] = Elem<DT>::from_f2(v[2 * w], v[2 * w + 1]);
+        else
+            d[w] = Elem<DT>::from_f(v[w]);
     }
 }
 
-/* A token's rows of a unit as loaded: this lane's channels' bits (each in a
- * word of its own: 16-bit halves of shared words took a PRMT a load and a
- * copy), widened only when worked; their rstd; the token's angles and the
- * lane's first channel of its dx row (head h0). */
-template <int HD, bool IL, int G> struct BwdTok {
+/* The lane's unit of a row's bits: a 16-bit element over a warp, a 32-bit
+ * word over a half-warp. */
+template <bool HALF> struct LaneWord {
+    using T = uint16_t;
+};
+template <> struct LaneWord<true> {
+    using T = uint32_t;
+};
+
+/* A token's rows of a unit as loaded: this lane's words of each row (a
+ * 16-bit element in a word of its own over a warp: halves of shared words
+ * took a PRMT a load and a copy), widened only when worked; their rstd; the
+ * token's angles and the lane's first element of its dx row. */
+template <int HD, bool IL, int G, bool HALF> struct BwdTok {
     uint32_t dy[G][HD / 32], xs[G][HD / 32];
     float rstd[G];
-    LaneAngles<HD, IL> an;
+    LaneAngles<HD, IL, HALF> an;
     uint16_t *dx;
 };
 
-template <int DT, int HD, bool IL, bool SY, int G>
+template <int DT, int HD, bool IL, bool SY, int G, bool HALF>
 __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ NParams P)
 {
+    static_assert(!HALF || G == 1, "norm_backward_heads: one row a half-warp");
+    using E = typename LaneWord<HALF>::T;
     check_cu_seqlens(P.pos, P.tokens, P.flag);
-    constexpr int K = HD / 32;
-    const int lane = (int)(threadIdx.x & 31);
+    constexpr int K = HD / 32;          /* the lane's words of a row */
+    constexpr int C = HALF ? 2 * K : K; /* and its channels */
+    constexpr int STEP = HALF ? 16 : 32; /* words from one of the lane's to the next */
+    constexpr int RU = HALF ? 2 : G;     /* a unit's heads */
+    constexpr int EW = HALF ? 2 : 1;     /* elements a word */
+    const int lane = (int)(threadIdx.x & 31), ln = HALF ? lane & 15 : lane;
     const int64_t U = P.unit_tokens, nu = (P.t1 - P.t0 + U - 1) / U;
-    const int64_t gq = (P.io[0].heads + G - 1) / G, gk = (P.io[1].heads + G - 1) / G;
+    const int64_t gq = (P.io[0].heads + RU - 1) / RU, gk = (P.io[1].heads + RU - 1) / RU;
     const int64_t items = nu * (gq + gk), warps = (int64_t)gridDim.x * blockDim.x / 32;
     /* the lane's weight factors, of tensor wslot's weights */
     int wslot = -1;
-    float wf[K] = {};
+    float wf[C] = {};
     for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items;
          it += warps) {
-        /* unit u of heads h0 .. h0 + n - 1 of tensor k: units in token
+        /* unit u of heads h0 .. h0 + RU - 1 of tensor k: units in token
          * order, each unit's head groups in order (neighbouring warps read
          * neighbouring rows) */
         const int k = it >= nu * gq;
         const NIo &io = P.io[k];
         const int64_t e = it - (k ? nu * gq : 0), groups = k ? gk : gq;
-        const int64_t u = e / groups, h0 = e % groups * G;
-        const int n = (int)(h0 + G < io.heads ? G : io.heads - h0);
+        const int64_t u = e / groups, h0 = e % groups * RU;
+        /* the lane's rows: heads hl .. hl + n - 1; over half-warps half j's
+         * row is head h0 + j, or where that is past the tensor's heads h0's
+         * again, loaded and worked but not stored (mine false) */
+        const bool mine = !HALF || h0 + (lane >> 4) < io.heads;
+        const int64_t hl = HALF && mine ? h0 + (lane >> 4) : h0;
+        const int n = HALF ? 1 : (int)(h0 + G < io.heads ? G : io.heads - h0);
         const int64_t ta = P.t0 + u * U, tb = ta + U < P.t1 ? ta + U : P.t1;
         const int nt = (int)(tb - ta);
         const int64_t in_ss = io.in_ss, x_ss = io.x_ss, out_ss = io.out_ss;
@@ -1425,32 +1505,34 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
             const int64_t pos = row_position(P, b, s, &bad);
             toff = bad ? -1 : (int)(pos * (HD / 2));
         }
-        /* the lane's first channel of head h0's row at the token (b, s) */
+        /* the lane's first element of head hl's row at the token (b, s),
+         * stepped in elements (word strides, halved from the element ones
+         * in the loop, took 21 instructions a token where these take 9) */
         const uint16_t *dyp, *xsp;
         uint16_t *dxp;
         auto rows_at = [&]() {
-            dyp = (const uint16_t *)row_ptr(io.in, s, b, h0, in_ss, io.in_sb, in_sh, DT) + lane;
-            xsp = (const uint16_t *)row_ptr(io.x, s, b, h0, x_ss, io.x_sb, x_sh, DT) + lane;
-            dxp = (uint16_t *)row_ptr(io.out, s, b, h0, out_ss, io.out_sb, out_sh, DT) + lane;
+            dyp = (const uint16_t *)row_ptr(io.in, s, b, hl, in_ss, io.in_sb, in_sh, DT) + EW * ln;
+            xsp = (const uint16_t *)row_ptr(io.x, s, b, hl, x_ss, io.x_sb, x_sh, DT) + EW * ln;
+            dxp = (uint16_t *)row_ptr(io.out, s, b, hl, out_ss, io.out_sb, out_sh, DT) + EW * ln;
         };
-        const float *rp = io.rstd + ta * io.heads + h0;
+        const float *rp = io.rstd + ta * io.heads + hl;
         /* whether row r of a token is past the unit's (never loaded): row 0
          * never is (n >= 1, which the compiler cannot see) */
         auto past = [&](int r) { return r > 0 && r >= n; };
         /* token j's loads into w: dyp, xsp, dxp and rp are at its rows */
-        auto load_tok = [&](int j, BwdTok<HD, IL, G> &w) {
+        auto load_tok = [&](int j, BwdTok<HD, IL, G, HALF> &w) {
 #pragma unroll
             for (int r = 0; r < G; r++) {
                 if (past(r))
                     break;
 #pragma unroll
                 for (int c = 0; c < K; c++) {
-                    w.dy[r][c] = dyp[r * in_sh + 32 * c];
-                    w.xs[r][c] = xsp[r * x_sh + 32 * c];
+                    w.dy[r][c] = ((const E *)(dyp + r * in_sh))[STEP * c];
+                    w.xs[r][c] = ((const E *)(xsp + r * x_sh))[STEP * c];
                 }
                 w.rstd[r] = rp[r];
             }
-            w.an.load(P, __shfl_sync(0xffffffffu, toff, j), lane);
+            w.an.load(P, __shfl_sync(0xffffffffu, toff, j), ln);
             w.dx = dxp;
         };
         /* the pointers one token on */
@@ -1471,7 +1553,7 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
         /* the ring of tokens loaded or in flight: token j in slot j % D;
          * the first D tokens' loads in flight while the weights are found */
         constexpr int D = FR_CUDA_NORM_BWD_AHEAD;
-        BwdTok<HD, IL, G> ring[D];
+        BwdTok<HD, IL, G, HALF> ring[D];
 #pragma unroll
         for (int d = 0; d < D; d++) {
             if (d >= nt)
@@ -1482,9 +1564,12 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
         }
         if (k != wslot) {
             wslot = k;
-            lane_weights<DT>(P, io, lane, wf);
+            if constexpr (HALF)
+                lane_weights<DT, true>(P, io, ln, wf);
+            else
+                lane_weights<DT>(P, io, lane, wf);
         }
-        float acc[G][K] = {};
+        float acc[G][C] = {};
         for (int j0 = 0; j0 < nt; j0 += D) {
 #pragma unroll
             for (int d = 0; d < D; d++) {
@@ -1493,20 +1578,21 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                     break;
                 /* token j widened out of its slot, then token j + D's
                  * loads into it, in flight during the next D tokens' work */
-                BwdTok<HD, IL, G> &w = ring[d];
-                float dy[G][K], xs[G][K], rs[G];
+                BwdTok<HD, IL, G, HALF> &w = ring[d];
+                float dy[G][C], xs[G][C], rs[G];
 #pragma unroll
                 for (int r = 0; r < G; r++) {
                     if (past(r))
                         break;
 #pragma unroll
-                    for (int c = 0; c < K; c++) {
-                        dy[r][c] = Elem<DT>::to_f((uint16_t)w.dy[r][c]);
-                        xs[r][c] = Elem<DT>::to_f((uint16_t)w.xs[r][c]);
+                    for (int c = 0; c < C; c++) {
+                        const int sh = HALF ? 16 * (c & 1) : 0;
+                        dy[r][c] = Elem<DT>::to_f((uint16_t)(w.dy[r][HALF ? c / 2 : c] >> sh));
+                        xs[r][c] = Elem<DT>::to_f((uint16_t)(w.xs[r][HALF ? c / 2 : c] >> sh));
                     }
                     rs[r] = w.rstd[r];
                 }
-                const LaneAngles<HD, IL> an = w.an;
+                const LaneAngles<HD, IL, HALF> an = w.an;
                 uint16_t *dxt = w.dx;
                 /* past the unit's last token, that token's rows again (in
                  * L1): loads under a condition kept the slot's old bits
@@ -1518,21 +1604,26 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                 for (int r = 0; r < G; r++) {
                     if (past(r))
                         break;
-                    warp_dx<DT, HD, IL, SY>(wf, an, rs[r], lane, dy[r], xs[r], acc[r],
-                                            dxt + r * out_sh);
+                    uint32_t dxw[K];
+                    row_dx<DT, HD, IL, SY, HALF>(wf, an, rs[r], ln, dy[r], xs[r], acc[r], dxw);
+                    if (mine) {
+#pragma unroll
+                        for (int c = 0; c < K; c++)
+                            ((E *)(dxt + r * out_sh))[STEP * c] = (E)dxw[c];
+                    }
                 }
             }
         }
         /* the (chunk, head) partials: the unit is the segment's chunk u */
-        if (io.hp != nullptr) {
+        if (io.hp != nullptr && mine) {
 #pragma unroll
             for (int r = 0; r < G; r++) {
                 if (past(r))
                     break;
-                float *o = io.hp + (u * io.heads + h0 + r) * HD + lane;
+                float *o = io.hp + (u * io.heads + hl + r) * HD;
 #pragma unroll
-                for (int c = 0; c < K; c++)
-                    o[32 * c] = acc[r][c];
+                for (int c = 0; c < C; c++)
+                    o[lane_channel<HALF>(ln, c)] = acc[r][c];
             }
         }
     }
@@ -1766,8 +1857,19 @@ cudaError_t launch_forward(const NParams &P, int count, cudaStream_t stream)
     return hd == 64 ? launch_rows<DT_BF16, 64>(P, stream) : launch_rows<DT_BF16, 128>(P, stream);
 }
 
-/* The heads a warp of norm_backward_heads takes at a token, for a call of
- * `units` units of one head. */
+/* Whether the backward's common rows take norm_backward_heads over
+ * half-warps. */
+bool bwd_half()
+{
+#ifdef FR_CUDA_EMULATE
+    if (fr_emu_norm_bwd_half >= 0)
+        return fr_emu_norm_bwd_half != 0;
+#endif
+    return FR_CUDA_NORM_BWD_HALF != 0;
+}
+
+/* The heads a warp of norm_backward_heads over a warp takes at a token,
+ * for a call of `units` units of one head. */
 int bwd_heads(const NParams &P, int64_t units)
 {
 #ifdef FR_CUDA_EMULATE
@@ -1777,34 +1879,39 @@ int bwd_heads(const NParams &P, int64_t units)
     return units <= (int64_t)FR_CUDA_NORM_BWD_WAVE * P.sms ? 1 : FR_CUDA_NORM_BWD_HEADS;
 }
 
-/* norm_backward_heads over tokens t0..t1 in units of g heads, at most
- * FR_CUDA_NORM_BWD_GRID blocks an SM. */
-template <int DT, int HD, int G, bool IL>
+/* norm_backward_heads over tokens t0..t1 in units of g heads, or (HALF) of
+ * two heads over half-warps, at most FR_CUDA_NORM_BWD_GRID blocks an SM. */
+template <int DT, int HD, int G, bool HALF, bool IL>
 cudaError_t launch_heads_g(const cudaLaunchConfig_t &cfg, const NParams &P)
 {
 #ifdef FR_CUDA_EMULATE
-    return P.saved_y ? fr_emu_launch_lockstep(&cfg, norm_backward_heads<DT, HD, IL, true, G>, P)
-                     : fr_emu_launch_lockstep(&cfg, norm_backward_heads<DT, HD, IL, false, G>, P);
+    return P.saved_y
+               ? fr_emu_launch_lockstep(&cfg, norm_backward_heads<DT, HD, IL, true, G, HALF>, P)
+               : fr_emu_launch_lockstep(&cfg, norm_backward_heads<DT, HD, IL, false, G, HALF>, P);
 #else
-    return P.saved_y ? cudaLaunchKernelEx(&cfg, norm_backward_heads<DT, HD, IL, true, G>, P)
-                     : cudaLaunchKernelEx(&cfg, norm_backward_heads<DT, HD, IL, false, G>, P);
+    return P.saved_y ? cudaLaunchKernelEx(&cfg, norm_backward_heads<DT, HD, IL, true, G, HALF>, P)
+                     : cudaLaunchKernelEx(&cfg, norm_backward_heads<DT, HD, IL, false, G, HALF>, P);
 #endif
 }
 
-template <int DT, int HD, int G> cudaError_t launch_heads_g(const cudaLaunchConfig_t &cfg, const NParams &P)
+template <int DT, int HD, int G, bool HALF = false>
+cudaError_t launch_heads_g(const cudaLaunchConfig_t &cfg, const NParams &P)
 {
-    return P.interleaved ? launch_heads_g<DT, HD, G, true>(cfg, P)
-                         : launch_heads_g<DT, HD, G, false>(cfg, P);
+    return P.interleaved ? launch_heads_g<DT, HD, G, HALF, true>(cfg, P)
+                         : launch_heads_g<DT, HD, G, HALF, false>(cfg, P);
 }
 
+/* g heads a unit, 0 for two over half-warps */
 template <int DT, int HD>
 cudaError_t launch_heads(const NParams &P, int g, cudaStream_t stream)
 {
-    const int64_t nu = (P.t1 - P.t0 + P.unit_tokens - 1) / P.unit_tokens;
-    const int64_t units = nu * ((P.io[0].heads + g - 1) / g + (P.io[1].heads + g - 1) / g);
+    const int64_t nu = (P.t1 - P.t0 + P.unit_tokens - 1) / P.unit_tokens, ru = g > 0 ? g : 2;
+    const int64_t units = nu * ((P.io[0].heads + ru - 1) / ru + (P.io[1].heads + ru - 1) / ru);
     if (units == 0)
         return cudaSuccess;
     const cudaLaunchConfig_t cfg = grid_of(32 * units, FR_CUDA_NORM_BWD_GRID, P.sms, stream);
+    if (g == 0)
+        return launch_heads_g<DT, HD, 1, true>(cfg, P);
 #ifdef FR_CUDA_EMULATE
     /* every count a test may choose, the default among them */
     return g == 4   ? launch_heads_g<DT, HD, 4>(cfg, P)
@@ -1819,19 +1926,23 @@ cudaError_t launch_heads(const NParams &P, int g, cudaStream_t stream)
 }
 
 /* norm_backward_heads over tokens t0..t1: units of a chunk where dw is
- * asked for (hp set), else of as many tokens as fill a wave of one head's
- * units (at most a chunk: a unit's tokens are a warp's lanes). */
+ * asked for (hp set), else of as many tokens as fill a wave of units (at
+ * most a chunk: a unit's tokens are a warp's lanes). */
 cudaError_t launch_heads_all(NParams &P, int64_t hd, cudaStream_t stream)
 {
     const int64_t C = FUSEDROPE_NORM_DW_CHUNK, tokens = P.t1 - P.t0;
     const int64_t wave = (int64_t)FR_CUDA_NORM_BWD_WAVE * P.sms;
+    const bool half = bwd_half();
+    /* the units of one head, or of two, a token */
+    const int64_t per_token =
+        half ? (P.io[0].heads + 1) / 2 + (P.io[1].heads + 1) / 2 : P.heads;
     int64_t u = C;
     if (P.io[0].hp == nullptr && P.io[1].hp == nullptr) {
-        u = (tokens * P.heads + wave - 1) / wave;
+        u = (tokens * per_token + wave - 1) / wave;
         u = u < 1 ? 1 : u > C ? C : u;
     }
     P.unit_tokens = u;
-    const int g = bwd_heads(P, (tokens + u - 1) / u * P.heads);
+    const int g = half ? 0 : bwd_heads(P, (tokens + u - 1) / u * P.heads);
     if (P.dt == DT_F16)
         return hd == 64 ? launch_heads<DT_F16, 64>(P, g, stream)
                         : launch_heads<DT_F16, 128>(P, g, stream);
