@@ -93,7 +93,7 @@ quiet_host() {
   vpid=()
 }
 normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:16:0 1000000000:1:8:1:0:7:1 1000000000:1:4:1:0:16:1 1000000000:1:8:1:8:16:1}
-normbwd_variants=${NORMBWD_VARIANTS:-1:1:0:36:0 1:2:0:36:0 1:2:0:36:1 1:1:5:36:1}
+normbwd_variants=${NORMBWD_VARIANTS:-1:1:0:36:0:0 1:1:0:36:1:0 1:1:0:36:1:2 1:1:5:36:1:3}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
     prebuild normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW FR_CUDA_NORM_WARP_HEADS \
@@ -103,7 +103,7 @@ esac
 case " $sections " in *" normbwd "*)
   for v in $normbwd_variants; do
     prebuild normbwd $v FR_CUDA_NORM_BWD_HEADS FR_CUDA_NORM_BWD_AHEAD FR_CUDA_NORM_BWD_MINB \
-      FR_CUDA_NORM_BWD_WAVE FR_CUDA_NORM_BWD_HALF
+      FR_CUDA_NORM_BWD_WAVE FR_CUDA_NORM_BWD_HALF FR_CUDA_NORM_BWD_PIPE
   done ;;
 esac
 
@@ -282,12 +282,14 @@ section_cpunorm() {
 
 section_normbwd() {
   # the norm backward's row kernel (norm_backward_heads) in each shape of
-  # FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF (heads a warp takes at a
-  # token where the call has more one-head units than WAVE warps an SM, 0:
-  # always; tokens loaded or in flight; blocks of 128 an SM asked of ptxas;
-  # rows over half-warps, 1, or over warps, 0; ptxas's registers for bf16
-  # NeoX 128 from x, default 1:1:0:36:1: 122; 1:1:0:36:0: 95; 1:2:0:36:0:
-  # 114; 1:1:5:36:1: at most 96), each variant's build:
+  # FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE (heads a warp takes at
+  # a token where the call has more one-head units than WAVE warps an SM,
+  # 0: always; tokens loaded or in flight in registers; blocks of 128 an SM
+  # asked of ptxas; rows over half-warps, 1, or over warps, 0; over
+  # half-warps, tokens in flight through shared memory, 0: in registers;
+  # ptxas's registers for bf16 NeoX 128 from x, default 1:1:0:36:1:3: 116;
+  # 1:1:0:36:0:0: 96; 1:1:0:36:1:0: 122; 1:1:5:36:1:3: 96 and 80 bytes
+  # spilled), each variant's build:
   # test_norm_gpu on each, then the backward lines (dw for q and k) at 1024,
   # 4096 and 16384 tokens and in fp16 and interleaved, on each and on the
   # default build last
@@ -295,7 +297,7 @@ section_normbwd() {
   for v in $normbwd_variants default; do
     variant_tree normbwd $v || continue
     b=$vt/tools/fusedrope-bench
-    { echo "== FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF=$v"
+    { echo "== FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE=$v"
       for tokens in 1024 4096 16384; do
         $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_bwd|FAIL)'
       done

@@ -10,7 +10,7 @@
  * What it relies on: the kernels use no atomics, and a thread depends on no
  * other but through warp shuffles and static shared memory behind
  * __syncthreads, so running the threads in sequence gives what the device
- * gives; the fp16/bf16 conversion intrinsics of cuda_fp16.h and cuda_bf16.h
+ * gives (asynchronous copies to shared memory land when waited for, below); the fp16/bf16 conversion intrinsics of cuda_fp16.h and cuda_bf16.h
  * have host definitions.  A kernel that shuffles or synchronises is launched
  * with fr_emu_launch_lockstep (below): each block's threads run as fibers
  * that meet at every shuffle (a warp's lanes) and every __syncthreads (the
@@ -26,6 +26,7 @@
 #include <cstring>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <ucontext.h>
 #if defined(__has_include)
@@ -199,11 +200,23 @@ static void fr_emu_ctx_init(FrEmuCtx *c, char *base, size_t n, void (*entry)())
  * threads never reach): abort.
  */
 enum { FR_EMU_RUN, FR_EMU_SHFL, FR_EMU_BAR, FR_EMU_DONE };
+/* An asynchronous copy to shared memory a thread has issued and not yet
+ * waited for: where to, from, the source's bytes when issued, and its
+ * commit group. */
+struct FrEmuCopy {
+    void *dst;
+    const void *src;
+    size_t n;
+    unsigned long long group;
+    unsigned char bytes[16];
+};
 struct FrEmuBlock {
     FrEmuCtx sched, *th;
     int *state, n;
     unsigned long long (*slot)[2][32]; /* per warp */
     unsigned *wround;                  /* per warp: its shuffles so far */
+    std::vector<FrEmuCopy> *copies;    /* per thread: its copies in flight */
+    unsigned long long *groups;        /* per thread: the groups it has committed */
     void (*body)(void *);
     void *arg;
 };
@@ -278,6 +291,75 @@ static inline void __syncthreads()
  * device). */
 #undef __shared__
 #define __shared__ static thread_local
+
+/*
+ * cuda_pipeline.h's asynchronous copies from global to shared memory
+ * (cp.async), in a lockstep launch.  A copy's source is read when it is
+ * issued, and lands in shared memory only when the thread waits for its
+ * group (__pipeline_wait_prior): until then the destination keeps its old
+ * bytes, as on the device, where the copy may land any time before the
+ * wait, so a kernel that reads it early reads what the emulation leaves
+ * there.  A source written between the copy and its wait (the device may
+ * have read either bytes) and the device's refusals (a size other than 4,
+ * 8 or 16 bytes, addresses not aligned to it, zero fill) abort.
+ */
+static inline FrEmuBlock *fr_emu_pipeline_block(const char *name)
+{
+    FrEmuBlock *k = fr_emu_block;
+    if (k == nullptr) {
+        fprintf(stderr, "cuda_emu: %s outside a lockstep launch\n", name);
+        abort();
+    }
+    return k;
+}
+
+static inline void __pipeline_memcpy_async(void *dst, const void *src, size_t n, size_t zfill = 0)
+{
+    FrEmuBlock *k = fr_emu_pipeline_block("__pipeline_memcpy_async");
+    const int i = fr_emu_thread;
+    if ((n != 4 && n != 8 && n != 16) || zfill != 0 || (uintptr_t)dst % n != 0 ||
+        (uintptr_t)src % n != 0) {
+        fprintf(stderr, "cuda_emu: __pipeline_memcpy_async of %zu bytes (zero fill %zu) from %p "
+                        "to %p: refused\n", n, zfill, src, dst);
+        abort();
+    }
+    FrEmuCopy c;
+    c.dst = dst;
+    c.src = src;
+    c.n = n;
+    c.group = k->groups[i];
+    memcpy(c.bytes, src, n);
+    k->copies[i].push_back(c);
+}
+
+static inline void __pipeline_commit()
+{
+    FrEmuBlock *k = fr_emu_pipeline_block("__pipeline_commit");
+    k->groups[fr_emu_thread]++;
+}
+
+/* Every committed group but the `prior` last lands. */
+static inline void __pipeline_wait_prior(size_t prior)
+{
+    FrEmuBlock *k = fr_emu_pipeline_block("__pipeline_wait_prior");
+    const int i = fr_emu_thread;
+    std::vector<FrEmuCopy> &v = k->copies[i];
+    size_t kept = 0;
+    for (size_t j = 0; j < v.size(); j++) {
+        const FrEmuCopy &c = v[j];
+        if (c.group + prior < k->groups[i]) {
+            if (memcmp(c.src, c.bytes, c.n) != 0) {
+                fprintf(stderr, "cuda_emu: the source of a copy to shared memory (%p) written "
+                                "before the copy was waited for\n", c.src);
+                abort();
+            }
+            memcpy(c.dst, c.bytes, c.n);
+        } else {
+            v[kept++] = c;
+        }
+    }
+    v.resize(kept);
+}
 
 /* Runs the block's threads to the end (above); false on a kernel bug
  * (reported). */
@@ -357,9 +439,11 @@ static cudaError_t fr_emu_launch_lockstep(const cudaLaunchConfig_t *config,
         k->state = (int *)calloc((size_t)n, sizeof *k->state);
         k->slot = (unsigned long long(*)[2][32])calloc((size_t)warps, sizeof *k->slot);
         k->wround = (unsigned *)calloc((size_t)warps, sizeof *k->wround);
+        k->copies = new std::vector<FrEmuCopy>[(size_t)n];
+        k->groups = (unsigned long long *)calloc((size_t)n, sizeof *k->groups);
     }
     bool ok = k != nullptr && stacks != nullptr && k->th != nullptr && k->state != nullptr &&
-              k->slot != nullptr && k->wround != nullptr;
+              k->slot != nullptr && k->wround != nullptr && k->groups != nullptr;
     if (ok) {
 #ifdef FR_EMU_VALGRIND
         unsigned *vg = (unsigned *)calloc((size_t)n, sizeof *vg);
@@ -376,6 +460,8 @@ static cudaError_t fr_emu_launch_lockstep(const cudaLaunchConfig_t *config,
             for (int i = 0; i < n; i++) {
                 fr_emu_ctx_init(&k->th[i], stacks + i * stack, stack, fr_emu_thread_main);
                 k->state[i] = FR_EMU_RUN;
+                k->copies[i].clear(); /* a thread's copies never waited for: gone with it */
+                k->groups[i] = 0;
             }
             ok = fr_emu_run_block(k, bx);
         }
@@ -393,6 +479,8 @@ static cudaError_t fr_emu_launch_lockstep(const cudaLaunchConfig_t *config,
         free(k->state);
         free(k->slot);
         free(k->wround);
+        delete[] k->copies;
+        free(k->groups);
     }
     free(k);
     free(stacks);

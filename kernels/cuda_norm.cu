@@ -55,6 +55,7 @@
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
 #include "internal.h"
@@ -156,7 +157,8 @@ static_assert(FR_CUDA_NORM_WARP_GRID >= 0, "FR_CUDA_NORM_WARP_GRID: 0 or blocks 
  * 0: TERMS_BYTES decides), so that the small calls of the tests run in
  * several segments too, and norm_backward_heads' heads a warp at a token
  * (0: bwd_heads decides; 1 to 4 are built) and layout (1: half-warps, 0:
- * warps, -1: FR_CUDA_NORM_BWD_HALF decides). */
+ * warps, -1: FR_CUDA_NORM_BWD_HALF decides) and, over half-warps, its
+ * tokens in flight through shared memory (0, 1; -1: FR_CUDA_NORM_BWD_PIPE). */
 extern "C" {
 int fr_emu_norm_warp = -1;
 int fr_emu_norm_warp_rpw = 0;
@@ -165,6 +167,7 @@ int fr_emu_norm_warp_half = -1;
 int fr_emu_norm_seg_chunks = 0;
 int fr_emu_norm_bwd_heads = 0;
 int fr_emu_norm_bwd_half = -1;
+int fr_emu_norm_bwd_pipe = -1;
 }
 #endif
 
@@ -727,16 +730,35 @@ template <int HD, bool IL, bool HALF = false> struct LaneAngles {
      * predicated on o (each predicated load took a move of its default) */
     __device__ __forceinline__ void load(const NParams &P, int o, int lane)
     {
-        const int r = o < 0 ? 0 : o;
-        const float *cr = P.cos + r, *sr = P.sin + r;
+        const float *cr, *sr;
+        at(P, o, lane, &cr, &sr);
         /* a table there (rows_hd): without this fr_pair_cos_sin's test of
          * it stayed, and the frequency path's registers counted */
         if (cr == nullptr || sr == nullptr)
             __builtin_unreachable();
 #pragma unroll
         for (int k = 0; k < N; k++)
-            fr_pair_cos_sin(cr, sr, nullptr, 1.0, 0, 0, pair(k, lane), &c[k], &sn[k]);
-        if (o < 0) {
+            fr_pair_cos_sin(cr, sr, nullptr, 1.0, 0, 0, pair(k, lane) - pair(0, lane), &c[k],
+                            &sn[k]);
+        nan_if(o < 0);
+    }
+
+    /* the lane's first pair's cos and sin in the table row at offset o (o <
+     * 0: row 0); pair k's are pair(k, lane) - pair(0, lane) on, a constant
+     * (as one 64-bit address and offsets, where the columns' own sums took
+     * ~4 instructions a pair) */
+    static __device__ __forceinline__ void at(const NParams &P, int o, int lane, const float **cr,
+                                              const float **sr)
+    {
+        const int r = (o < 0 ? 0 : o) + pair(0, lane);
+        *cr = P.cos + r;
+        *sr = P.sin + r;
+    }
+
+    /* a token without a position: NaN */
+    __device__ __forceinline__ void nan_if(bool bad)
+    {
+        if (bad) {
 #pragma unroll
             for (int k = 0; k < N; k++)
                 c[k] = sn[k] = fr_u2f(0x7fc00000u);
@@ -1309,13 +1331,26 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * a warp in 16-bit elements and FR_CUDA_NORM_BWD_HEADS (0): a warp's
  * instruction moves two rows' words, the tree is 5 shuffles for two rows,
  * and a warp has two rows' bytes in flight where it had one.  ptxas and
- * cuobjdump (nvcc 13.0, sm_90; bf16 NeoX 128 from x, one token ahead): 122
- * registers (16 warps an SM) and 224 instructions a token's two rows on
- * the loop's common path, against 95 (20 warps) and 151 a row over warps.
+ * cuobjdump (nvcc 13.0, sm_90; bf16 NeoX 128 from x): with
+ * FR_CUDA_NORM_BWD_PIPE 3, 116 registers (16 warps an SM) and ~210
+ * instructions a token's two rows on the loop's common path; in registers
+ * one token ahead, 122 and ~224; over warps, 96 (20 warps) and ~150 a row.
  * Not yet measured. */
 #ifndef FR_CUDA_NORM_BWD_HALF
 #define FR_CUDA_NORM_BWD_HALF 1
 #endif
+/* Tokens a warp of norm_backward_heads over half-warps keeps in flight as
+ * asynchronous copies to shared memory (cp.async; 1 to 4), or 0: in
+ * registers (FR_CUDA_NORM_BWD_AHEAD).  A unit's 32 tokens are a chain (its
+ * dw partials add in token order), so a warp's bytes in flight set its
+ * pace; in shared memory they take no registers (ptxas, bf16 NeoX 128 from
+ * x: 116 with 3 tokens in flight, 122 with one in registers) and PIPE 3
+ * takes 35 KB a block of 4 warps.  Not yet measured. */
+#ifndef FR_CUDA_NORM_BWD_PIPE
+#define FR_CUDA_NORM_BWD_PIPE 3
+#endif
+static_assert(FR_CUDA_NORM_BWD_PIPE >= 0 && FR_CUDA_NORM_BWD_PIPE <= 4,
+              "FR_CUDA_NORM_BWD_PIPE: 0 to 4 tokens in flight");
 #ifndef FR_CUDA_NORM_BWD_WAVE
 #define FR_CUDA_NORM_BWD_WAVE 36
 #endif
@@ -1457,10 +1492,28 @@ template <int HD, bool IL, int G, bool HALF> struct BwdTok {
     uint16_t *dx;
 };
 
-template <int DT, int HD, bool IL, bool SY, int G, bool HALF>
+/* The shared memory of norm_backward_heads' pipeline (PIPE > 0): per warp
+ * of a 128-thread block, S slots of a token's loads: lane l's 4 K words (dy,
+ * the saved row, cos, sin: K each) as K 16-byte groups [slot][group][lane]
+ * (a warp's 16-byte reads of a group fall on distinct banks), and its rstd
+ * [slot][lane].  A lane reads only what its own copies wrote. */
+template <int K, int S> struct BwdPipe {
+    uint4 rows[4][S][K][32];
+    float rstd[4][S][32];
+};
+
+template <int K, int S> __device__ __forceinline__ BwdPipe<K, S> &bwd_pipe()
+{
+    static_assert(sizeof(BwdPipe<K, S>) <= 48 * 1024, "BwdPipe: a block's static shared memory");
+    __shared__ BwdPipe<K, S> p;
+    return p;
+}
+
+template <int DT, int HD, bool IL, bool SY, int G, bool HALF, int PIPE>
 __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ NParams P)
 {
     static_assert(!HALF || G == 1, "norm_backward_heads: one row a half-warp");
+    static_assert(PIPE == 0 || HALF, "norm_backward_heads: the pipeline over half-warps only");
     using E = typename LaneWord<HALF>::T;
     check_cu_seqlens(P.pos, P.tokens, P.flag);
     constexpr int K = HD / 32;          /* the lane's words of a row */
@@ -1548,69 +1601,167 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
             }
             rp += io.heads;
         };
+        auto weights = [&]() {
+            if (k != wslot) {
+                wslot = k;
+                if constexpr (HALF)
+                    lane_weights<DT, true>(P, io, ln, wf);
+                else
+                    lane_weights<DT>(P, io, lane, wf);
+            }
+        };
+        float acc[G][C] = {};
+        /* a token's loaded bits widened */
+        auto widen = [&](const BwdTok<HD, IL, G, HALF> &w, float (&dy)[G][C], float (&xs)[G][C],
+                         float (&rs)[G]) {
+#pragma unroll
+            for (int r = 0; r < G; r++) {
+                if (past(r))
+                    break;
+#pragma unroll
+                for (int c = 0; c < C; c++) {
+                    const int sh = HALF ? 16 * (c & 1) : 0;
+                    dy[r][c] = Elem<DT>::to_f((uint16_t)(w.dy[r][HALF ? c / 2 : c] >> sh));
+                    xs[r][c] = Elem<DT>::to_f((uint16_t)(w.xs[r][HALF ? c / 2 : c] >> sh));
+                }
+                rs[r] = w.rstd[r];
+            }
+        };
+        /* a token's rows worked: dx stored at dxt, the terms into acc */
+        auto work = [&](const LaneAngles<HD, IL, HALF> &an, uint16_t *dxt, const float (&dy)[G][C],
+                        const float (&xs)[G][C], const float (&rs)[G]) {
+#pragma unroll
+            for (int r = 0; r < G; r++) {
+                if (past(r))
+                    break;
+                uint32_t dxw[K];
+                row_dx<DT, HD, IL, SY, HALF>(wf, an, rs[r], ln, dy[r], xs[r], acc[r], dxw);
+                if (mine) {
+#pragma unroll
+                    for (int c = 0; c < K; c++)
+                        ((E *)(dxt + r * out_sh))[STEP * c] = (E)dxw[c];
+                }
+            }
+        };
         divmod(ta, P.seq_len, &b, &s);
         rows_at();
-        /* the ring of tokens loaded or in flight: token j in slot j % D;
-         * the first D tokens' loads in flight while the weights are found */
-        constexpr int D = FR_CUDA_NORM_BWD_AHEAD;
-        BwdTok<HD, IL, G, HALF> ring[D];
-#pragma unroll
-        for (int d = 0; d < D; d++) {
-            if (d >= nt)
-                break;
-            if (d > 0)
-                next_token();
-            load_tok(d, ring[d]);
-        }
-        if (k != wslot) {
-            wslot = k;
-            if constexpr (HALF)
-                lane_weights<DT, true>(P, io, ln, wf);
-            else
-                lane_weights<DT>(P, io, lane, wf);
-        }
-        float acc[G][C] = {};
-        for (int j0 = 0; j0 < nt; j0 += D) {
+        if constexpr (PIPE == 0) {
+            /* the ring of tokens loaded or in flight: token j in slot j %
+             * D; the first D tokens' loads in flight while the weights
+             * are found */
+            constexpr int D = FR_CUDA_NORM_BWD_AHEAD;
+            BwdTok<HD, IL, G, HALF> ring[D];
 #pragma unroll
             for (int d = 0; d < D; d++) {
-                const int j = j0 + d;
-                if (j >= nt)
+                if (d >= nt)
                     break;
-                /* token j widened out of its slot, then token j + D's
-                 * loads into it, in flight during the next D tokens' work */
-                BwdTok<HD, IL, G, HALF> &w = ring[d];
-                float dy[G][C], xs[G][C], rs[G];
-#pragma unroll
-                for (int r = 0; r < G; r++) {
-                    if (past(r))
-                        break;
-#pragma unroll
-                    for (int c = 0; c < C; c++) {
-                        const int sh = HALF ? 16 * (c & 1) : 0;
-                        dy[r][c] = Elem<DT>::to_f((uint16_t)(w.dy[r][HALF ? c / 2 : c] >> sh));
-                        xs[r][c] = Elem<DT>::to_f((uint16_t)(w.xs[r][HALF ? c / 2 : c] >> sh));
-                    }
-                    rs[r] = w.rstd[r];
-                }
-                const LaneAngles<HD, IL, HALF> an = w.an;
-                uint16_t *dxt = w.dx;
-                /* past the unit's last token, that token's rows again (in
-                 * L1): loads under a condition kept the slot's old bits
-                 * alive beside them, ~30 moves a token (cuobjdump) */
-                if (j + D < nt)
+                if (d > 0)
                     next_token();
-                load_tok(j + D < nt ? j + D : nt - 1, w);
+                load_tok(d, ring[d]);
+            }
+            weights();
+            for (int j0 = 0; j0 < nt; j0 += D) {
 #pragma unroll
-                for (int r = 0; r < G; r++) {
-                    if (past(r))
+                for (int d = 0; d < D; d++) {
+                    const int j = j0 + d;
+                    if (j >= nt)
                         break;
-                    uint32_t dxw[K];
-                    row_dx<DT, HD, IL, SY, HALF>(wf, an, rs[r], ln, dy[r], xs[r], acc[r], dxw);
-                    if (mine) {
+                    /* token j widened out of its slot, then token j + D's
+                     * loads into it, in flight during the next D tokens'
+                     * work */
+                    BwdTok<HD, IL, G, HALF> &w = ring[d];
+                    float dy[G][C], xs[G][C], rs[G];
+                    widen(w, dy, xs, rs);
+                    const LaneAngles<HD, IL, HALF> an = w.an;
+                    uint16_t *dxt = w.dx;
+                    /* past the unit's last token, that token's rows again
+                     * (in L1): loads under a condition kept the slot's old
+                     * bits alive beside them, ~30 moves a token
+                     * (cuobjdump) */
+                    if (j + D < nt)
+                        next_token();
+                    load_tok(j + D < nt ? j + D : nt - 1, w);
+                    work(an, dxt, dy, xs, rs);
+                }
+            }
+        } else {
+            /* PIPE tokens' loads in flight as asynchronous copies to
+             * shared memory, each token's a commit group: token j in slot
+             * j % S, S = PIPE + 1, so that token j + PIPE's copies go to
+             * the slot token j - 1 was read from (and worked: its reads
+             * are done) */
+            constexpr int S = PIPE + 1;
+            BwdPipe<K, S> &pp = bwd_pipe<K, S>();
+            const int wi = (int)(threadIdx.x / 32);
+            uint16_t *dxq[S]; /* each slot's token's dx row */
+            bool badq[S];     /* and whether it has no position */
+            auto word = [&](int q, int i) { return (uint32_t *)&pp.rows[wi][q][i / 4][lane] + i % 4; };
+            /* token j's copies into slot q: dyp, xsp, dxp and rp are at
+             * its rows */
+            auto issue = [&](int j, int q) {
+                using A = LaneAngles<HD, IL, HALF>;
+                const int o = __shfl_sync(0xffffffffu, toff, j);
+                const float *cr, *sr;
+                A::at(P, o, ln, &cr, &sr);
 #pragma unroll
-                        for (int c = 0; c < K; c++)
-                            ((E *)(dxt + r * out_sh))[STEP * c] = (E)dxw[c];
+                for (int c = 0; c < K; c++) {
+                    __pipeline_memcpy_async(word(q, c), (const E *)dyp + STEP * c, 4);
+                    __pipeline_memcpy_async(word(q, K + c), (const E *)xsp + STEP * c, 4);
+                }
+#pragma unroll
+                for (int c = 0; c < K; c++) {
+                    const int col = A::pair(c, ln) - A::pair(0, ln);
+                    __pipeline_memcpy_async(word(q, 2 * K + c), cr + col, 4);
+                    __pipeline_memcpy_async(word(q, 3 * K + c), sr + col, 4);
+                }
+                __pipeline_memcpy_async(&pp.rstd[wi][q][lane], rp, 4);
+                dxq[q] = dxp;
+                badq[q] = o < 0;
+            };
+#pragma unroll
+            for (int d = 0; d < PIPE; d++) {
+                if (d < nt) {
+                    if (d > 0)
+                        next_token();
+                    issue(d, d);
+                }
+                __pipeline_commit();
+            }
+            weights();
+            for (int j0 = 0; j0 < nt; j0 += S) {
+#pragma unroll
+                for (int d = 0; d < S; d++) {
+                    const int j = j0 + d;
+                    if (j >= nt)
+                        break;
+                    if (j + PIPE < nt) {
+                        next_token();
+                        issue(j + PIPE, (d + PIPE) % S);
                     }
+                    __pipeline_commit(); /* empty past the unit: one group a token */
+                    __pipeline_wait_prior(PIPE);
+                    BwdTok<HD, IL, G, HALF> w;
+                    uint32_t v[4 * K];
+#pragma unroll
+                    for (int i = 0; i < K; i++) {
+                        const uint4 g4 = pp.rows[wi][d][i][lane];
+                        v[4 * i] = g4.x;
+                        v[4 * i + 1] = g4.y;
+                        v[4 * i + 2] = g4.z;
+                        v[4 * i + 3] = g4.w;
+                    }
+#pragma unroll
+                    for (int c = 0; c < K; c++) {
+                        w.dy[0][c] = v[c];
+                        w.xs[0][c] = v[K + c];
+                        w.an.c[c] = fr_u2f(v[2 * K + c]);
+                        w.an.sn[c] = fr_u2f(v[3 * K + c]);
+                    }
+                    w.an.nan_if(badq[d]);
+                    w.rstd[0] = pp.rstd[wi][d][lane];
+                    float dy[G][C], xs[G][C], rs[G];
+                    widen(w, dy, xs, rs);
+                    work(w.an, dxq[d], dy, xs, rs);
                 }
             }
         }
@@ -1881,24 +2032,40 @@ int bwd_heads(const NParams &P, int64_t units)
 
 /* norm_backward_heads over tokens t0..t1 in units of g heads, or (HALF) of
  * two heads over half-warps, at most FR_CUDA_NORM_BWD_GRID blocks an SM. */
-template <int DT, int HD, int G, bool HALF, bool IL>
+template <int DT, int HD, int G, bool HALF, int PIPE, bool IL>
 cudaError_t launch_heads_g(const cudaLaunchConfig_t &cfg, const NParams &P)
 {
+#define FR_BWD_KERNEL(SY) norm_backward_heads<DT, HD, IL, SY, G, HALF, PIPE>
 #ifdef FR_CUDA_EMULATE
-    return P.saved_y
-               ? fr_emu_launch_lockstep(&cfg, norm_backward_heads<DT, HD, IL, true, G, HALF>, P)
-               : fr_emu_launch_lockstep(&cfg, norm_backward_heads<DT, HD, IL, false, G, HALF>, P);
+    return P.saved_y ? fr_emu_launch_lockstep(&cfg, FR_BWD_KERNEL(true), P)
+                     : fr_emu_launch_lockstep(&cfg, FR_BWD_KERNEL(false), P);
 #else
-    return P.saved_y ? cudaLaunchKernelEx(&cfg, norm_backward_heads<DT, HD, IL, true, G, HALF>, P)
-                     : cudaLaunchKernelEx(&cfg, norm_backward_heads<DT, HD, IL, false, G, HALF>, P);
+    return P.saved_y ? cudaLaunchKernelEx(&cfg, FR_BWD_KERNEL(true), P)
+                     : cudaLaunchKernelEx(&cfg, FR_BWD_KERNEL(false), P);
 #endif
+#undef FR_BWD_KERNEL
 }
 
-template <int DT, int HD, int G, bool HALF = false>
+template <int DT, int HD, int G, bool HALF = false, int PIPE = 0>
 cudaError_t launch_heads_g(const cudaLaunchConfig_t &cfg, const NParams &P)
 {
-    return P.interleaved ? launch_heads_g<DT, HD, G, HALF, true>(cfg, P)
-                         : launch_heads_g<DT, HD, G, HALF, false>(cfg, P);
+    return P.interleaved ? launch_heads_g<DT, HD, G, HALF, PIPE, true>(cfg, P)
+                         : launch_heads_g<DT, HD, G, HALF, PIPE, false>(cfg, P);
+}
+
+/* The half-warp kernel with the build's pipeline (emulated, a test's
+ * choice: 0, 1 or the build's). */
+template <int DT, int HD>
+cudaError_t launch_half(const cudaLaunchConfig_t &cfg, const NParams &P)
+{
+#ifdef FR_CUDA_EMULATE
+    const int pipe = fr_emu_norm_bwd_pipe >= 0 ? fr_emu_norm_bwd_pipe : FR_CUDA_NORM_BWD_PIPE;
+    return pipe == 0   ? launch_heads_g<DT, HD, 1, true, 0>(cfg, P)
+           : pipe == 1 ? launch_heads_g<DT, HD, 1, true, 1>(cfg, P)
+                       : launch_heads_g<DT, HD, 1, true, FR_CUDA_NORM_BWD_PIPE>(cfg, P);
+#else
+    return launch_heads_g<DT, HD, 1, true, FR_CUDA_NORM_BWD_PIPE>(cfg, P);
+#endif
 }
 
 /* g heads a unit, 0 for two over half-warps */
@@ -1911,7 +2078,7 @@ cudaError_t launch_heads(const NParams &P, int g, cudaStream_t stream)
         return cudaSuccess;
     const cudaLaunchConfig_t cfg = grid_of(32 * units, FR_CUDA_NORM_BWD_GRID, P.sms, stream);
     if (g == 0)
-        return launch_heads_g<DT, HD, 1, true>(cfg, P);
+        return launch_half<DT, HD>(cfg, P);
 #ifdef FR_CUDA_EMULATE
     /* every count a test may choose, the default among them */
     return g == 4   ? launch_heads_g<DT, HD, 4>(cfg, P)

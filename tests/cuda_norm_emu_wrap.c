@@ -42,7 +42,7 @@ fusedrope_status __wrap_fusedrope__cpu_norm_backward(const fr_norm_args *a);
 int fr_emu_sms = 132;
 /* kernels/cuda_norm.cu, emulated */
 extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp, fr_emu_norm_warp_rpw, fr_emu_norm_warp_heads,
-    fr_emu_norm_bwd_heads, fr_emu_norm_warp_half, fr_emu_norm_bwd_half;
+    fr_emu_norm_bwd_heads, fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe;
 
 /* The call's outputs as (pointer, bytes, element size) pieces. */
 typedef struct { unsigned char *p; size_t n, es; } piece;
@@ -106,7 +106,8 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
     static const int sms[] = { 132, 1, 5, 3, 1 }, seg_chunks[] = { 0, 1, 2, 3, 0 },
                      warp[] = { 0, 0, 0, 1, 1 }, warp_rpw[] = { 0, 0, 0, 3, 0 },
                      warp_heads[] = { 0, 0, 0, 4, 0 }, bwd_heads[] = { 0, 0, 0, 3, 1 },
-                     warp_half[] = { -1, -1, -1, 0, 1 }, bwd_half[] = { -1, -1, -1, 0, 0 };
+                     warp_half[] = { -1, -1, -1, 0, 1 }, bwd_half[] = { -1, -1, -1, 0, 0 },
+                     bwd_pipe[] = { -1, 1, 0, -1, -1 };
     const int max = 4 + 2 * (int)(na->a.seq_len * na->a.batch *
                                   (na->a.io[0].heads + (na->a.count > 1 ? na->a.io[1].heads : 0)));
     piece *pc = malloc(sizeof *pc * (size_t)max);
@@ -146,6 +147,7 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         fr_emu_norm_bwd_heads = bwd_heads[i];
         fr_emu_norm_warp_half = warp_half[i];
         fr_emu_norm_bwd_half = bwd_half[i];
+        fr_emu_norm_bwd_pipe = bwd_pipe[i];
         st = backward ? fr_emu_cuda_norm_backward(&e) : fr_emu_cuda_norm_forward(&e);
         if (st != FUSEDROPE_OK || flag) {
             fprintf(stderr, "emulated CUDA norm %s, %d SMs: status %d, flag %d (%s)\n",
@@ -157,9 +159,9 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         if (f != SIZE_MAX && memcmp(first, now, total) != 0) {
             fprintf(stderr, "emulated CUDA norm: configurations %zu and %zu (%d SMs, segments of "
                             "%d chunks, warp rows %d, %d at a time, %d an item, half-warps %d, "
-                            "backward heads %d a warp, half-warps %d) differ\n",
+                            "backward heads %d a warp, half-warps %d, pipeline %d) differ\n",
                     f, i, sms[i], seg_chunks[i], warp[i], warp_rpw[i], warp_heads[i],
-                    warp_half[i], bwd_heads[i], bwd_half[i]);
+                    warp_half[i], bwd_heads[i], bwd_half[i], bwd_pipe[i]);
             abort();
         }
         if (f == SIZE_MAX)

@@ -18,7 +18,8 @@
  * full rotary, rows on 16 bytes; the forward also on norm_forward_warp, in
  * items of 4 rows across q and k, 2 at a time, and on norm_forward_half, in
  * items of 3 rows, two at a time; the backward over half-warps, q's third
- * head beside a copy of its first, and over warps) or the generic ones
+ * head beside a copy of its first, its tokens through shared memory and in
+ * registers, and over warps) or the generic ones
  * (norm_forward, norm_dx, and the backward's dw kernels: the rows' terms,
  * norm_dw_chunks, norm_dw_heads, norm_dw_sum), in both
  * styles, in and out of place, from x or from the saved y, in each rounding
@@ -71,7 +72,7 @@ int fr_emu_sms = 132;
 /* kernels/cuda_norm.cu, emulated: norm_forward_warp, its items' rows and its
  * rows at a time */
 extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw, fr_emu_norm_bwd_heads,
-    fr_emu_norm_warp_half, fr_emu_norm_bwd_half;
+    fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe;
 
 enum { M = 32, MAXT = 64 }; /* table rows; most tokens of a case */
 static const int64_t heads[2] = { 3, 2 }; /* q, k */
@@ -474,10 +475,15 @@ static void run_case(const ncase *nc, int vi, int status)
     call(&x, 1, 0, status, "with valid ids");
     call(&x, 1, 1, status, "with the case's positions");
     check_rows(&x, 1, bad);
-    if (nc->rows) { /* the register-row cases also with rows over warps */
+    if (nc->rows) { /* the register-row cases also with rows over warps, and over half-warps
+                       without the pipeline */
         fr_emu_norm_bwd_half = 0;
         call(&x, 1, 1, status, "with the case's positions, rows over warps");
         fr_emu_norm_bwd_half = -1;
+        check_rows(&x, 1, bad);
+        fr_emu_norm_bwd_pipe = 0;
+        call(&x, 1, 1, status, "with the case's positions, rows in registers");
+        fr_emu_norm_bwd_pipe = -1;
         check_rows(&x, 1, bad);
     }
 
