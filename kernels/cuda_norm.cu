@@ -171,6 +171,14 @@ int fr_emu_norm_bwd_pipe = -1;
 }
 #endif
 
+/* The build's choice `build`, or where emulated a test's `emu` (-1: the
+ * build's). */
+#ifdef FR_CUDA_EMULATE
+#define FR_CHOICE(emu, build) ((emu) >= 0 ? (emu) : (build))
+#else
+#define FR_CHOICE(emu, build) (build)
+#endif
+
 namespace {
 
 #include "cuda_elem.cuh"
@@ -179,21 +187,13 @@ namespace {
 /* Whether a forward of `rows` common rows takes the warp kernel. */
 bool warp_rows(int64_t rows)
 {
-#ifdef FR_CUDA_EMULATE
-    if (fr_emu_norm_warp >= 0)
-        return fr_emu_norm_warp != 0;
-#endif
-    return rows <= FR_CUDA_NORM_WARP_ROWS;
+    return FR_CHOICE(fr_emu_norm_warp, rows <= FR_CUDA_NORM_WARP_ROWS) != 0;
 }
 
 /* Whether the warp kernel's calls take norm_forward_half. */
 bool warp_half()
 {
-#ifdef FR_CUDA_EMULATE
-    if (fr_emu_norm_warp_half >= 0)
-        return fr_emu_norm_warp_half != 0;
-#endif
-    return FR_CUDA_NORM_WARP_HALF != 0;
+    return FR_CHOICE(fr_emu_norm_warp_half, FR_CUDA_NORM_WARP_HALF) != 0;
 }
 
 /* The rows a warp of norm_forward_warp holds at a time. */
@@ -1305,17 +1305,20 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * A row's dx takes norm_dx's operations in their order.  Per unit the
  * lanes find the positions of its tokens (lane j token j: a unit is at
  * most 32 tokens) and each token's table row comes by shuffle; the rows
- * and angles of the next FR_CUDA_NORM_BWD_AHEAD tokens are loaded or in
- * flight while this token's are worked, the bits widened only when worked
- * (so the loads stay in flight until then).  Every lane reads only its own
- * channels (a partner's come by shuffle), and a row's loads come before
- * its stores (where the next tokens are past the unit, its last token's
- * rows are loaded again, before that token's stores, and never used), so a
- * row in place is safe.  Over half-warps a tensor's odd last head leaves
- * the second half a copy of the first half's row, loaded and worked (its
- * shuffles stay in its half) but neither stored nor summed into dw; its
- * loads of a token feed its tree before the first half's stores of that
- * token, so in place they read the row before it is written.
+ * and angles of the next tokens are in flight while this token's are
+ * worked: over half-warps FR_CUDA_NORM_BWD_PIPE tokens' as asynchronous
+ * copies to shared memory (each lane reading back only its own), else
+ * FR_CUDA_NORM_BWD_AHEAD tokens' in registers, the bits widened only when
+ * worked (so the loads stay in flight until then).  Every lane reads only
+ * its own channels (a partner's come by shuffle), and a row's loads come
+ * before its stores (in registers, where the next tokens are past the
+ * unit, its last token's rows are loaded again, before that token's
+ * stores, and never used), so a row in place is safe.  Over half-warps a
+ * tensor's odd last head leaves the second half a copy of the first half's
+ * row, loaded and worked (its shuffles stay in its half) but neither
+ * stored nor summed into dw; its loads of a token feed its tree before the
+ * first half's stores of that token, so in place they read the row before
+ * it is written.
  */
 /* Heads a warp of norm_backward_heads takes at each token (1 to 4) where
  * the call has more units of one head than FR_CUDA_NORM_BWD_WAVE warps an
@@ -2012,11 +2015,7 @@ cudaError_t launch_forward(const NParams &P, int count, cudaStream_t stream)
  * half-warps. */
 bool bwd_half()
 {
-#ifdef FR_CUDA_EMULATE
-    if (fr_emu_norm_bwd_half >= 0)
-        return fr_emu_norm_bwd_half != 0;
-#endif
-    return FR_CUDA_NORM_BWD_HALF != 0;
+    return FR_CHOICE(fr_emu_norm_bwd_half, FR_CUDA_NORM_BWD_HALF) != 0;
 }
 
 /* The heads a warp of norm_backward_heads over a warp takes at a token,
@@ -2059,7 +2058,7 @@ template <int DT, int HD>
 cudaError_t launch_half(const cudaLaunchConfig_t &cfg, const NParams &P)
 {
 #ifdef FR_CUDA_EMULATE
-    const int pipe = fr_emu_norm_bwd_pipe >= 0 ? fr_emu_norm_bwd_pipe : FR_CUDA_NORM_BWD_PIPE;
+    const int pipe = FR_CHOICE(fr_emu_norm_bwd_pipe, FR_CUDA_NORM_BWD_PIPE);
     return pipe == 0   ? launch_heads_g<DT, HD, 1, true, 0>(cfg, P)
            : pipe == 1 ? launch_heads_g<DT, HD, 1, true, 1>(cfg, P)
                        : launch_heads_g<DT, HD, 1, true, FR_CUDA_NORM_BWD_PIPE>(cfg, P);
