@@ -92,7 +92,7 @@ quiet_host() {
   [ $n -gt 0 ] && note "quiet host: the $n variant builds done"
   vpid=()
 }
-normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:16:0 1000000000:1:8:1:0:7:1 1000000000:1:4:1:0:16:1 1000000000:1:8:1:8:16:1}
+normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:16:0 1000000000:1:8:1:0:8:1 1000000000:1:16:1:0:16:1 1000000000:1:8:1:9:16:1}
 normbwd_variants=${NORMBWD_VARIANTS:-1:1:0:36:0:0 1:1:0:36:1:0 1:1:0:36:1:2 1:1:5:36:1:3}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
@@ -235,8 +235,9 @@ section_normwarp() {
   # (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF; by
   # default: the one-row warp kernel as the 2026-11-28 run measured it
   # (0.0430 ms at 4096 tokens), and the half-warp kernel, the default, with
-  # a grid of one wave at its 70 registers (7 blocks an SM), with items of 4
-  # rows, and with 8 blocks asked of ptxas (64 registers)); NORMWARP_TOKENS
+  # a grid of one wave at its 64 registers (8 blocks an SM), with items of
+  # 16 rows (a token's per-item work over twice the rows), and with 9
+  # blocks asked of ptxas (56 registers, 56 bytes spilled)); NORMWARP_TOKENS
   # the sizes
   quiet_host
   for v in $normwarp_variants default; do
