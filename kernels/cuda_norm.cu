@@ -343,6 +343,17 @@ __device__ __forceinline__ WarpItem warp_item(const NParams &P, int64_t it, int6
     return m;
 }
 
+/* f(m) for each item m (warp_item) of the forward's warp kernels, a warp an
+ * item, grid-stride. */
+template <typename F> __device__ __forceinline__ void each_warp_item(const NParams &P, F f)
+{
+    const int64_t g0 = warp_groups0(P), groups = warp_groups(P);
+    const int64_t items = (P.t1 - P.t0) * groups, warps = (int64_t)gridDim.x * blockDim.x / 32;
+    for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items;
+         it += warps)
+        f(warp_item(P, it, groups, g0));
+}
+
 /* Row r = (token t, head hh of q's then k's heads). */
 __device__ __forceinline__ const NIo &row_io(const NParams &P, int64_t r, int64_t *t, int64_t *h,
                                              int64_t *b, int64_t *s)
@@ -882,15 +893,11 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
     check_cu_seqlens(P.pos, P.tokens, P.flag);
     constexpr int K = HD / 32;
     const int lane = (int)(threadIdx.x & 31);
-    const int64_t g0 = warp_groups0(P), groups = warp_groups(P);
-    const int64_t items = (P.t1 - P.t0) * groups, warps = (int64_t)gridDim.x * blockDim.x / 32;
     /* the lane's weight factors, of tensor wslot's weights (kept from item
      * to item: they are the same for every row of a tensor) */
     int wslot = -1;
     float wf[K] = {};
-    for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items;
-         it += warps) {
-        const WarpItem m = warp_item(P, it, groups, g0);
+    each_warp_item(P, [&](const WarpItem &m) {
         const int64_t t = m.t, h0 = m.h0, b = m.b, s = m.s;
         const int k = m.k, n = m.n;
         const NIo &io = P.io[k];
@@ -975,7 +982,7 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
             if (!more && j0 + R < n)
                 load_rows(j0 + R, raw);
         }
-    }
+    });
 }
 
 /* fr_norm_tree32 of a row over a half-warp (lane h of the half holds the
@@ -1017,15 +1024,11 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
     check_cu_seqlens(P.pos, P.tokens, P.flag);
     constexpr int W = HD / 32; /* a lane's words of its row */
     const int lane = (int)(threadIdx.x & 31), half = lane >> 4, h = lane & 15;
-    const int64_t g0 = warp_groups0(P), groups = warp_groups(P);
-    const int64_t items = (P.t1 - P.t0) * groups, warps = (int64_t)gridDim.x * blockDim.x / 32;
     /* the lane's weight factors (channels 2h + 32w, 2h + 32w + 1), of
      * tensor wslot's weights */
     int wslot = -1;
     float wf[2 * W] = {};
-    for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items;
-         it += warps) {
-        const WarpItem m = warp_item(P, it, groups, g0);
+    each_warp_item(P, [&](const WarpItem &m) {
         const int64_t t = m.t, h0 = m.h0, b = m.b, s = m.s;
         const int k = m.k, n = m.n;
         const NIo &io = P.io[k];
@@ -1104,7 +1107,7 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
             }
             yl += 2 * out_w;
         }
-    }
+    });
 }
 
 /* ----------------------------------------------------------------- backward */
