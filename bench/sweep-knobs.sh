@@ -7,10 +7,12 @@ set -uo pipefail
 dest=${OUT:-/tmp/out}; mkdir -p "$dest"
 cd /tmp/build/fusedrope-*/ || exit 1
 log="$dest/sweep.txt"; : > "$log"
-# The register caps: 80 lets an SM hold three 256-thread blocks of the
-# [4096,1,128,128] call instead of two, 72 three 288-thread blocks of
-# [512,32,24,128]; both spill (bench/RESULTS.md, the static entry).
-variants=${VARIANTS:-"default -DFR_CUDA_MAXNREG=80 -DFR_CUDA_MAXNREG=72 -DFR_CUDA_MAXNREG=64 -DFR_CUDA_WAVES=2"}
+# The default takes the wide NeoX group per launch where an SM holds as many
+# of its blocks (wide_pays in kernels/cuda_apply.cu); U_NEOX_WIDE=0 is the
+# narrow group everywhere (the build measured before it), U_NEOX=4 the wide
+# group everywhere.  Other knobs measured before (bench/RESULTS.md): the
+# register caps (MAXNREG=80, 72, 64), WAVES=2, MAX_HPT=16, U=4.
+variants=${VARIANTS:-"default -DFR_CUDA_U_NEOX_WIDE=0 -DFR_CUDA_U_NEOX=4"}
 # a variant of several flags joins them with commas
 for v in $variants; do
   flags=$(echo "$v" | tr , ' '); [ "$v" = default ] && flags=

@@ -75,6 +75,10 @@ namespace {
  *                              NeoX lanes): more loads in flight per rotary
  *                              lane, paid for in registers, which decide how
  *                              many blocks an SM holds (see the kernel).
+ *   FR_CUDA_U_NEOX_WIDE        the NeoX lanes' wider group (default 4; 0 or
+ *                              at most FR_CUDA_U_NEOX: none), taken per launch
+ *                              where the SM holds as many of its blocks as
+ *                              of FR_CUDA_U_NEOX's (wide_pays, below).
  *   FR_CUDA_MAX_HPT            most heads per thread (cos/sin reuse).
  *   FR_CUDA_WAVES              heads per thread grow only while the grid keeps
  *                              this many waves of 2048 threads per SM.
@@ -86,6 +90,9 @@ namespace {
 #endif
 #ifndef FR_CUDA_U_NEOX
 #define FR_CUDA_U_NEOX 2
+#endif
+#ifndef FR_CUDA_U_NEOX_WIDE
+#define FR_CUDA_U_NEOX_WIDE 4
 #endif
 #ifndef FR_CUDA_MAX_HPT
 #define FR_CUDA_MAX_HPT 8
@@ -331,8 +338,15 @@ __device__ __forceinline__ void nan_lane(const KParams &P, const TokenPtrs<typen
 }
 
 /* Vector NeoX: chunk `lane` of the first half (channels ca) pairs with the
- * same chunk of the second half (cb); E pairs, UN heads per group. */
+ * same chunk of the second half (cb); E pairs, UN heads per group, or UNW
+ * in the wide kernel: twice the loads in flight, for about 30 registers more
+ * (ptxas, sm_90: 95 and 126 for bfloat16), which cost resident blocks of
+ * some launch shapes and not of others (bench/RESULTS.md: on the H200 the
+ * wide group gained 4.6 points of copy on [4096,1,128,128], 256-thread
+ * blocks, two an SM either way, and lost 10 on [512,32,24,128], 288-thread
+ * blocks, two an SM narrow but one wide). */
 constexpr int UN = FR_CUDA_U_NEOX;
+constexpr int UNW = FR_CUDA_U_NEOX_WIDE > UN ? FR_CUDA_U_NEOX_WIDE : UN;
 
 /* The NeoX lanes keep a group loop of their own (neox_load, neox_store), not
  * each_group: written as an op of each_group (either half alone is harmless,
@@ -341,14 +355,14 @@ constexpr int UN = FR_CUDA_U_NEOX;
  * them (bench/RESULTS.md, "One head-group loop, second attempt").
  * One group of UN heads h0, h0 + G, ...: the loads (two 16-byte chunks per
  * head, at channels ca and cb), then the rotations and stores. */
-template <int DT>
+template <int DT, int N>
 __device__ __forceinline__ void neox_load(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                           int64_t h0, int64_t ca, int64_t cb, uint4 *va, uint4 *vb,
                                           typename Elem<DT>::T **dst)
 {
     typedef typename Elem<DT>::T T;
 #pragma unroll
-    for (int u = 0; u < UN; u++) {
+    for (int u = 0; u < N; u++) {
         const int64_t h = h0 + u * P.gtotal;
         if (h < P.heads) {
             const T *src;
@@ -359,7 +373,7 @@ __device__ __forceinline__ void neox_load(const KParams &P, const TokenPtrs<type
     }
 }
 
-template <int DT>
+template <int DT, int N>
 __device__ __forceinline__ void neox_store(const KParams &P, int64_t h0, int64_t ca, int64_t cb,
                                            const uint4 *va, const uint4 *vb,
                                            typename Elem<DT>::T *const *dst, const float *c,
@@ -368,7 +382,7 @@ __device__ __forceinline__ void neox_store(const KParams &P, int64_t h0, int64_t
     typedef Chunk<DT> C;
     constexpr int E = C::E;
 #pragma unroll
-    for (int u = 0; u < UN; u++) {
+    for (int u = 0; u < N; u++) {
         if (h0 + u * P.gtotal < P.heads) {
             float fa[E], fb[E], ya[E], yb[E];
             C::unpack(va[u], fa);
@@ -390,7 +404,7 @@ __device__ __forceinline__ void neox_store(const KParams &P, int64_t h0, int64_t
  * same order costs registers, and with them resident blocks of a
  * prefill-sized call; as a kernel of its own (no loop, fewer registers) it
  * costs decode-sized calls nothing. */
-template <int DT, bool ONE_GROUP, bool AX>
+template <int DT, bool ONE_GROUP, bool AX, int N>
 __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                                 int64_t b, int64_t s, int64_t lane, int64_t g)
 {
@@ -399,11 +413,11 @@ __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtr
     const int64_t i0 = lane * E;
     int64_t ca, cb;
     int bad;
-    uint4 va[UN], vb[UN];
-    T *dst[UN];
+    uint4 va[N], vb[N];
+    T *dst[N];
     fr_pair_channels(0, i0, P.half, &ca, &cb);
     if constexpr (ONE_GROUP)
-        neox_load<DT>(P, t, g, ca, cb, va, vb, dst);
+        neox_load<DT, N>(P, t, g, ca, cb, va, vb, dst);
     const TokPos p = token_position<AX>(P, b, s, &bad);
 
     if (bad) {
@@ -415,11 +429,11 @@ __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtr
     cos_sin<E, AX>(P, p, i0, c, sn);
 
     if constexpr (ONE_GROUP) {
-        neox_store<DT>(P, g, ca, cb, va, vb, dst, c, sn);
+        neox_store<DT, N>(P, g, ca, cb, va, vb, dst, c, sn);
     } else {
-        for (int64_t h0 = g; h0 < P.heads; h0 += UN * P.gtotal) {
-            neox_load<DT>(P, t, h0, ca, cb, va, vb, dst);
-            neox_store<DT>(P, h0, ca, cb, va, vb, dst, c, sn);
+        for (int64_t h0 = g; h0 < P.heads; h0 += N * P.gtotal) {
+            neox_load<DT, N>(P, t, h0, ca, cb, va, vb, dst);
+            neox_store<DT, N>(P, h0, ca, cb, va, vb, dst, c, sn);
         }
     }
 }
@@ -567,12 +581,14 @@ __device__ __forceinline__ void pass_lane(const KParams &P, const TokenPtrs<type
 /* ---------------------------------------------------------------- the kernel */
 
 /* MODE: the path, one kernel each so each gets its own register budget. */
-enum { MODE_SCALAR, MODE_NEOX_VEC, MODE_INTER_VEC, MODE_NEOX_ONE };
+enum { MODE_SCALAR, MODE_NEOX_VEC, MODE_INTER_VEC, MODE_NEOX_ONE, MODE_NEOX_WIDE };
 
 /* Registers decide how many blocks of nine or ten warps an SM holds (warps
  * are placed four at a time: at 104 registers or more, only 16 warps fit,
  * and a 288-thread block runs alone).  So the rotary lanes' code must stay
- * under 104 registers; bench/RESULTS.md has what crossing it cost.
+ * under 104 registers; bench/RESULTS.md has what crossing it cost.  The
+ * wide NeoX kernel (MODE_NEOX_WIDE) is the exception that is chosen per
+ * launch, only where an SM holds as many of its blocks (wide_pays).
  *
  * The explicit minimum of 1 block per SM matters: with __launch_bounds__(512)
  * alone ptxas squeezes some kernels into fewer registers with spills.
@@ -621,7 +637,8 @@ __global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
                 else if (MODE == MODE_INTER_VEC)
                     rotary_inter_vec<DT, AX>(P, t, b, s, lane, g);
                 else
-                    rotary_neox_vec<DT, MODE == MODE_NEOX_ONE, AX>(P, t, b, s, lane, g);
+                    rotary_neox_vec<DT, MODE == MODE_NEOX_ONE, AX,
+                                    MODE == MODE_NEOX_WIDE ? UNW : UN>(P, t, b, s, lane, g);
             } else {
                 pass_lane<DT, VEC>(P, t, lane - P.nc, g);
             }
@@ -746,8 +763,55 @@ cudaError_t launch_mode(const Shape &sh, const KParams &P, cudaStream_t stream)
     return cudaLaunchKernelEx(&cfg, rope_kernel<DT, MODE, false>, P);
 }
 
+#ifndef FR_CUDA_EMULATE
+/* Blocks of `threads` threads an SM of device dev holds of rope_kernel<DT,
+ * MODE, AX>: the runtime's occupancy calculator, asked once per device,
+ * kernel and block size in warps, and kept; 0 when the query fails. */
+template <int DT, int MODE, bool AX> int resident_blocks(int dev, int threads)
+{
+    static int cached[64][MAX_BLOCK / 32 + 1]; /* blocks + 1; 0: not asked yet */
+    const int w = (threads + 31) / 32;
+    const bool keep = dev >= 0 && dev < 64 && w <= MAX_BLOCK / 32;
+    int n = keep ? __atomic_load_n(&cached[dev][w], __ATOMIC_RELAXED) : 0;
+    if (n > 0)
+        return n - 1;
+    const cudaError_t err =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, rope_kernel<DT, MODE, AX>, threads, 0);
+    if (err != cudaSuccess) {
+        fr_cuda_forget(err);
+        return 0; /* asked again next time */
+    }
+    if (keep)
+        __atomic_store_n(&cached[dev][w], n + 1, __ATOMIC_RELAXED);
+    return n;
+}
+#else
+/* The emulation's choice of the wide NeoX kernel: the tests' (0 or 1). */
+extern "C" int fr_emu_neox_wide;
+#endif
+
+/* Whether a general NeoX launch of shape sh on device dev takes the wide
+ * group: when an SM holds as many of its blocks as of the narrow kernel's.
+ * Results never depend on it (the same rotation of the same elements). */
+template <int DT, bool AX> bool wide_pays(const Shape &sh, int dev)
+{
+    if constexpr (UNW <= UN) {
+        return false;
+    } else {
+#ifdef FR_CUDA_EMULATE
+        (void)sh;
+        (void)dev;
+        return fr_emu_neox_wide != 0;
+#else
+        const int threads = (int)(sh.block.x * sh.block.y * sh.block.z);
+        const int wide = resident_blocks<DT, MODE_NEOX_WIDE, AX>(dev, threads);
+        return wide > 0 && wide >= resident_blocks<DT, MODE_NEOX_VEC, AX>(dev, threads);
+#endif
+    }
+}
+
 template <int DT>
-cudaError_t launch(bool vec, const Shape &sh, const KParams &P, cudaStream_t stream)
+cudaError_t launch(bool vec, const Shape &sh, const KParams &P, int dev, cudaStream_t stream)
 {
     if (!vec)
         return launch_mode<DT, MODE_SCALAR>(sh, P, stream);
@@ -755,6 +819,10 @@ cudaError_t launch(bool vec, const Shape &sh, const KParams &P, cudaStream_t str
         return launch_mode<DT, MODE_INTER_VEC>(sh, P, stream);
     if (ceil_div(P.heads, P.gtotal) <= UN) /* every thread has one group of heads */
         return launch_mode<DT, MODE_NEOX_ONE>(sh, P, stream);
+    if constexpr (UNW > UN) {
+        if (P.pair_map != nullptr ? wide_pays<DT, true>(sh, dev) : wide_pays<DT, false>(sh, dev))
+            return launch_mode<DT, MODE_NEOX_WIDE>(sh, P, stream);
+    }
     return launch_mode<DT, MODE_NEOX_VEC>(sh, P, stream);
 }
 
@@ -835,13 +903,13 @@ extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
     cudaError_t err;
     switch (a->dtype) {
     case FUSEDROPE_FLOAT32:
-        err = launch<DT_F32>(vec, sh, P, stream);
+        err = launch<DT_F32>(vec, sh, P, dev, stream);
         break;
     case FUSEDROPE_FLOAT16:
-        err = launch<DT_F16>(vec, sh, P, stream);
+        err = launch<DT_F16>(vec, sh, P, dev, stream);
         break;
     default:
-        err = launch<DT_BF16>(vec, sh, P, stream);
+        err = launch<DT_BF16>(vec, sh, P, dev, stream);
         break;
     }
     if (err != cudaSuccess)

@@ -6,15 +6,16 @@
  * reference, poisoned outputs, untouched channels and bytes) then judge the
  * kernels' code without a GPU.
  *
- * Each call runs three times, with the launcher planning for 132 SMs (an
- * H100), for 1 (the most heads per thread, the general NeoX kernel) and for
- * 5, from the same starting bytes (saved and put back, so in place works
- * too): the three outputs must be identical.  The real OpenMP backend then
- * runs from the same bytes, and its output must be the kernels' to the bit
- * (the backends' promise; a NaN need only be NaN, its bits being each
+ * Each call runs four times, with the launcher planning for 132 SMs (an
+ * H100), for 1 (the most heads per thread, the general NeoX kernel), for 5
+ * with the wide NeoX kernel wherever the general one would run, and for 1
+ * with it, from the same starting bytes (saved and put back, so in place
+ * works too): the four outputs must be identical.  The real OpenMP backend
+ * then runs from the same bytes, and its output must be the kernels' to the
+ * bit (the backends' promise; a NaN need only be NaN, its bits being each
  * path's own).  The kernels' output stays for test_apply to check.
  * Under valgrind (make check-valgrind) or a sanitizer a call runs one of
- * the three plans, in turn (tests/emu_config.h).
+ * the four plans, in turn (tests/emu_config.h).
  *
  * The cache is the CPU one, used as if it lived on the device: its table,
  * and its frequencies for a table-less cache, are host arrays, which the
@@ -37,6 +38,12 @@ void __real_fusedrope__cpu_apply(const fr_apply_args *a);
 void __wrap_fusedrope__cpu_apply(const fr_apply_args *a);
 
 int fr_emu_sms = 132;
+int fr_emu_neox_wide = 0;
+
+/* A launch plan: the SMs the launcher plans for, the wide NeoX kernel. */
+typedef struct {
+    int sms, wide;
+} plan;
 
 /* Copies every element of the call's outputs to buf (save) or back from it. */
 static size_t outputs(const fr_apply_args *a, unsigned char *buf, int save)
@@ -64,7 +71,7 @@ static size_t outputs(const fr_apply_args *a, unsigned char *buf, int save)
     return n;
 }
 
-static void run(const fr_apply_args *a, int sms)
+static void run(const fr_apply_args *a, plan p)
 {
     fusedrope_cache c = *a->cache;
     fr_apply_args e = *a;
@@ -75,18 +82,20 @@ static void run(const fr_apply_args *a, int sms)
     c.pair_map_dev = c.pair_map;
     c.range_flag = c.range_flag_dev = &flag;
     e.cache = &c;
-    fr_emu_sms = sms;
+    fr_emu_sms = p.sms;
+    fr_emu_neox_wide = p.wide;
     st = fr_emu_cuda_apply(&e);
     if (st != FUSEDROPE_OK || flag != 0) {
-        fprintf(stderr, "emulated CUDA backend, %d SMs: status %d, range flag %d (%s)\n", sms,
-                (int)st, flag, fusedrope_last_error());
+        fprintf(stderr, "emulated CUDA backend, %d SMs%s: status %d, range flag %d (%s)\n",
+                p.sms, p.wide ? ", wide" : "", (int)st, flag, fusedrope_last_error());
         abort();
     }
 }
 
 void __wrap_fusedrope__cpu_apply(const fr_apply_args *a)
 {
-    static const int sms[] = { 132, 1, 5 };
+    static const plan plans[] = { { 132, 0 }, { 1, 0 }, { 5, 1 }, { 1, 1 } };
+    const size_t np = sizeof plans / sizeof plans[0];
     const size_t n = outputs(a, NULL, 0);
     unsigned char *start = malloc(n ? n : 1), *first = malloc(n ? n : 1),
                   *now = malloc(n ? n : 1);
@@ -96,19 +105,21 @@ void __wrap_fusedrope__cpu_apply(const fr_apply_args *a)
         abort();
     }
     outputs(a, start, 1);
-    for (size_t i = 0, f = SIZE_MAX; i < sizeof sms / sizeof sms[0]; i++) {
-        if (!emu_config_runs(i, sizeof sms / sizeof sms[0], a))
+    for (size_t i = 0, f = SIZE_MAX; i < np; i++) {
+        if (!emu_config_runs(i, np, a))
             continue;
         if (f != SIZE_MAX) /* f: the first that ran */
             outputs(a, start, 0);
-        run(a, sms[i]);
+        run(a, plans[i]);
         outputs(a, f == SIZE_MAX ? first : now, 1);
         if (f != SIZE_MAX && memcmp(first, now, n) != 0) {
             size_t j = 0;
             while (first[j] == now[j])
                 j++;
-            fprintf(stderr, "emulated CUDA backend: %d SMs and %d SMs differ at output byte %zu\n",
-                    sms[f], sms[i], j);
+            fprintf(stderr,
+                    "emulated CUDA backend: plans %zu (%d SMs) and %zu (%d SMs%s) differ at "
+                    "output byte %zu\n",
+                    f, plans[f].sms, i, plans[i].sms, plans[i].wide ? ", wide" : "", j);
             abort();
         }
         if (f == SIZE_MAX)

@@ -11,8 +11,8 @@
  * decrease between its ends), in
  * every dtype, both styles, in and out of place, on the vector and the
  * scalar paths and under two launch shapes (132 SMs: a head per thread;
- * 1 SM: several heads per thread where the call is large enough), and
- * checks every element:
+ * 1 SM: several heads per thread where the call is large enough, the NeoX
+ * lanes' narrow and wide head groups), and checks every element:
  *   - a token without a position: NaN in each rotated channel of each head;
  *     the pass-through channels copied (out of place) or untouched (in
  *     place); the flag raised;
@@ -49,6 +49,7 @@
 
 fusedrope_status fr_emu_cuda_apply(const fr_apply_args *a);
 int fr_emu_sms = 132;
+int fr_emu_neox_wide = 0;
 
 enum { R = 64, M = 32 }; /* rot_dim, table rows */
 
@@ -167,7 +168,8 @@ static void run_case(const kcase *k, const char *name, uint64_t seed)
     fr_cpu_apply(&a);
 
     /* shape: 132 or 1 SM; status: the call's range_status word instead of
-     * the cache's flag (raised instead of it, the flag left alone) */
+     * the cache's flag (raised instead of it, the flag left alone); the
+     * last run takes the wide NeoX kernel where the general one would run */
     for (int run = 0; run < 4; run++) {
         const int shape = run & 1, status = run >> 1;
         memcpy(y, x, bytes);
@@ -182,6 +184,7 @@ static void run_case(const kcase *k, const char *name, uint64_t seed)
         a = make_args(k, &emu, k->in_place ? y : x, y);
         a.range_status = status ? &word : NULL;
         fr_emu_sms = shape ? 1 : 132;
+        fr_emu_neox_wide = run == 3;
         ck_assert_int_eq(fr_emu_cuda_apply(&a), FUSEDROPE_OK);
         if (status)
             ck_assert_msg(word == k->flag && flag == 0,
