@@ -786,8 +786,13 @@ template <int DT, int MODE, bool AX> int resident_blocks(int dev, int threads)
     return n;
 }
 #else
-/* The emulation's choice of the wide NeoX kernel: the tests' (0 or 1). */
-extern "C" int fr_emu_neox_wide;
+} /* namespace */
+/* Emulated, a test chooses the wide NeoX kernel (1) or the narrow one (0)
+ * wherever a general NeoX launch asks wide_pays. */
+extern "C" {
+int fr_emu_neox_wide = 0;
+}
+namespace {
 #endif
 
 /* Whether a general NeoX launch of shape sh on device dev takes the wide

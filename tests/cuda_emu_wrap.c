@@ -38,7 +38,7 @@ void __real_fusedrope__cpu_apply(const fr_apply_args *a);
 void __wrap_fusedrope__cpu_apply(const fr_apply_args *a);
 
 int fr_emu_sms = 132;
-int fr_emu_neox_wide = 0;
+extern int fr_emu_neox_wide; /* kernels/cuda_apply.cu */
 
 /* A launch plan: the SMs the launcher plans for, the wide NeoX kernel. */
 typedef struct {

@@ -49,7 +49,7 @@
 
 fusedrope_status fr_emu_cuda_apply(const fr_apply_args *a);
 int fr_emu_sms = 132;
-int fr_emu_neox_wide = 0;
+extern int fr_emu_neox_wide; /* kernels/cuda_apply.cu */
 
 enum { R = 64, M = 32 }; /* rot_dim, table rows */
 
