@@ -1,6 +1,6 @@
 /*
  * cuda_device.cuh - the current-device rule of every CUDA call (plain and
- * norm), for kernels/cuda_apply.cu and kernels/cuda_norm.cu in both their
+ * norm), for kernels/cuda_apply.cu and kernels/cuda_norm_*.cu in both their
  * builds: after cuda_util.cuh (a GPU build) or cuda_emu.h (the host
  * emulation, whose one device is 0), which give fr_cuda_fail.
  */

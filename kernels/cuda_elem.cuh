@@ -1,6 +1,6 @@
 /*
  * cuda_elem.cuh - the kernels' element codecs, one place for both kernel
- * files (kernels/cuda_apply.cu, kernels/cuda_norm.cu): the dtypes' numbers,
+ * files (kernels/cuda_apply.cu, kernels/cuda_norm_*.cu): the dtypes' numbers,
  * float <-> element conversions (Elem) and 16-byte chunks of elements
  * (Chunk, ld16, st16).  Included inside each file's anonymous namespace,
  * after cuda_emu.h or the CUDA headers, and rope_math.h.

@@ -1,6 +1,6 @@
 /*
  * cuda_emu.h - just enough of CUDA for a host C++ compiler to build
- * kernels/cuda_apply.cu and kernels/cuda_norm.cu (with FR_CUDA_EMULATE
+ * kernels/cuda_apply.cu and kernels/cuda_norm_*.cu (with FR_CUDA_EMULATE
  * defined) and run their kernels on the CPU, one thread after another.  This is how CI, which has no GPU, runs
  * the kernels' code: their indexing, launch shapes, path choice and
  * arithmetic (tests/test_apply_emu).  It cannot stand in for a GPU run: no

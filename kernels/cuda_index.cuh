@@ -1,6 +1,6 @@
 /*
  * cuda_index.cuh - the kernels' index arithmetic, one place for both kernel
- * files (kernels/cuda_apply.cu, kernels/cuda_norm.cu).  Included inside each
+ * files (kernels/cuda_apply.cu, kernels/cuda_norm_*.cu).  Included inside each
  * file's anonymous namespace, after cuda_emu.h or the CUDA headers.
  */
 #ifndef FUSEDROPE_CUDA_INDEX_CUH

@@ -1,6 +1,6 @@
 /*
  * cuda_util.cuh - small helpers shared by the CUDA backend's translation
- * units (kernels/cuda_cache.cu, kernels/cuda_apply.cu, kernels/cuda_norm.cu).
+ * units (kernels/cuda_cache.cu, kernels/cuda_apply.cu, kernels/cuda_norm_*.cu).
  * Host side only; the emulated builds take kernels/cuda_emu.h instead.
  */
 #ifndef FUSEDROPE_CUDA_UTIL_CUH

@@ -4,22 +4,27 @@
 #   kernels/cuda_cache.cu   device presence, pointer queries, the cache's device side
 #   kernels/cuda_apply.cu   the forward/backward kernel (12 instantiations per arch:
 #                           3 dtypes x 4 paths) and fr_cuda_apply
-#   kernels/cuda_apply_emu.cc, kernels/cuda_emu.h
-#                           the same file built for the host, its kernels run on
-#                           the CPU: only for tests (tests/local.mk)
+#   kernels/cuda_norm_forward.cu, kernels/cuda_norm_backward.cu
+#                           the fused RMSNorm + RoPE's kernels and launchers,
+#                           what they share in kernels/cuda_norm.cuh
+#   kernels/cuda_*_emu.cc, kernels/cuda_emu.h
+#                           the .cu files built for the host, their kernels run
+#                           on the CPU: only for tests (tests/local.mk)
 CUDA_SRCS = \
 	kernels/cuda_cache.cu \
 	kernels/cuda_apply.cu \
-	kernels/cuda_norm.cu
+	kernels/cuda_norm_forward.cu \
+	kernels/cuda_norm_backward.cu
 CUDA_HDRS = \
 	kernels/cuda_util.cuh \
 	kernels/cuda_device.cuh \
 	kernels/cuda_elem.cuh \
-	kernels/cuda_index.cuh
+	kernels/cuda_index.cuh \
+	kernels/cuda_norm.cuh
 
 # kernels/cuda_emu.h: the host emulation of the kernels (tests/test_apply_emu)
 EXTRA_DIST += $(CUDA_SRCS) $(CUDA_HDRS) lib/cuda_stub.c kernels/cuda_emu.h \
-	kernels/cuda_norm_emu.cc
+	kernels/cuda_norm_forward_emu.cc kernels/cuda_norm_backward_emu.cc
 
 if HAVE_CUDA
 CUDA_LOBJS = $(CUDA_SRCS:.cu=.lo)

@@ -320,7 +320,7 @@ typedef struct fr_norm_args {
 } fr_norm_args;
 
 /* The norm's OpenMP backend (lib/cpu_norm.c) and CUDA backend
- * (kernels/cuda_norm.cu, or lib/cuda_stub.c).  The CPU ones return
+ * (kernels/cuda_norm_*.cu, or lib/cuda_stub.c).  The CPU ones return
  * FUSEDROPE_ERR_NOMEM where scratch memory cannot be had, before writing. */
 fusedrope_status fr_cpu_norm_forward(const fr_norm_args *args);
 fusedrope_status fr_cpu_norm_backward(const fr_norm_args *args);

@@ -1,7 +1,7 @@
 /*
  * norm_math.h - the fused RMSNorm's arithmetic that both backends must
  * perform identically (gcc builds lib/cpu_norm.c from it, nvcc
- * kernels/cuda_norm.cu); fusedrope_norm_forward_qk(3) states the contract.
+ * kernels/cuda_norm_*.cu); fusedrope_norm_forward_qk(3) states the contract.
  *
  * Row sums (sum of x^2 in the forward, of dn*n in the backward) over the
  * head_dim channels of a row, in float32: 32 partial sums, p[l] adding the
@@ -91,7 +91,7 @@ FR_HD float fr_norm_round(float v, int dt)
  * the weight wf (w, 1 + w, or 1) as the rounding mode says; ROUND(v, dt)
  * is v rounded to dtype dt as a float: fr_norm_round, or a backend's exact
  * equivalent (the CPU's vector rows, lib/cpu_norm_avx2.h nv_value8 and
- * lib/cpu_norm_avx512.c n5_value16; the CUDA kernels' conversions, kernels/cuda_norm.cu
+ * lib/cpu_norm_avx512.c n5_value16; the CUDA kernels' conversions, kernels/cuda_norm_*.cu
  * norm_value).  x, rstd and wf may be floats or vectors of floats (GCC's
  * vector operators). */
 #define FR_NORM_VALUE(y, x, rstd, wf, rounding, dt, ROUND)                                \

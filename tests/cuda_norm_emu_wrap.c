@@ -3,12 +3,12 @@
  * -Wl,--wrap=fusedrope__cpu_norm_forward,--wrap=fusedrope__cpu_norm_backward:
  * every norm call the library would run on its OpenMP backend runs instead
  * through the CUDA backend's launcher and kernels built for the host
- * (kernels/cuda_norm_emu.cc), and test_norm's checks judge their output.
+ * (kernels/cuda_norm_*_emu.cc), and test_norm's checks judge their output.
  *
  * Each call runs with the launcher planning for 132, 1, 5, 3 and 1 SMs
  * (other grids: the kernels are grid-stride), the second to fourth with the
- * backward's tokens in segments of 1, 2 and 3 chunks (kernels/cuda_norm.cu,
- * segment_tokens), the last two with the forward's rows spread over warps
+ * backward's tokens in segments of 1, 2 and 3 chunks
+ * (kernels/cuda_norm_backward.cu, segment_tokens), the last two with the forward's rows spread over warps
  * (its lanes in lockstep: norm_forward_warp's items of 4 rows taken 3 a
  * warp at a time, then norm_forward_half's items as warp_heads sizes them
  * for one SM, two rows a warp), the backward's warps taking heads as the launcher
@@ -40,7 +40,7 @@ fusedrope_status __wrap_fusedrope__cpu_norm_forward(const fr_norm_args *a);
 fusedrope_status __wrap_fusedrope__cpu_norm_backward(const fr_norm_args *a);
 
 int fr_emu_sms = 132;
-/* kernels/cuda_norm.cu, emulated */
+/* kernels/cuda_norm_forward.cu and _backward.cu, emulated */
 extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp, fr_emu_norm_warp_rpw, fr_emu_norm_warp_heads,
     fr_emu_norm_bwd_heads, fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe;
 

@@ -2,7 +2,7 @@
  * cuda_norm_gpu_wrap.c - linked into test_norm_gpu with
  * -Wl,--wrap=fusedrope__cpu_norm_forward,--wrap=fusedrope__cpu_norm_backward:
  * every norm call the library would run on its OpenMP backend runs first on
- * a real CUDA device, through kernels/cuda_norm.cu's launchers
+ * a real CUDA device, through kernels/cuda_norm_*.cu's launchers
  * (fr_cuda_norm_forward, fr_cuda_norm_backward), and test_norm's checks
  * judge the device's output.  The GPU counterpart of
  * tests/cuda_norm_emu_wrap.c, as tests/cuda_gpu_wrap.c is of

@@ -27,13 +27,14 @@ EMU_CXXFLAGS = -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wextra \
 # test_norm_emu), which leaves out under valgrind what only the CPU backend
 # does differently (streamed outputs, its vector paths).
 
-# Those kernels (kernels/cuda_apply_emu.cc, kernels/cuda_norm_emu.cc) are
+# Those kernels (kernels/cuda_apply_emu.cc, kernels/cuda_norm_*_emu.cc) are
 # compiled once, into tests/libfremu.a, for every program that runs them: a
 # program links the members it uses, with the C++ linker (a C++ source
 # named in its nodist_EXTRA_..._SOURCES, never built, makes automake pick it).
 if HAVE_CUDA_EMU
 check_LIBRARIES = tests/libfremu.a
-tests_libfremu_a_SOURCES = kernels/cuda_apply_emu.cc kernels/cuda_norm_emu.cc
+tests_libfremu_a_SOURCES = kernels/cuda_apply_emu.cc kernels/cuda_norm_forward_emu.cc \
+	kernels/cuda_norm_backward_emu.cc
 tests_libfremu_a_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_libfremu_a_CXXFLAGS = $(EMU_CXXFLAGS)
 endif
@@ -169,7 +170,7 @@ nodist_EXTRA_tests_test_bigindex_emu_SOURCES = emu_link.cc
 tests_test_bigindex_emu_DEPENDENCIES = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # test_norm again with the norm's OpenMP backend wrapped: every call runs
-# kernels/cuda_norm.cu's launcher and kernels built for the host, with three
+# kernels/cuda_norm_*.cu's launcher and kernels built for the host, with three
 # launch shapes, and must match the OpenMP backend to the bit
 # (tests/cuda_norm_emu_wrap.c).
 check_PROGRAMS += tests/test_norm_emu
@@ -194,7 +195,7 @@ tests_test_kernel_emu_LDADD = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHE
 nodist_EXTRA_tests_test_kernel_emu_SOURCES = emu_link.cc
 tests_test_kernel_emu_DEPENDENCIES = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
-# The same for the fused RMSNorm + RoPE's kernels (kernels/cuda_norm.cu):
+# The same for the fused RMSNorm + RoPE's kernels (kernels/cuda_norm_*.cu):
 # out-of-table device positions give NaN rows and raise the range flag or
 # the call's range_status word (tests/test_norm_kernel_emu.c).
 check_PROGRAMS += tests/test_norm_kernel_emu

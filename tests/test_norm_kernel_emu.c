@@ -1,7 +1,7 @@
 /*
  * test_norm_kernel_emu.c - what only the fused RMSNorm + RoPE's CUDA kernels
- * do, run on the CPU through the host build of kernels/cuda_norm.cu
- * (kernels/cuda_norm_emu.cc, kernels/cuda_emu.h): positions that live on the
+ * do, run on the CPU through the host build of kernels/cuda_norm_*.cu
+ * (kernels/cuda_norm_*_emu.cc, kernels/cuda_emu.h): positions that live on the
  * device are checked by the kernels, not on the host, so a token without a
  * position in the table (an id >= max_positions, a negative id, a THD token
  * outside every sequence) gets NaN and raises the range flag
@@ -69,8 +69,8 @@
 fusedrope_status fr_emu_cuda_norm_forward(const fr_norm_args *a);
 fusedrope_status fr_emu_cuda_norm_backward(const fr_norm_args *a);
 int fr_emu_sms = 132;
-/* kernels/cuda_norm.cu, emulated: norm_forward_warp, its items' rows and its
- * rows at a time */
+/* kernels/cuda_norm_*.cu, emulated: the forward's warp kernels, their
+ * items' rows and rows at a time, the backward's layouts */
 extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw, fr_emu_norm_bwd_heads,
     fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe;
 
@@ -396,7 +396,7 @@ static void run_case(const ncase *nc, int vi, int status)
     x.D = nc->D;
     x.R = nc->R;
     ck_assert(x.S * x.B <= MAXT);
-    /* rows_hd's rule (kernels/cuda_norm.cu), the case's claim about its kernels */
+    /* rows_hd's rule (kernels/cuda_norm.cuh), the case's claim about its kernels */
     ck_assert_int_eq(nc->rows, x.dt != FUSEDROPE_FLOAT32 && (x.D == 64 || x.D == 128) &&
                                    x.R == x.D && nc->pad == 0);
 
