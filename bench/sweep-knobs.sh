@@ -10,9 +10,11 @@ log="$dest/sweep.txt"; : > "$log"
 # The default takes the wide NeoX group per launch where an SM holds as many
 # of its blocks (wide_pays in kernels/cuda_apply.cu); U_NEOX_WIDE=0 is the
 # narrow group everywhere (the build measured before it), U_NEOX=4 the wide
-# group everywhere.  Other knobs measured before (bench/RESULTS.md): the
-# register caps (MAXNREG=80, 72, 64), WAVES=2, MAX_HPT=16, U=4.
-variants=${VARIANTS:-"default -DFR_CUDA_U_NEOX_WIDE=0 -DFR_CUDA_U_NEOX=4"}
+# group everywhere; U=4 four heads a group in the interleaved lanes (never
+# measured on them: the last sweep's U=4 ran with U_NEOX=4, on NeoX shapes).
+# Other knobs measured before (bench/RESULTS.md): the register caps
+# (MAXNREG=80, 72, 64), WAVES=2, MAX_HPT=16.
+variants=${VARIANTS:-"default -DFR_CUDA_U_NEOX_WIDE=0 -DFR_CUDA_U_NEOX=4 -DFR_CUDA_U=4"}
 # a variant of several flags joins them with commas
 for v in $variants; do
   flags=$(echo "$v" | tr , ' '); [ "$v" = default ] && flags=
@@ -24,6 +26,7 @@ for v in $variants; do
     $b --iters 200 | grep -E '^(forward|backward)'
     $b --iters 200 --dtype fp16 --shape 512,32,24,128 | grep -E '^(forward|backward)'
     $b --iters 200 --shape 4096,1,128,128 --rot-dim 64 --inplace | grep -E '^(forward|backward)'
+    $b --iters 200 --shape 4096,1,128,128 --style interleaved | grep -E '^(forward|backward)'
   } >> "$log" 2>&1
 done
 rm -f kernels/cuda_apply.o kernels/cuda_apply.lo libfusedrope_core.la tools/fusedrope-bench
