@@ -62,6 +62,14 @@
 #endif
 #include "cuda_device.cuh"
 
+#ifdef FR_CUDA_EMULATE
+/* Emulated, a test chooses the wide NeoX kernel (1) or the narrow one (0)
+ * wherever a general NeoX launch asks wide_pays. */
+extern "C" {
+int fr_emu_neox_wide = 0;
+}
+#endif
+
 namespace {
 
 #include "cuda_elem.cuh"
@@ -785,34 +793,23 @@ template <int DT, int MODE, bool AX> int resident_blocks(int dev, int threads)
         __atomic_store_n(&cached[dev][w], n + 1, __ATOMIC_RELAXED);
     return n;
 }
-#else
-} /* namespace */
-/* Emulated, a test chooses the wide NeoX kernel (1) or the narrow one (0)
- * wherever a general NeoX launch asks wide_pays. */
-extern "C" {
-int fr_emu_neox_wide = 0;
-}
-namespace {
 #endif
 
 /* Whether a general NeoX launch of shape sh on device dev takes the wide
- * group: when an SM holds as many of its blocks as of the narrow kernel's.
- * Results never depend on it (the same rotation of the same elements). */
+ * group (built: UNW > UN): when an SM holds as many of its blocks as of the
+ * narrow kernel's.  Results never depend on it (the same rotation of the
+ * same elements). */
 template <int DT, bool AX> bool wide_pays(const Shape &sh, int dev)
 {
-    if constexpr (UNW <= UN) {
-        return false;
-    } else {
 #ifdef FR_CUDA_EMULATE
-        (void)sh;
-        (void)dev;
-        return fr_emu_neox_wide != 0;
+    (void)sh;
+    (void)dev;
+    return fr_emu_neox_wide != 0;
 #else
-        const int threads = (int)(sh.block.x * sh.block.y * sh.block.z);
-        const int wide = resident_blocks<DT, MODE_NEOX_WIDE, AX>(dev, threads);
-        return wide > 0 && wide >= resident_blocks<DT, MODE_NEOX_VEC, AX>(dev, threads);
+    const int threads = (int)(sh.block.x * sh.block.y * sh.block.z);
+    const int wide = resident_blocks<DT, MODE_NEOX_WIDE, AX>(dev, threads);
+    return wide > 0 && wide >= resident_blocks<DT, MODE_NEOX_VEC, AX>(dev, threads);
 #endif
-    }
 }
 
 template <int DT>
