@@ -331,21 +331,26 @@ template <int HD, bool IL, bool HALF = false> struct LaneAngles {
             __builtin_unreachable();
 #pragma unroll
         for (int k = 0; k < N; k++)
-            fr_pair_cos_sin(cr, sr, nullptr, 1.0, 0, 0, pair(k, lane) - pair(0, lane), &c[k],
-                            &sn[k]);
+            fr_pair_cos_sin(cr, sr, nullptr, 1.0, 0, 0, col(k, lane), &c[k], &sn[k]);
         nan_if(o < 0);
     }
 
     /* the lane's first pair's cos and sin in the table row at offset o (o <
-     * 0: row 0); pair k's are pair(k, lane) - pair(0, lane) on, a constant
-     * (as one 64-bit address and offsets, where the columns' own sums took
-     * ~4 instructions a pair) */
+     * 0: row 0); pair k's are col(k, lane) on, a constant (as one 64-bit
+     * address and offsets, where the columns' own sums took ~4
+     * instructions a pair) */
     static __device__ __forceinline__ void at(const NParams &P, int o, int lane, const float **cr,
                                               const float **sr)
     {
         const int r = (o < 0 ? 0 : o) + pair(0, lane);
         *cr = P.cos + r;
         *sr = P.sin + r;
+    }
+
+    /* pair k's column past at()'s addresses */
+    static __device__ __forceinline__ int col(int k, int lane)
+    {
+        return pair(k, lane) - pair(0, lane);
     }
 
     /* a token without a position: NaN */

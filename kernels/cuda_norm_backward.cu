@@ -670,9 +670,8 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                 }
 #pragma unroll
                 for (int c = 0; c < K; c++) {
-                    const int col = A::pair(c, ln) - A::pair(0, ln);
-                    __pipeline_memcpy_async(word(q, 2 * K + c), cr + col, 4);
-                    __pipeline_memcpy_async(word(q, 3 * K + c), sr + col, 4);
+                    __pipeline_memcpy_async(word(q, 2 * K + c), cr + A::col(c, ln), 4);
+                    __pipeline_memcpy_async(word(q, 3 * K + c), sr + A::col(c, ln), 4);
                 }
                 __pipeline_memcpy_async(&pp.rstd[wi][q][lane], rp, 4);
                 dxq[q] = dxp;
