@@ -61,6 +61,11 @@ struct NParams {
     int64_t tokens, seq_len, max_positions, half, rot_dim, heads0, heads, chunks;
     int64_t t0, t1; /* the row kernels' tokens: t0 <= t < t1 */
     int64_t warp_heads; /* norm_forward_warp: the rows (heads of a token) of a warp's item */
+    /* the forward's warp kernels (launch_warps): a token's groups of heads
+     * (items), groups_q of them q's; the grid's warps as a step through
+     * the items, step_t tokens and step_g groups, and step_t tokens as
+     * step_b sequences and step_s positions */
+    int64_t groups, groups_q, step_t, step_g, step_b, step_s;
     int64_t unit_tokens; /* norm_backward_heads: the tokens of a warp's unit */
     int interleaved, dt, wdt, weight, rounding, saved_y;
     float eps;

@@ -123,13 +123,15 @@ static_assert(FR_CUDA_NORM_WARP_GRID >= 0, "FR_CUDA_NORM_WARP_GRID: 0 or blocks 
 /* Emulated, a test chooses: the row kernel (1: the warp's, 0: the
  * thread's, -1: FR_CUDA_NORM_WARP_ROWS decides), the warp kernel's layout
  * (1: half-warps, 0: warps, -1: FR_CUDA_NORM_WARP_HALF decides), its rows
- * at a time (0: FR_CUDA_NORM_WARP_RPW) and its items' rows (0: warp_heads
- * decides). */
+ * at a time (0: FR_CUDA_NORM_WARP_RPW), its items' rows (0: warp_heads
+ * decides) and its grid's blocks (so that each warp steps through
+ * several items). */
 extern "C" {
 int fr_emu_norm_warp = -1;
 int fr_emu_norm_warp_rpw = 0;
 int fr_emu_norm_warp_heads = 0;
 int fr_emu_norm_warp_half = -1;
+int fr_emu_norm_warp_blocks = 0; /* the warp kernels' grid: at most this many blocks (0: no bound) */
 }
 #endif
 
@@ -165,47 +167,60 @@ int warp_rpw()
  * P.warp_heads (its last fewer), q's groups then k's, so that an item's
  * rows are of one tensor (the launcher sizes its grid by them, the kernel
  * walks them); warp_groups0: q's. */
-FR_HD int64_t warp_groups0(const NParams &P)
+int64_t warp_groups0(const NParams &P)
 {
     return (P.heads0 + P.warp_heads - 1) / P.warp_heads;
 }
 
-FR_HD int64_t warp_groups(const NParams &P)
+int64_t warp_groups(const NParams &P)
 {
     return warp_groups0(P) + (P.heads - P.heads0 + P.warp_heads - 1) / P.warp_heads;
 }
 
-/* Item it of the forward's warp kernels (warp_groups' groups a token, g0
- * of them q's): its token t = (b, s), tensor k, first head h0 and rows n
- * (P.warp_heads, the tensor's last group fewer). */
+/* An item of the forward's warp kernels (warp_groups' groups a token):
+ * its token t = (b, s), tensor k, first head h0 and rows n (P.warp_heads,
+ * the tensor's last group fewer). */
 struct WarpItem {
     int64_t t, h0, b, s;
     int k, n;
 };
 
-__device__ __forceinline__ WarpItem warp_item(const NParams &P, int64_t it, int64_t groups,
-                                              int64_t g0)
-{
-    WarpItem m;
-    const int64_t g = it % groups, G = P.warp_heads;
-    m.t = P.t0 + it / groups;
-    m.k = g >= g0;
-    m.h0 = (m.k ? g - g0 : g) * G;
-    m.n = (int)(m.h0 + G < P.io[m.k].heads ? G : P.io[m.k].heads - m.h0);
-    m.b = m.t / P.seq_len;
-    m.s = m.t % P.seq_len;
-    return m;
-}
-
-/* f(m) for each item m (warp_item) of the forward's warp kernels, a warp an
- * item, grid-stride. */
+/* f(m) for each item m of the forward's warp kernels, a warp an item,
+ * grid-stride: item it is group it % groups of token P.t0 + it / groups.
+ * The divisions are the warp's first item's alone; each later item is the
+ * last one stepped by the grid's warps, step_t tokens and step_g groups
+ * (the host's division: launch_warps), carried, and its (b, s) likewise
+ * (two 64-bit divisions an item took ~55 of its ~280 instructions:
+ * bench/RESULTS.md). */
 template <typename F> __device__ __forceinline__ void each_warp_item(const NParams &P, F f)
 {
-    const int64_t g0 = warp_groups0(P), groups = warp_groups(P);
-    const int64_t items = (P.t1 - P.t0) * groups, warps = (int64_t)gridDim.x * blockDim.x / 32;
-    for (int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32; it < items;
-         it += warps)
-        f(warp_item(P, it, groups, g0));
+    const int64_t g0 = P.groups_q, groups = P.groups, G = P.warp_heads;
+    const int64_t it = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    WarpItem m;
+    int64_t g = it % groups;
+    m.t = P.t0 + it / groups;
+    m.b = m.t / P.seq_len;
+    m.s = m.t % P.seq_len;
+    /* the items are the tokens' up to P.t1, which is where the walk ends */
+    while (m.t < P.t1) {
+        m.k = g >= g0;
+        m.h0 = (m.k ? g - g0 : g) * G;
+        m.n = (int)(m.h0 + G < P.io[m.k].heads ? G : P.io[m.k].heads - m.h0);
+        f(m);
+        g += P.step_g;
+        m.t += P.step_t;
+        m.b += P.step_b;
+        m.s += P.step_s;
+        if (g >= groups) {
+            g -= groups;
+            m.t++;
+            m.s++;
+        }
+        if (m.s >= P.seq_len) {
+            m.s -= P.seq_len;
+            m.b++;
+        }
+    }
 }
 
 /* The generic kernel: a thread per row of any shape (walk_rows). */
@@ -671,7 +686,8 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
             wslot = k;
             lane_weights<DT, true>(P, io, h, wf);
         }
-        float *r = io.rstd != nullptr ? io.rstd + t * io.heads + h0 : nullptr;
+        /* the half's rstd of the pair at j0 at r[j0], stored by its lane 0 */
+        float *r = io.rstd != nullptr && h == 0 ? io.rstd + t * io.heads + h0 + half : nullptr;
         for (int j0 = 0; j0 < n; j0 += 2) {
             float v[2 * W];
 #pragma unroll
@@ -682,16 +698,18 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
             const bool mine = j0 + half < n;
             if (j0 + 2 < n)
                 load_pair(j0 + 2, raw);
-            /* partial sums 2h (even channels) and 2h + 1, words in order */
-            float p0 = 0.0f, p1 = 0.0f;
+            /* partial sums 2h (even channels) and 2h + 1, words in order
+             * (from the first square: 0.0f + x * x is x * x, which is never
+             * -0.0f) */
+            float p0 = v[0] * v[0], p1 = v[1] * v[1];
 #pragma unroll
-            for (int w = 0; w < W; w++) {
+            for (int w = 1; w < W; w++) {
                 p0 = p0 + v[2 * w] * v[2 * w];
                 p1 = p1 + v[2 * w + 1] * v[2 * w + 1];
             }
             const float rstd = fr_norm_rstd(half_tree(p0, p1, h), HD, P.eps);
-            if (h == 0 && mine && r != nullptr)
-                r[j0 + half] = rstd;
+            if (mine && r != nullptr)
+                r[j0] = rstd;
             float y[2 * W];
             if constexpr (IL) {
 #pragma unroll
@@ -734,11 +752,25 @@ cudaError_t launch_warps(K kernel, int64_t warps, const NParams &P, cudaStream_t
     if (warps <= 0)
         return cudaSuccess;
     const int per_sm = FR_CUDA_NORM_WARP_GRID > 0 ? FR_CUDA_NORM_WARP_GRID : 1 << 20;
-    const cudaLaunchConfig_t cfg = grid_of(32 * warps, per_sm, P.sms, stream);
+    cudaLaunchConfig_t cfg = grid_of(32 * warps, per_sm, P.sms, stream);
 #ifdef FR_CUDA_EMULATE
-    return fr_emu_launch_lockstep(&cfg, kernel, P);
+    if (fr_emu_norm_warp_blocks > 0 && cfg.gridDim.x > (unsigned)fr_emu_norm_warp_blocks)
+        cfg.gridDim.x = (unsigned)fr_emu_norm_warp_blocks;
+#endif
+    /* each_warp_item's step: the grid's warps in tokens and groups, the
+     * tokens in sequences and positions */
+    NParams Q = P;
+    const int64_t step = (int64_t)cfg.gridDim.x * cfg.blockDim.x / 32;
+    Q.groups = warp_groups(P);
+    Q.groups_q = warp_groups0(P);
+    Q.step_t = step / Q.groups;
+    Q.step_g = step % Q.groups;
+    Q.step_b = Q.step_t / P.seq_len;
+    Q.step_s = Q.step_t % P.seq_len;
+#ifdef FR_CUDA_EMULATE
+    return fr_emu_launch_lockstep(&cfg, kernel, Q);
 #else
-    return cudaLaunchKernelEx(&cfg, kernel, P);
+    return cudaLaunchKernelEx(&cfg, kernel, Q);
 #endif
 }
 

@@ -72,7 +72,7 @@ int fr_emu_sms = 132;
 /* kernels/cuda_norm_*.cu, emulated: the forward's warp kernels, their
  * items' rows and rows at a time, the backward's layouts */
 extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw, fr_emu_norm_bwd_heads,
-    fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe;
+    fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe, fr_emu_norm_warp_blocks;
 
 enum { M = 32, MAXT = 64 }; /* table rows; most tokens of a case */
 static const int64_t heads[2] = { 3, 2 }; /* q, k */
@@ -464,6 +464,20 @@ static void run_case(const ncase *nc, int vi, int status)
         fr_emu_norm_warp_half = 1; /* and over half-warps, items of 3 rows */
         fr_emu_norm_warp_heads = 3;
         call(&x, 0, 1, status, "with the case's positions, rows over half-warps");
+        check_rows(&x, 0, bad);
+        /* and with few warps, each stepping through items: one block (4
+         * warps: 2 tokens of the 2 groups), then 7 (28 warps: 9 tokens and
+         * 1 group of the 3 that items of 2 rows make) */
+        fr_emu_norm_warp_blocks = 1;
+        call(&x, 0, 1, status, "with the case's positions, half-warps, 4 warps");
+        check_rows(&x, 0, bad);
+        fr_emu_norm_warp_blocks = 7;
+        fr_emu_norm_warp_heads = 2;
+        call(&x, 0, 1, status, "with the case's positions, half-warps, 28 warps");
+        check_rows(&x, 0, bad);
+        fr_emu_norm_warp_half = 0;
+        call(&x, 0, 1, status, "with the case's positions, rows over warps, 28 warps");
+        fr_emu_norm_warp_blocks = 0;
         fr_emu_norm_warp = 0;
         fr_emu_norm_warp_half = -1;
         fr_emu_norm_warp_heads = 0;
