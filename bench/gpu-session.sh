@@ -92,7 +92,7 @@ quiet_host() {
   [ $n -gt 0 ] && note "quiet host: the $n variant builds done"
   vpid=()
 }
-normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:16:0 1000000000:1:8:1:0:8:1 1000000000:1:16:1:0:16:1 1000000000:1:8:1:9:16:1}
+normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:16:0 1000000000:1:8:1:0:8:1 1000000000:1:16:1:0:16:1 1000000000:1:8:1:9:16:1 1000000000:1:8:1:0:16:2 1000000000:1:16:1:7:16:2}
 normbwd_variants=${NORMBWD_VARIANTS:-1:1:0:36:0:0 1:1:0:36:1:0 1:1:0:36:1:2 1:1:5:36:1:3}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
@@ -228,17 +228,20 @@ section_normwarp() {
   # (FR_CUDA_NORM_WARP_ROWS 0: a thread per row; huge: rows over warps,
   # items of at most HEADS rows of a token, RPW of them at a time, the next
   # RPW rows' loads AHEAD or not, MINB blocks an SM asked of ptxas or 0,
-  # GRID the grid's blocks an SM or 0: a warp an item, HALF 1 for
-  # norm_forward_half (two rows a warp in 32-bit words; RPW and AHEAD are
-  # norm_forward_warp's); a value left off keeps the default), test_norm_gpu
+  # GRID the grid's blocks an SM or 0: a warp an item, HALF 1 or 2 for
+  # norm_forward_half (two rows a warp in 32-bit words, one or two pairs of
+  # rows a step; RPW and AHEAD are norm_forward_warp's); a value left off
+  # keeps the default), test_norm_gpu
   # on each, then the same norm lines on each and on the default build last
   # (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF; by
   # default: the one-row warp kernel as the 2026-11-28 run measured it
   # (0.0430 ms at 4096 tokens), and the half-warp kernel, the default, with
   # a grid of one wave at its 64 registers (8 blocks an SM), with items of
   # 16 rows (a token's per-item work over twice the rows), and with 9
-  # blocks asked of ptxas (56 registers, 56 bytes spilled)); NORMWARP_TOKENS
-  # the sizes
+  # blocks asked of ptxas (56 registers, 56 bytes spilled); then two pairs
+  # of rows a step (78-80 registers, 6 blocks an SM), and that with items of
+  # 16 rows and 7 blocks asked (72 registers, 24 bytes spilled));
+  # NORMWARP_TOKENS the sizes
   quiet_host
   for v in $normwarp_variants default; do
     variant_tree normwarp $v || continue

@@ -377,15 +377,41 @@ template <int HD, bool IL, bool HALF = false> struct LaneAngles {
  * are then xor-shuffles 4, 2, 1 and off 1 (sums 0 and 1) xor 8, each lane
  * adding what it receives to its own (a + b and b + a are the same float):
  * the tree of norm_math.h to the bit, every lane of the half ending with its
- * row's total, in 5 shuffles for the warp's two rows. */
-__device__ __forceinline__ float half_tree(float p0, float p1, int h)
+ * row's total, in 5 shuffles for the warp's two rows (half_tree; its first
+ * level half_tree_first, its last three half_tree_last). */
+__device__ __forceinline__ float half_tree_first(float p0, float p1, int h)
 {
     const bool hi8 = (h & 8) != 0;
-    float q = (hi8 ? p1 : p0) + __shfl_xor_sync(0xffffffffu, hi8 ? p0 : p1, 8);
-    q = q + __shfl_xor_sync(0xffffffffu, q, 4);
+    return (hi8 ? p1 : p0) + __shfl_xor_sync(0xffffffffu, hi8 ? p0 : p1, 8);
+}
+
+/* the levels off 4, 2, 1 from the lane's sum q of the level off 8 */
+__device__ __forceinline__ float half_tree_last(float q)
+{
     q = q + __shfl_xor_sync(0xffffffffu, q, 2);
     q = q + __shfl_xor_sync(0xffffffffu, q, 1);
     return q + __shfl_xor_sync(0xffffffffu, q, 8);
+}
+
+__device__ __forceinline__ float half_tree(float p0, float p1, int h)
+{
+    const float q = half_tree_first(p0, p1, h);
+    return half_tree_last(q + __shfl_xor_sync(0xffffffffu, q, 4));
+}
+
+/* half_tree of two rows a half (row a's partial sums a0, a1 and row b's
+ * b0, b1 in each lane), sharing the shuffles from the second level on:
+ * after each row's first level (half_tree's), lanes h and h ^ 4 trade so
+ * that lane h with h & 4 clear adds row a's sums of the level off 8 and
+ * lane h | 4 row b's (row b's partials then lie in the lanes ^ 4 of row
+ * a's); the levels off 4, 2, 1 are half_tree's, for both rows at once.
+ * The lane's row's total: a's where h & 4 is clear, b's where it is set;
+ * 6 shuffles for the warp's four rows where two half_trees took 10. */
+__device__ __forceinline__ float half_tree2(float a0, float a1, float b0, float b1, int h)
+{
+    const bool hi4 = (h & 4) != 0;
+    const float qa = half_tree_first(a0, a1, h), qb = half_tree_first(b0, b1, h);
+    return half_tree_last((hi4 ? qb : qa) + __shfl_xor_sync(0xffffffffu, hi4 ? qa : qb, 4));
 }
 
 /* ---------------------------------------------------------------- host side */

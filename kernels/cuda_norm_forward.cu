@@ -12,8 +12,9 @@
  * any shape) reads a row again in each pass (L1/L2) with scalar loads; the
  * common shapes (16-bit, head_dim 64 or 128, full rotary, a table cache, 1D
  * positions, rows on 16 bytes: rows_hd) take kernels that hold a row in
- * registers: norm_forward_half (a pair of rows over a warp's halves, a warp
- * taking up to FR_CUDA_NORM_WARP_HEADS rows of a token) or
+ * registers: norm_forward_half (a pair of rows over a warp's halves, one or
+ * two pairs a step, a warp taking up to FR_CUDA_NORM_WARP_HEADS rows of a
+ * token) or
  * norm_forward_warp (a row over a warp's lanes; FR_CUDA_NORM_WARP_HALF
  * chooses) or, where FR_CUDA_NORM_WARP_ROWS is set to say so,
  * norm_forward_rows (a thread per row, 16-byte loads; the same bytes).
@@ -76,11 +77,14 @@
 #endif
 
 /* Whether the warp kernel's calls take norm_forward_half, two rows a warp
- * over its halves in 32-bit words (1), or norm_forward_warp, a row over
- * the warp in 16-bit elements (0).  Not yet measured. */
+ * over its halves in 32-bit words, one pair of rows a step (1) or two (2),
+ * or norm_forward_warp, a row over the warp in 16-bit elements (0).  Not
+ * yet measured. */
 #ifndef FR_CUDA_NORM_WARP_HALF
 #define FR_CUDA_NORM_WARP_HALF 1
 #endif
+static_assert(FR_CUDA_NORM_WARP_HALF >= 0 && FR_CUDA_NORM_WARP_HALF <= 2,
+              "FR_CUDA_NORM_WARP_HALF: 0 (rows over warps), 1 or 2 (pairs over half-warps)");
 static_assert(FR_CUDA_NORM_WARP_RPW >= 1 && FR_CUDA_NORM_WARP_RPW <= 4,
               "FR_CUDA_NORM_WARP_RPW: 1 to 4 rows a warp");
 
@@ -122,7 +126,8 @@ static_assert(FR_CUDA_NORM_WARP_GRID >= 0, "FR_CUDA_NORM_WARP_GRID: 0 or blocks 
 #ifdef FR_CUDA_EMULATE
 /* Emulated, a test chooses: the row kernel (1: the warp's, 0: the
  * thread's, -1: FR_CUDA_NORM_WARP_ROWS decides), the warp kernel's layout
- * (1: half-warps, 0: warps, -1: FR_CUDA_NORM_WARP_HALF decides), its rows
+ * (1 or 2: half-warps, a pair or two a step, 0: warps, -1:
+ * FR_CUDA_NORM_WARP_HALF decides), its rows
  * at a time (0: FR_CUDA_NORM_WARP_RPW), its items' rows (0: warp_heads
  * decides) and its grid's blocks (so that each warp steps through
  * several items). */
@@ -147,10 +152,11 @@ bool warp_rows(int64_t rows)
     return FR_CHOICE(fr_emu_norm_warp, rows <= FR_CUDA_NORM_WARP_ROWS) != 0;
 }
 
-/* Whether the warp kernel's calls take norm_forward_half. */
-bool warp_half()
+/* Whether the warp kernel's calls take norm_forward_half (0: no; 1 or 2:
+ * its pairs of rows a step). */
+int warp_half()
 {
-    return FR_CHOICE(fr_emu_norm_warp_half, FR_CUDA_NORM_WARP_HALF) != 0;
+    return FR_CHOICE(fr_emu_norm_warp_half, FR_CUDA_NORM_WARP_HALF);
 }
 
 /* The rows a warp of norm_forward_warp holds at a time. */
@@ -640,12 +646,20 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
  * words where norm_forward_warp's loaded one row's 16-bit elements, and
  * the tree is 5 shuffles for two rows: fewer instructions a row in a
  * kernel ncu found bound by issue (bench/RESULTS.md).  An item's rows go
- * two at a time (the item's last odd row with a copy of its first in the
- * other half, not stored); the operations of a row are norm_forward_warp's.
+ * PAIRS pairs at a time (FR_CUDA_NORM_WARP_HALF 1 or 2): rows j0 + 2q +
+ * half, q < PAIRS.  At one pair a row past the item (its last odd row's
+ * pair) is the pair's first row again, loaded and worked but not stored.
+ * At two pairs one tree (half_tree2) and one rstd evaluation serve the
+ * four rows (they took a quarter of the instructions a pair:
+ * bench/RESULTS.md), for 8 words more a lane in flight, and the launcher
+ * gives this kernel only items of a multiple of four rows (full_steps):
+ * no row past the item, no test of one.  The operations of a row are
+ * norm_forward_warp's.
  */
-template <int DT, int HD, bool IL, int RND>
+template <int DT, int HD, bool IL, int RND, int PAIRS>
 __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NParams P)
 {
+    static_assert(PAIRS == 1 || PAIRS == 2, "norm_forward_half: one or two pairs of rows a step");
     check_cu_seqlens(P.pos, P.tokens, P.flag);
     constexpr int W = HD / 32; /* a lane's words of its row */
     const int lane = (int)(threadIdx.x & 31), half = lane >> 4, h = lane & 15;
@@ -659,26 +673,29 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
         const NIo &io = P.io[k];
         const int64_t in_sh = io.in_sh, out_sh = io.out_sh;
         int bad = 0;
-        /* this half's row of the pair at j0 is j0 + half, or (past the
-         * item) j0, loaded but not stored; xn: the lane's first word of the
-         * next pair's row j0 + half, which steps two heads a pair (strides
-         * in words: even element counts, rows_on_16) */
+        /* xn: the lane's first word of the next step's row j0 + half, which
+         * steps 2 PAIRS heads (strides in words: even element counts,
+         * rows_on_16); one pair a step, a row past the item loads row j0
+         * (xn - in_w) instead */
         const int64_t in_w = in_sh / 2, out_w = out_sh / 2;
         const uint32_t *xn =
             (const uint32_t *)row_ptr(io.in, s, b, h0, io.in_ss, io.in_sb, in_sh, DT) + h + half * in_w;
         uint32_t *yl =
             (uint32_t *)row_ptr(io.out, s, b, h0, io.out_ss, io.out_sb, out_sh, DT) + h + half * out_w;
-        auto load_pair = [&](int j0, uint32_t (&u)[W]) {
-            const uint32_t *x = j0 + half < n ? xn : xn - in_w;
+        auto load_step = [&](int j0, uint32_t (&u)[PAIRS][W]) {
 #pragma unroll
-            for (int w = 0; w < W; w++)
-                u[w] = x[16 * w];
-            xn += 2 * in_w;
+            for (int q = 0; q < PAIRS; q++) {
+                const uint32_t *x = PAIRS == 2 ? xn + 2 * q * in_w : j0 + half < n ? xn : xn - in_w;
+#pragma unroll
+                for (int w = 0; w < W; w++)
+                    u[q][w] = x[16 * w];
+            }
+            xn += 2 * PAIRS * in_w;
         };
-        uint32_t raw[W];
-        /* the first pair's loads in flight while the angles and weights are
+        uint32_t raw[PAIRS][W];
+        /* the first step's loads in flight while the angles and weights are
          * found */
-        load_pair(0, raw);
+        load_step(0, raw);
         const int64_t pos = row_position(P, b, s, &bad);
         LaneAngles<HD, IL, true> an;
         an.load(row_angles<HD>(P, pos, bad), h);
@@ -688,52 +705,73 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
         }
         /* the half's rstd of the pair at j0 at r[j0], stored by its lane 0 */
         float *r = io.rstd != nullptr && h == 0 ? io.rstd + t * io.heads + h0 + half : nullptr;
-        for (int j0 = 0; j0 < n; j0 += 2) {
-            float v[2 * W];
+        for (int j0 = 0; j0 < n; j0 += 2 * PAIRS) {
+            float v[PAIRS][2 * W];
 #pragma unroll
-            for (int w = 0; w < W; w++) {
-                v[2 * w] = Elem<DT>::to_f((uint16_t)raw[w]);
-                v[2 * w + 1] = Elem<DT>::to_f((uint16_t)(raw[w] >> 16));
-            }
-            const bool mine = j0 + half < n;
-            if (j0 + 2 < n)
-                load_pair(j0 + 2, raw);
-            /* partial sums 2h (even channels) and 2h + 1, words in order
-             * (from the first square: 0.0f + x * x is x * x, which is never
-             * -0.0f) */
-            float p0 = v[0] * v[0], p1 = v[1] * v[1];
-#pragma unroll
-            for (int w = 1; w < W; w++) {
-                p0 = p0 + v[2 * w] * v[2 * w];
-                p1 = p1 + v[2 * w + 1] * v[2 * w + 1];
-            }
-            const float rstd = fr_norm_rstd(half_tree(p0, p1, h), HD, P.eps);
-            if (mine && r != nullptr)
-                r[j0] = rstd;
-            float y[2 * W];
-            if constexpr (IL) {
+            for (int q = 0; q < PAIRS; q++)
 #pragma unroll
                 for (int w = 0; w < W; w++) {
-                    const float va = norm_value<DT>(v[2 * w], rstd, wf[2 * w], RND);
-                    const float vb = norm_value<DT>(v[2 * w + 1], rstd, wf[2 * w + 1], RND);
-                    fr_rotate(va, vb, an.c[w], an.sn[w], 1.0f, &y[2 * w], &y[2 * w + 1]);
+                    v[q][2 * w] = Elem<DT>::to_f((uint16_t)raw[q][w]);
+                    v[q][2 * w + 1] = Elem<DT>::to_f((uint16_t)(raw[q][w] >> 16));
                 }
+            if (j0 + 2 * PAIRS < n)
+                load_step(j0 + 2 * PAIRS, raw);
+            /* partial sums 2h (even channels) and 2h + 1 of each row, words
+             * in order (from the first square: 0.0f + x * x is x * x, which
+             * is never -0.0f) */
+            float p[PAIRS][2];
+#pragma unroll
+            for (int q = 0; q < PAIRS; q++) {
+                p[q][0] = v[q][0] * v[q][0];
+                p[q][1] = v[q][1] * v[q][1];
+#pragma unroll
+                for (int w = 1; w < W; w++) {
+                    p[q][0] = p[q][0] + v[q][2 * w] * v[q][2 * w];
+                    p[q][1] = p[q][1] + v[q][2 * w + 1] * v[q][2 * w + 1];
+                }
+            }
+            float rstd[PAIRS];
+            if constexpr (PAIRS == 1) {
+                rstd[0] = fr_norm_rstd(half_tree(p[0][0], p[0][1], h), HD, P.eps);
             } else {
+                /* the lane's row's rstd (pair 0's where h & 4 is clear),
+                 * then each pair's from a lane that has it */
+                const float own = fr_norm_rstd(half_tree2(p[0][0], p[0][1], p[1][0], p[1][1], h),
+                                               HD, P.eps);
+                rstd[0] = __shfl_sync(0xffffffffu, own, lane & ~4);
+                rstd[1] = __shfl_sync(0xffffffffu, own, lane | 4);
+            }
 #pragma unroll
-                for (int c = 0; c < W; c++) {
-                    /* pair 2h + 32 (c / 2) + (c & 1): v[c] (word c / 2) and
-                     * its partner v[c + W] (word c / 2 + W / 2) */
-                    const float va = norm_value<DT>(v[c], rstd, wf[c], RND);
-                    const float vb = norm_value<DT>(v[c + W], rstd, wf[c + W], RND);
-                    fr_rotate(va, vb, an.c[c], an.sn[c], 1.0f, &y[c], &y[c + W]);
+            for (int q = 0; q < PAIRS; q++) {
+                const bool mine = PAIRS == 2 || j0 + half < n;
+                if (mine && r != nullptr)
+                    r[j0 + 2 * q] = rstd[q];
+                float y[2 * W];
+                if constexpr (IL) {
+#pragma unroll
+                    for (int w = 0; w < W; w++) {
+                        const float va = norm_value<DT>(v[q][2 * w], rstd[q], wf[2 * w], RND);
+                        const float vb =
+                            norm_value<DT>(v[q][2 * w + 1], rstd[q], wf[2 * w + 1], RND);
+                        fr_rotate(va, vb, an.c[w], an.sn[w], 1.0f, &y[2 * w], &y[2 * w + 1]);
+                    }
+                } else {
+#pragma unroll
+                    for (int c = 0; c < W; c++) {
+                        /* pair 2h + 32 (c / 2) + (c & 1): v[c] (word c / 2)
+                         * and its partner v[c + W] (word c / 2 + W / 2) */
+                        const float va = norm_value<DT>(v[q][c], rstd[q], wf[c], RND);
+                        const float vb = norm_value<DT>(v[q][c + W], rstd[q], wf[c + W], RND);
+                        fr_rotate(va, vb, an.c[c], an.sn[c], 1.0f, &y[c], &y[c + W]);
+                    }
+                }
+                if (mine) {
+#pragma unroll
+                    for (int w = 0; w < W; w++)
+                        yl[2 * q * out_w + 16 * w] = Elem<DT>::from_f2(y[2 * w], y[2 * w + 1]);
                 }
             }
-            if (mine) {
-#pragma unroll
-                for (int w = 0; w < W; w++)
-                    yl[16 * w] = Elem<DT>::from_f2(y[2 * w], y[2 * w + 1]);
-            }
-            yl += 2 * out_w;
+            yl += 2 * PAIRS * out_w;
         }
     });
 }
@@ -790,6 +828,14 @@ int64_t warp_heads(const NParams &P, int64_t rows)
     return g > 1 ? g : 1;
 }
 
+/* Whether every item of norm_forward_half's is a multiple of four rows
+ * (each tensor's heads and the items' heads P.warp_heads), as its two
+ * pairs a step ask. */
+bool full_steps(const NParams &P)
+{
+    return P.warp_heads % 4 == 0 && P.heads0 % 4 == 0 && (P.heads - P.heads0) % 4 == 0;
+}
+
 template <int DT, int HD> cudaError_t launch_rows(const NParams &P0, cudaStream_t stream)
 {
     const int64_t n = (P0.t1 - P0.t0) * P0.heads;
@@ -797,16 +843,27 @@ template <int DT, int HD> cudaError_t launch_rows(const NParams &P0, cudaStream_
         NParams P = P0;
         P.warp_heads = warp_heads(P, n);
         if (warp_half()) {
-            /* items of two rows at least, one a half */
+            /* items of two rows at least, one a half; at two pairs a step,
+             * a multiple of four (full_steps) */
             if (P.warp_heads < 2 && P.heads >= 2)
                 P.warp_heads = 2;
+            if (warp_half() == 2 && P.warp_heads >= 4)
+                P.warp_heads -= P.warp_heads % 4;
+            const bool two = warp_half() == 2 && full_steps(P);
             const int64_t warps = (P.t1 - P.t0) * warp_groups(P);
-#define FR_HALF_IL(RND)                                                                       \
-    (P.interleaved ? launch_warps(norm_forward_half<DT, HD, true, RND>, warps, P, stream)       \
-                   : launch_warps(norm_forward_half<DT, HD, false, RND>, warps, P, stream))
-            return P.rounding == FR_ROUND_LLAMA   ? FR_HALF_IL(FR_ROUND_LLAMA)
-                   : P.rounding == FR_ROUND_GEMMA ? FR_HALF_IL(FR_ROUND_GEMMA)
-                                                  : FR_HALF_IL(FR_ROUND_ONCE);
+#define FR_HALF_IL(RND, Q)                                                                    \
+    (P.interleaved ? launch_warps(norm_forward_half<DT, HD, true, RND, Q>, warps, P, stream)    \
+                   : launch_warps(norm_forward_half<DT, HD, false, RND, Q>, warps, P, stream))
+#define FR_HALF_RND(Q)                                                                        \
+    (P.rounding == FR_ROUND_LLAMA   ? FR_HALF_IL(FR_ROUND_LLAMA, Q)                            \
+     : P.rounding == FR_ROUND_GEMMA ? FR_HALF_IL(FR_ROUND_GEMMA, Q)                            \
+                                    : FR_HALF_IL(FR_ROUND_ONCE, Q))
+#if defined FR_CUDA_EMULATE || FR_CUDA_NORM_WARP_HALF == 2
+            return two ? FR_HALF_RND(2) : FR_HALF_RND(1);
+#else
+            return FR_HALF_RND(1);
+#endif
+#undef FR_HALF_RND
 #undef FR_HALF_IL
         }
         const int64_t warps = (P.t1 - P.t0) * warp_groups(P);

@@ -5,21 +5,23 @@
  * through the CUDA backend's launcher and kernels built for the host
  * (kernels/cuda_norm_*_emu.cc), and test_norm's checks judge their output.
  *
- * Each call runs with the launcher planning for 132, 1, 5, 3 and 1 SMs
+ * Each call runs with the launcher planning for 132, 1, 5, 3, 1 and 2 SMs
  * (other grids: the kernels are grid-stride), the second to fourth with the
  * backward's tokens in segments of 1, 2 and 3 chunks
- * (kernels/cuda_norm_backward.cu, segment_tokens), the last two with the forward's rows spread over warps
- * (its lanes in lockstep: norm_forward_warp's items of 4 rows taken 3 a
- * warp at a time, then norm_forward_half's items as warp_heads sizes them
- * for one SM, two rows a warp), the backward's warps taking heads as the launcher
- * decides in the first three (one a token with 132 SMs, FR_CUDA_NORM_BWD_HEADS
- * with fewer), 3 a token in the fourth and 1 in the last
- * (norm_backward_heads), from the same starting bytes, which must give the
+ * (kernels/cuda_norm_backward.cu, segment_tokens), the last three with the
+ * forward's rows spread over warps (its lanes in lockstep:
+ * norm_forward_warp's items of 4 rows taken 3 a warp at a time, then
+ * norm_forward_half's items as warp_heads sizes them for one SM, two rows a
+ * warp, then its items of 4 rows, two pairs of rows a step where the heads
+ * are multiples of 4), the backward's warps taking heads as the launcher
+ * decides in the first three and the last (one a token with 132 SMs,
+ * FR_CUDA_NORM_BWD_HEADS with fewer), 3 a token in the fourth and 1 in the
+ * fifth (norm_backward_heads), from the same starting bytes, which must give the
  * same output bytes (y and rstd; dx and dw); then the real OpenMP backend
  * runs from the same bytes, and its output must be the kernels' to the bit
  * (a NaN need only be NaN).  The kernels' output stays.  The CPU cache
  * serves as the device's, as in cuda_emu_wrap.c.  Under valgrind or a
- * sanitizer a call runs one of the five configurations, in turn
+ * sanitizer a call runs one of the six configurations, in turn
  * (tests/emu_config.h).
  */
 #include <math.h>
@@ -103,11 +105,11 @@ static int is_nan(const unsigned char *p, size_t es, fusedrope_dtype dt)
 
 static fusedrope_status both(const fr_norm_args *na, int backward)
 {
-    static const int sms[] = { 132, 1, 5, 3, 1 }, seg_chunks[] = { 0, 1, 2, 3, 0 },
-                     warp[] = { 0, 0, 0, 1, 1 }, warp_rpw[] = { 0, 0, 0, 3, 0 },
-                     warp_heads[] = { 0, 0, 0, 4, 0 }, bwd_heads[] = { 0, 0, 0, 3, 1 },
-                     warp_half[] = { -1, -1, -1, 0, 1 }, bwd_half[] = { -1, -1, -1, 0, 0 },
-                     bwd_pipe[] = { -1, 1, 0, -1, -1 };
+    static const int sms[] = { 132, 1, 5, 3, 1, 2 }, seg_chunks[] = { 0, 1, 2, 3, 0, 0 },
+                     warp[] = { 0, 0, 0, 1, 1, 1 }, warp_rpw[] = { 0, 0, 0, 3, 0, 0 },
+                     warp_heads[] = { 0, 0, 0, 4, 0, 4 }, bwd_heads[] = { 0, 0, 0, 3, 1, 0 },
+                     warp_half[] = { -1, -1, -1, 0, 1, 2 }, bwd_half[] = { -1, -1, -1, 0, 0, -1 },
+                     bwd_pipe[] = { -1, 1, 0, -1, -1, -1 };
     const int max = 4 + 2 * (int)(na->a.seq_len * na->a.batch *
                                   (na->a.io[0].heads + (na->a.count > 1 ? na->a.io[1].heads : 0)));
     piece *pc = malloc(sizeof *pc * (size_t)max);

@@ -75,7 +75,10 @@ extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw, fr_em
     fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe, fr_emu_norm_warp_blocks;
 
 enum { M = 32, MAXT = 64 }; /* table rows; most tokens of a case */
-static const int64_t heads[2] = { 3, 2 }; /* q, k */
+/* q's and k's heads: odd and even, a warp's item of several heads short;
+ * some random cases take 8 and 4 (two pairs of rows a step over
+ * half-warps: full_steps) */
+static int64_t heads[2] = { 3, 2 };
 
 /* ids of S 12 x B 3 tokens ([b][s]): all in the table but token 5 (at
  * max_positions), 14 (-1), 22 (far past), 27 (2^40), 33 (INT64_MIN). */
@@ -477,7 +480,17 @@ static void run_case(const ncase *nc, int vi, int status)
         check_rows(&x, 0, bad);
         fr_emu_norm_warp_half = 0;
         call(&x, 0, 1, status, "with the case's positions, rows over warps, 28 warps");
+        check_rows(&x, 0, bad);
+        /* and two pairs of rows a step over half-warps (where the heads
+         * are multiples of 4; else a pair), 4 warps and as many as asked */
+        fr_emu_norm_warp_half = 2;
+        fr_emu_norm_warp_heads = 4;
+        fr_emu_norm_warp_blocks = 1;
+        call(&x, 0, 1, status, "with the case's positions, two pairs a step, 4 warps");
+        check_rows(&x, 0, bad);
+        fr_emu_norm_warp_heads = 8;
         fr_emu_norm_warp_blocks = 0;
+        call(&x, 0, 1, status, "with the case's positions, two pairs a step");
         fr_emu_norm_warp = 0;
         fr_emu_norm_warp_half = -1;
         fr_emu_norm_warp_heads = 0;
@@ -605,7 +618,13 @@ START_TEST(test_random_device_positions)
              (long long)nc.B, (long long)nc.D, (long long)nc.R, nc.pad ? " padded" : "",
              ref_dtype_name(nc.dt), nc.garbage ? ", invalid cu_seqlens" : "");
     nc.name = name;
+    if (_i % 2 == 1) { /* heads for two pairs of rows a step */
+        heads[0] = 8;
+        heads[1] = 4;
+    }
     run_case(&nc, (int)tu_int(&r, 0, VARIANTS - 1), (int)tu_int(&r, 0, 1));
+    heads[0] = 3;
+    heads[1] = 2;
 }
 END_TEST
 
