@@ -30,6 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #ifdef FR_CUDA_EMULATE
 #include "cuda_emu.h"
 #else
@@ -836,6 +838,17 @@ bool full_steps(const NParams &P)
     return P.warp_heads % 4 == 0 && P.heads0 % 4 == 0 && (P.heads - P.heads0) % 4 == 0;
 }
 
+/* f(rnd) with the call's rounding mode as rnd's type's value, a constant
+ * (the kernels' template parameter RND) */
+template <typename F> cudaError_t with_rounding(int rounding, F f)
+{
+    if (rounding == FR_ROUND_LLAMA)
+        return f(std::integral_constant<int, FR_ROUND_LLAMA>());
+    if (rounding == FR_ROUND_GEMMA)
+        return f(std::integral_constant<int, FR_ROUND_GEMMA>());
+    return f(std::integral_constant<int, FR_ROUND_ONCE>());
+}
+
 template <int DT, int HD> cudaError_t launch_rows(const NParams &P0, cudaStream_t stream)
 {
     const int64_t n = (P0.t1 - P0.t0) * P0.heads;
@@ -849,43 +862,55 @@ template <int DT, int HD> cudaError_t launch_rows(const NParams &P0, cudaStream_
                 P.warp_heads = 2;
             if (warp_half() == 2 && P.warp_heads >= 4)
                 P.warp_heads -= P.warp_heads % 4;
-            const bool two = warp_half() == 2 && full_steps(P);
-            const int64_t warps = (P.t1 - P.t0) * warp_groups(P);
-#define FR_HALF_IL(RND, Q)                                                                    \
-    (P.interleaved ? launch_warps(norm_forward_half<DT, HD, true, RND, Q>, warps, P, stream)    \
-                   : launch_warps(norm_forward_half<DT, HD, false, RND, Q>, warps, P, stream))
-#define FR_HALF_RND(Q)                                                                        \
-    (P.rounding == FR_ROUND_LLAMA   ? FR_HALF_IL(FR_ROUND_LLAMA, Q)                            \
-     : P.rounding == FR_ROUND_GEMMA ? FR_HALF_IL(FR_ROUND_GEMMA, Q)                            \
-                                    : FR_HALF_IL(FR_ROUND_ONCE, Q))
-#if defined FR_CUDA_EMULATE || FR_CUDA_NORM_WARP_HALF == 2
-            return two ? FR_HALF_RND(2) : FR_HALF_RND(1);
-#else
-            return FR_HALF_RND(1);
-#endif
-#undef FR_HALF_RND
-#undef FR_HALF_IL
         }
         const int64_t warps = (P.t1 - P.t0) * warp_groups(P);
+        /* the launch of kernel_of(rnd, il): the kernel of the call's
+         * rounding mode and style (as types' values, constants) */
+        auto go = [&](auto kernel_of) {
+            return with_rounding(P.rounding, [&](auto rnd) {
+                return P.interleaved
+                           ? launch_warps(kernel_of(rnd, std::true_type()), warps, P, stream)
+                           : launch_warps(kernel_of(rnd, std::false_type()), warps, P, stream);
+            });
+        };
+        if (warp_half()) {
+            auto half = [&](auto pairs) {
+                return go([](auto rnd, auto il) {
+                    return norm_forward_half<DT, HD, decltype(il)::value, decltype(rnd)::value,
+                                             decltype(pairs)::value>;
+                });
+            };
+#if defined FR_CUDA_EMULATE || FR_CUDA_NORM_WARP_HALF == 2
+            if (warp_half() == 2 && full_steps(P))
+                return half(std::integral_constant<int, 2>());
+#endif
+            return half(std::integral_constant<int, 1>());
+        }
         /* items of fewer rows than R at a time (the decode step's one row)
          * take one row at a time: no padded rows' work */
         const int r = P.warp_heads < warp_rpw() ? 1 : warp_rpw();
-#define FR_WARP_IL(R, RND)                                                                    \
-    (P.interleaved ? launch_warps(norm_forward_warp<DT, HD, true, R, RND>, warps, P, stream)    \
-                   : launch_warps(norm_forward_warp<DT, HD, false, R, RND>, warps, P, stream))
-#define FR_WARP_RPW(R)                                                                        \
-    (P.rounding == FR_ROUND_LLAMA   ? FR_WARP_IL(R, FR_ROUND_LLAMA)                            \
-     : P.rounding == FR_ROUND_GEMMA ? FR_WARP_IL(R, FR_ROUND_GEMMA)                            \
-                                    : FR_WARP_IL(R, FR_ROUND_ONCE))
+        auto rows = [&](auto rpw) {
+            return go([](auto rnd, auto il) {
+                return norm_forward_warp<DT, HD, decltype(il)::value, decltype(rpw)::value,
+                                         decltype(rnd)::value>;
+            });
+        };
 #ifdef FR_CUDA_EMULATE
         /* every count a test may choose, the default among them */
-        return r == 4 ? FR_WARP_RPW(4) : r == 3 ? FR_WARP_RPW(3) : r == 2 ? FR_WARP_RPW(2)
-                                                                  : FR_WARP_RPW(1);
+        switch (r) {
+        case 4:
+            return rows(std::integral_constant<int, 4>());
+        case 3:
+            return rows(std::integral_constant<int, 3>());
+        case 2:
+            return rows(std::integral_constant<int, 2>());
+        default:
+            return rows(std::integral_constant<int, 1>());
+        }
 #else
-        return r == 1 ? FR_WARP_RPW(1) : FR_WARP_RPW(FR_CUDA_NORM_WARP_RPW);
+        return r == 1 ? rows(std::integral_constant<int, 1>())
+                      : rows(std::integral_constant<int, FR_CUDA_NORM_WARP_RPW>());
 #endif
-#undef FR_WARP_RPW
-#undef FR_WARP_IL
     }
     return P0.interleaved ? launch(norm_forward_rows<DT, HD, true>, n, P0, stream)
                           : launch(norm_forward_rows<DT, HD, false>, n, P0, stream);

@@ -457,45 +457,41 @@ static void run_case(const ncase *nc, int vi, int status)
     /* forward: the reference (its y and rstd feed the backward), then the
      * case's positions */
     call(&x, 0, 0, status, "with valid ids");
-    if (nc->rows) { /* the register-row cases also with rows over warps */
+    if (nc->rows) {
+        /* the register-row cases also with rows over warps (2 at a time,
+         * items of 4), over half-warps (items of 3: a pair short), with few
+         * warps, each stepping through items (1 block: 4 warps, 2 tokens of
+         * the 2 groups; 7: 28 warps, 9 tokens and 1 group of the 3 that
+         * items of 2 rows make), and two pairs of rows a step (where the
+         * heads are multiples of 4; else a pair) */
+        static const struct {
+            int half, heads, rpw, blocks;
+            const char *what;
+        } warps[] = {
+            { 0, 4, 2, 0, "rows over warps" },
+            { 1, 3, 2, 0, "rows over half-warps" },
+            { 1, 3, 2, 1, "half-warps, 4 warps" },
+            { 1, 2, 2, 7, "half-warps, 28 warps" },
+            { 0, 2, 2, 7, "rows over warps, 28 warps" },
+            { 2, 4, 0, 1, "two pairs a step, 4 warps" },
+            { 2, 8, 0, 0, "two pairs a step" },
+        };
+        char what[96];
         fr_emu_norm_warp = 1;
-        fr_emu_norm_warp_half = 0;
-        fr_emu_norm_warp_heads = 4;
-        fr_emu_norm_warp_rpw = 2;
-        call(&x, 0, 1, status, "with the case's positions, rows over warps");
-        check_rows(&x, 0, bad);
-        fr_emu_norm_warp_half = 1; /* and over half-warps, items of 3 rows */
-        fr_emu_norm_warp_heads = 3;
-        call(&x, 0, 1, status, "with the case's positions, rows over half-warps");
-        check_rows(&x, 0, bad);
-        /* and with few warps, each stepping through items: one block (4
-         * warps: 2 tokens of the 2 groups), then 7 (28 warps: 9 tokens and
-         * 1 group of the 3 that items of 2 rows make) */
-        fr_emu_norm_warp_blocks = 1;
-        call(&x, 0, 1, status, "with the case's positions, half-warps, 4 warps");
-        check_rows(&x, 0, bad);
-        fr_emu_norm_warp_blocks = 7;
-        fr_emu_norm_warp_heads = 2;
-        call(&x, 0, 1, status, "with the case's positions, half-warps, 28 warps");
-        check_rows(&x, 0, bad);
-        fr_emu_norm_warp_half = 0;
-        call(&x, 0, 1, status, "with the case's positions, rows over warps, 28 warps");
-        check_rows(&x, 0, bad);
-        /* and two pairs of rows a step over half-warps (where the heads
-         * are multiples of 4; else a pair), 4 warps and as many as asked */
-        fr_emu_norm_warp_half = 2;
-        fr_emu_norm_warp_heads = 4;
-        fr_emu_norm_warp_blocks = 1;
-        call(&x, 0, 1, status, "with the case's positions, two pairs a step, 4 warps");
-        check_rows(&x, 0, bad);
-        fr_emu_norm_warp_heads = 8;
-        fr_emu_norm_warp_blocks = 0;
-        call(&x, 0, 1, status, "with the case's positions, two pairs a step");
+        for (size_t i = 0; i < sizeof warps / sizeof warps[0]; i++) {
+            fr_emu_norm_warp_half = warps[i].half;
+            fr_emu_norm_warp_heads = warps[i].heads;
+            fr_emu_norm_warp_rpw = warps[i].rpw;
+            fr_emu_norm_warp_blocks = warps[i].blocks;
+            snprintf(what, sizeof what, "with the case's positions, %s", warps[i].what);
+            call(&x, 0, 1, status, what);
+            check_rows(&x, 0, bad);
+        }
         fr_emu_norm_warp = 0;
         fr_emu_norm_warp_half = -1;
         fr_emu_norm_warp_heads = 0;
         fr_emu_norm_warp_rpw = 0;
-        check_rows(&x, 0, bad);
+        fr_emu_norm_warp_blocks = 0;
     }
     call(&x, 0, 1, status, "with the case's positions");
     check_rows(&x, 0, bad);
