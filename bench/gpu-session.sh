@@ -92,8 +92,8 @@ quiet_host() {
   [ $n -gt 0 ] && note "quiet host: the $n variant builds done"
   vpid=()
 }
-normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:16:0 1000000000:1:8:1:0:8:1 1000000000:1:16:1:0:16:1 1000000000:1:8:1:9:16:1 1000000000:1:8:1:0:16:2 1000000000:1:16:1:7:16:2}
-normbwd_variants=${NORMBWD_VARIANTS:-1:1:0:36:0:0 1:1:0:36:1:0 1:1:0:36:1:2 1:1:5:36:1:3}
+normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:16:2 1000000000:1:16:1:7:16:2 1000000000:1:16:1:0:16:1 1000000000:1:8:1:0:16:0 1000000000:1:8:1:0:8:1 1000000000:1:8:1:9:16:1}
+normbwd_variants=${NORMBWD_VARIANTS:-1:1:5:36:1:3 1:1:0:36:0:0 1:1:0:36:1:0 1:1:0:36:1:2}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
     prebuild normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW FR_CUDA_NORM_WARP_HEADS \
@@ -232,18 +232,19 @@ section_normwarp() {
   # norm_forward_half (two rows a warp in 32-bit words, one or two pairs of
   # rows a step; RPW and AHEAD are norm_forward_warp's); a value left off
   # keeps the default), test_norm_gpu
-  # on each, then the same norm lines on each and on the default build last
-  # (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF; by
-  # default: the one-row warp kernel as the 2026-11-28 run measured it
-  # (0.0430 ms at 4096 tokens), and the half-warp kernel, the default, with
-  # a grid of one wave at its 64 registers (8 blocks an SM), with items of
-  # 16 rows (a token's per-item work over twice the rows), and with 9
-  # blocks asked of ptxas (56 registers, 56 bytes spilled); then two pairs
-  # of rows a step (78-80 registers, 6 blocks an SM), and that with items of
-  # 16 rows and 7 blocks asked (72 registers, 24 bytes spilled));
-  # NORMWARP_TOKENS the sizes
+  # on each, then the same norm lines on the default build first and on
+  # each (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF; by
+  # default, the likeliest to reach issue 13's target first, so that a
+  # session cut short still has them: two pairs of rows a step (78-80
+  # registers, 6 blocks an SM), that with items of 16 rows and 7 blocks
+  # asked (72 registers, 24 bytes spilled), the half-warp kernel, the
+  # default, with items of 16 rows (a token's per-item work over twice the
+  # rows); then the one-row warp kernel as the 2026-11-28 run measured it
+  # (0.0430 ms at 4096 tokens), the half-warp kernel with a grid of one wave
+  # at its 64 registers (8 blocks an SM), and with 9 blocks asked of ptxas
+  # (56 registers, 56 bytes spilled)); NORMWARP_TOKENS the sizes
   quiet_host
-  for v in $normwarp_variants default; do
+  for v in default $normwarp_variants; do
     variant_tree normwarp $v || continue
     b=$vt/tools/fusedrope-bench
     { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF=$v"
@@ -295,10 +296,10 @@ section_normbwd() {
   # 1:1:0:36:0:0: 96; 1:1:0:36:1:0: 122; 1:1:5:36:1:3: 96 and 80 bytes
   # spilled), each variant's build:
   # test_norm_gpu on each, then the backward lines (dw for q and k) at 1024,
-  # 4096 and 16384 tokens and in fp16 and interleaved, on each and on the
-  # default build last
+  # 4096 and 16384 tokens and in fp16 and interleaved, on the default
+  # build first and on each
   quiet_host
-  for v in $normbwd_variants default; do
+  for v in default $normbwd_variants; do
     variant_tree normbwd $v || continue
     b=$vt/tools/fusedrope-bench
     { echo "== FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE=$v"
