@@ -783,12 +783,16 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
 /* The warps an SM holds at most (2048 threads), for warp_heads' items. */
 enum { WARPS_PER_SM = 2048 / 32 };
 
-/* A grid-stride launch of `warps` warps, at most FR_CUDA_NORM_WARP_GRID
- * blocks of 128 threads an SM (0: a block for each 4 warps, at most 2^20 an
- * SM); emulated, each warp's lanes run in lockstep. */
-template <typename K>
-cudaError_t launch_warps(K kernel, int64_t warps, const NParams &P, cudaStream_t stream)
+/* A grid-stride launch of a warp for each item (P.warp_heads' groups of
+ * each token's heads), at most FR_CUDA_NORM_WARP_GRID blocks of 128
+ * threads an SM (0: a block for each 4 warps, at most 2^20 an SM);
+ * emulated, each warp's lanes run in lockstep. */
+template <typename K> cudaError_t launch_warps(K kernel, const NParams &P, cudaStream_t stream)
 {
+    NParams Q = P;
+    Q.groups = warp_groups(P);
+    Q.groups_q = warp_groups0(P);
+    const int64_t warps = (P.t1 - P.t0) * Q.groups;
     if (warps <= 0)
         return cudaSuccess;
     const int per_sm = FR_CUDA_NORM_WARP_GRID > 0 ? FR_CUDA_NORM_WARP_GRID : 1 << 20;
@@ -799,10 +803,7 @@ cudaError_t launch_warps(K kernel, int64_t warps, const NParams &P, cudaStream_t
 #endif
     /* each_warp_item's step: the grid's warps in tokens and groups, the
      * tokens in sequences and positions */
-    NParams Q = P;
     const int64_t step = (int64_t)cfg.gridDim.x * cfg.blockDim.x / 32;
-    Q.groups = warp_groups(P);
-    Q.groups_q = warp_groups0(P);
     Q.step_t = step / Q.groups;
     Q.step_g = step % Q.groups;
     Q.step_b = Q.step_t / P.seq_len;
@@ -830,13 +831,15 @@ int64_t warp_heads(const NParams &P, int64_t rows)
     return g > 1 ? g : 1;
 }
 
+#if defined FR_CUDA_EMULATE || FR_CUDA_NORM_WARP_HALF == 2
 /* Whether every item of norm_forward_half's is a multiple of four rows
  * (each tensor's heads and the items' heads P.warp_heads), as its two
- * pairs a step ask. */
+ * pairs a step ask (built where they are). */
 bool full_steps(const NParams &P)
 {
     return P.warp_heads % 4 == 0 && P.heads0 % 4 == 0 && (P.heads - P.heads0) % 4 == 0;
 }
+#endif
 
 /* f(rnd) with the call's rounding mode as rnd's type's value, a constant
  * (the kernels' template parameter RND) */
@@ -855,36 +858,35 @@ template <int DT, int HD> cudaError_t launch_rows(const NParams &P0, cudaStream_
     if (warp_rows(n)) {
         NParams P = P0;
         P.warp_heads = warp_heads(P, n);
-        if (warp_half()) {
+        const int half = warp_half();
+        if (half) {
             /* items of two rows at least, one a half; at two pairs a step,
              * a multiple of four (full_steps) */
             if (P.warp_heads < 2 && P.heads >= 2)
                 P.warp_heads = 2;
-            if (warp_half() == 2 && P.warp_heads >= 4)
+            if (half == 2 && P.warp_heads >= 4)
                 P.warp_heads -= P.warp_heads % 4;
         }
-        const int64_t warps = (P.t1 - P.t0) * warp_groups(P);
         /* the launch of kernel_of(rnd, il): the kernel of the call's
          * rounding mode and style (as types' values, constants) */
         auto go = [&](auto kernel_of) {
             return with_rounding(P.rounding, [&](auto rnd) {
-                return P.interleaved
-                           ? launch_warps(kernel_of(rnd, std::true_type()), warps, P, stream)
-                           : launch_warps(kernel_of(rnd, std::false_type()), warps, P, stream);
+                return P.interleaved ? launch_warps(kernel_of(rnd, std::true_type()), P, stream)
+                                     : launch_warps(kernel_of(rnd, std::false_type()), P, stream);
             });
         };
-        if (warp_half()) {
-            auto half = [&](auto pairs) {
+        if (half) {
+            auto halves = [&](auto pairs) {
                 return go([](auto rnd, auto il) {
                     return norm_forward_half<DT, HD, decltype(il)::value, decltype(rnd)::value,
                                              decltype(pairs)::value>;
                 });
             };
 #if defined FR_CUDA_EMULATE || FR_CUDA_NORM_WARP_HALF == 2
-            if (warp_half() == 2 && full_steps(P))
-                return half(std::integral_constant<int, 2>());
+            if (half == 2 && full_steps(P))
+                return halves(std::integral_constant<int, 2>());
 #endif
-            return half(std::integral_constant<int, 1>());
+            return halves(std::integral_constant<int, 1>());
         }
         /* items of fewer rows than R at a time (the decode step's one row)
          * take one row at a time: no padded rows' work */
