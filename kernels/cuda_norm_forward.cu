@@ -362,6 +362,45 @@ __device__ __forceinline__ float norm_value(float x, float rstd, float wf, int r
     return y;
 }
 
+/* Two channels' values, for norm_value2: FR_NORM_VALUE's operations on each. */
+struct Two {
+    float a, b;
+};
+__device__ __forceinline__ Two operator*(Two u, float s) { return {u.a * s, u.b * s}; }
+__device__ __forceinline__ Two operator*(Two u, Two v) { return {u.a * v.a, u.b * v.b}; }
+
+/* elem_round of two values by one packed conversion (on a GPU one F2FP for
+ * the two where elem_round takes an F2F each; the widenings stay one a
+ * value).  A NaN keeps no payload or sign that matters: what is rounded here
+ * only enters float arithmetic, and the store's conversion writes the
+ * dtype's own NaN, so float16's NaN needs no fr_float_to_half select. */
+template <int DT> __device__ __forceinline__ Two elem_round2(Two v, int)
+{
+    if constexpr (DT == DT_F32) {
+        return v;
+    } else {
+        uint32_t w;
+        if constexpr (DT == DT_F16 && !FR_CUDA_SOFT_CVT) {
+            __half2 h = __floats2half2_rn(v.a, v.b);
+            w = *reinterpret_cast<uint32_t *>(&h);
+        } else {
+            w = Elem<DT>::from_f2(v.a, v.b);
+        }
+        return {Elem<DT>::to_f((uint16_t)w), Elem<DT>::to_f((uint16_t)(w >> 16))};
+    }
+}
+
+/* norm_value of channels a and b (the same rstd), their roundings together */
+template <int DT>
+__device__ __forceinline__ void norm_value2(float xa, float xb, float rstd, float wa, float wb,
+                                            int rounding, float *ya, float *yb)
+{
+    Two y;
+    FR_NORM_VALUE(y, (Two{xa, xb}), rstd, (Two{wa, wb}), rounding, DT, elem_round2<DT>);
+    *ya = y.a;
+    *yb = y.b;
+}
+
 /* Pair i's channels in a row of HD channels, all rotated (rope_math.h's
  * rules; constants once the loops are unrolled). */
 template <int HD, bool IL> __device__ __forceinline__ void pair_ab(int i, int *ca, int *cb)
@@ -384,8 +423,9 @@ __device__ __forceinline__ void rotate_row(const NParams &P, const NIo &io, cons
         pair_ab<HD, IL>(i, &ca, &cb);
         float c, sn, ya, yb;
         pair_angle(a, i, &c, &sn);
-        const float va = norm_value<DT>(v.get(ca), rstd, row_weight<DT>(P, io, ca), RND);
-        const float vb = norm_value<DT>(v.get(cb), rstd, row_weight<DT>(P, io, cb), RND);
+        float va, vb;
+        norm_value2<DT>(v.get(ca), v.get(cb), rstd, row_weight<DT>(P, io, ca),
+                        row_weight<DT>(P, io, cb), RND, &va, &vb);
         fr_rotate(va, vb, c, sn, 1.0f, &ya, &yb);
         v.set(ca, ya);
         v.set(cb, yb);
@@ -487,9 +527,14 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
 {
     constexpr int K = HD / 32;
     if constexpr (IL) {
+        static_assert(K % 2 == 0, "warp_pairs: head_dim 64 or 128");
+        float vn[K]; /* the lane's channels' values, rounded two at a time */
+#pragma unroll
+        for (int k = 0; k < K; k += 2)
+            norm_value2<DT>(v[k], v[k + 1], rstd, wf[k], wf[k + 1], RND, &vn[k], &vn[k + 1]);
 #pragma unroll
         for (int k = 0; k < K; k++) {
-            const float mine = norm_value<DT>(v[k], rstd, wf[k], RND);
+            const float mine = vn[k];
             const float other = __shfl_xor_sync(0xffffffffu, mine, 1);
             const bool first = (lane & 1) == 0;
             float ya, yb;
@@ -501,8 +546,8 @@ __device__ __forceinline__ void warp_pairs(float rstd, int lane, const float *v,
 #pragma unroll
         for (int k = 0; k < K / 2; k++) {
             float ya, yb;
-            const float va = norm_value<DT>(v[k], rstd, wf[k], RND);
-            const float vb = norm_value<DT>(v[k + K / 2], rstd, wf[k + K / 2], RND);
+            float va, vb;
+            norm_value2<DT>(v[k], v[k + K / 2], rstd, wf[k], wf[k + K / 2], RND, &va, &vb);
             fr_rotate(va, vb, an.c[k], an.sn[k], 1.0f, &ya, &yb);
             yl[32 * k] = (uint16_t)Elem<DT>::from_f(ya);
             yl[32 * k + HD / 2] = (uint16_t)Elem<DT>::from_f(yb);
@@ -752,9 +797,9 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
                 if constexpr (IL) {
 #pragma unroll
                     for (int w = 0; w < W; w++) {
-                        const float va = norm_value<DT>(v[q][2 * w], rstd[q], wf[2 * w], RND);
-                        const float vb =
-                            norm_value<DT>(v[q][2 * w + 1], rstd[q], wf[2 * w + 1], RND);
+                        float va, vb;
+                        norm_value2<DT>(v[q][2 * w], v[q][2 * w + 1], rstd[q], wf[2 * w],
+                                        wf[2 * w + 1], RND, &va, &vb);
                         fr_rotate(va, vb, an.c[w], an.sn[w], 1.0f, &y[2 * w], &y[2 * w + 1]);
                     }
                 } else {
@@ -762,8 +807,9 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
                     for (int c = 0; c < W; c++) {
                         /* pair 2h + 32 (c / 2) + (c & 1): v[c] (word c / 2)
                          * and its partner v[c + W] (word c / 2 + W / 2) */
-                        const float va = norm_value<DT>(v[q][c], rstd[q], wf[c], RND);
-                        const float vb = norm_value<DT>(v[q][c + W], rstd[q], wf[c + W], RND);
+                        float va, vb;
+                        norm_value2<DT>(v[q][c], v[q][c + W], rstd[q], wf[c], wf[c + W], RND,
+                                        &va, &vb);
                         fr_rotate(va, vb, an.c[c], an.sn[c], 1.0f, &y[c], &y[c + W]);
                     }
                 }
