@@ -93,7 +93,7 @@ quiet_host() {
   vpid=()
 }
 normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:16:2 1000000000:1:16:1:7:16:2 1000000000:1:16:1:0:16:1 1000000000:1:8:1:0:16:0 1000000000:1:8:1:0:8:1 1000000000:1:8:1:9:16:1}
-normbwd_variants=${NORMBWD_VARIANTS:-1:1:5:36:1:3 1:1:0:36:0:0 1:1:0:36:1:0 1:1:0:36:1:2}
+normbwd_variants=${NORMBWD_VARIANTS:-1:1:0:36:1:2 1:1:0:36:0:0 1:1:0:36:1:0}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
     prebuild normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW FR_CUDA_NORM_WARP_HEADS \
@@ -292,9 +292,9 @@ section_normbwd() {
   # 0: always; tokens loaded or in flight in registers; blocks of 128 an SM
   # asked of ptxas; rows over half-warps, 1, or over warps, 0; over
   # half-warps, tokens in flight through shared memory, 0: in registers;
-  # ptxas's registers for bf16 NeoX 128 from x, default 1:1:0:36:1:3: 116;
-  # 1:1:0:36:0:0: 96; 1:1:0:36:1:0: 122; 1:1:5:36:1:3: 96 and 80 bytes
-  # spilled), each variant's build:
+  # ptxas's registers for bf16 NeoX 128 from x, default 1:1:0:36:1:3: 96
+  # (112 from y); 1:1:0:36:1:2: 96; 1:1:0:36:1:0: 96 and 8 bytes spilled;
+  # 1:1:0:36:0:0: 72), each variant's build:
   # test_norm_gpu on each, then the backward lines (dw for q and k) at 1024,
   # 4096 and 16384 tokens and in fp16 and interleaved, on the default
   # build first and on each

@@ -292,10 +292,10 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * instruction moves two rows' words, the tree is 5 shuffles for two rows,
  * and a warp has two rows' bytes in flight where it had one.  ptxas and
  * cuobjdump (nvcc 13.0, sm_90; bf16 NeoX 128 from x): with
- * FR_CUDA_NORM_BWD_PIPE 3, 116 registers (16 warps an SM) and ~210
- * instructions a token's two rows on the loop's common path; in registers
- * one token ahead, 122 and ~224; over warps, 96 (20 warps) and ~150 a row.
- * Not yet measured. */
+ * FR_CUDA_NORM_BWD_PIPE 3, 96 registers (20 warps an SM) and ~265
+ * instructions a token's two rows; in registers one token ahead, 96 and 8
+ * bytes spilled; over warps, 72 (24 warps) and ~150 a row.  Not yet
+ * measured. */
 #ifndef FR_CUDA_NORM_BWD_HALF
 #define FR_CUDA_NORM_BWD_HALF 1
 #endif
@@ -304,8 +304,8 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * registers (FR_CUDA_NORM_BWD_AHEAD).  A unit's 32 tokens are a chain (its
  * dw partials add in token order), so a warp's bytes in flight set its
  * pace; in shared memory they take no registers (ptxas, bf16 NeoX 128 from
- * x: 116 with 3 tokens in flight, 122 with one in registers) and PIPE 3
- * takes 35 KB a block of 4 warps.  Not yet measured. */
+ * x: 96 with 1 to 3 tokens in flight, 96 and 8 bytes spilled with one in
+ * registers) and PIPE 3 takes 38 KB a block of 4 warps.  Not yet measured. */
 #ifndef FR_CUDA_NORM_BWD_PIPE
 #define FR_CUDA_NORM_BWD_PIPE 3
 #endif
@@ -455,11 +455,15 @@ template <int HD, bool IL, int G, bool HALF> struct BwdTok {
 /* The shared memory of norm_backward_heads' pipeline (PIPE > 0): per warp
  * of a 128-thread block, S slots of a token's loads: lane l's 4 K words (dy,
  * the saved row, cos, sin: K each) as K 16-byte groups [slot][group][lane]
- * (a warp's 16-byte reads of a group fall on distinct banks), and its rstd
- * [slot][lane].  A lane reads only what its own copies wrote. */
+ * (a warp's 16-byte reads of a group fall on distinct banks), its rstd
+ * [slot][lane], and the slot's token's dx row for the lane [slot][lane] (a
+ * store and a load a token, where 4 pointers in registers took 18 more:
+ * bench/RESULTS.md).  A lane reads only what its own copies and stores
+ * wrote. */
 template <int K, int S> struct BwdPipe {
     uint4 rows[4][S][K][32];
     float rstd[4][S][32];
+    uint16_t *dx[4][S][32];
 };
 
 template <int K, int S> __device__ __forceinline__ BwdPipe<K, S> &bwd_pipe()
@@ -493,249 +497,259 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
         /* unit u of heads h0 .. h0 + RU - 1 of tensor k: units in token
          * order, each unit's head groups in order (neighbouring warps read
          * neighbouring rows) */
-        const int k = it >= nu * gq;
-        const NIo &io = P.io[k];
-        const int64_t e = it - (k ? nu * gq : 0), groups = k ? gk : gq;
-        const int64_t u = e / groups, h0 = e % groups * RU;
-        /* the lane's rows: heads hl .. hl + n - 1; over half-warps half j's
-         * row is head h0 + j, or where that is past the tensor's heads h0's
-         * again, loaded and worked but not stored (mine false) */
-        const bool mine = !HALF || h0 + (lane >> 4) < io.heads;
-        const int64_t hl = HALF && mine ? h0 + (lane >> 4) : h0;
-        const int n = HALF ? 1 : (int)(h0 + G < io.heads ? G : io.heads - h0);
-        const int64_t ta = P.t0 + u * U, tb = ta + U < P.t1 ? ta + U : P.t1;
-        const int nt = (int)(tb - ta);
-        const int64_t in_ss = io.in_ss, x_ss = io.x_ss, out_ss = io.out_ss;
-        const int64_t in_sh = io.in_sh, x_sh = io.x_sh, out_sh = io.out_sh;
-        int64_t b, s;
-        /* lane j < nt: the table offset of token ta + j's row (-1: no
-         * position there; the launcher takes tables of fewer than 2^31
-         * floats), shuffled to the lanes at its token */
-        int toff = -1;
-        if (lane < nt) {
-            int bad = 0;
-            divmod(ta + lane, P.seq_len, &b, &s);
-            const int64_t pos = row_position(P, b, s, &bad);
-            toff = bad ? -1 : (int)(pos * (HD / 2));
-        }
-        /* the lane's first element of head hl's row at the token (b, s),
-         * stepped in elements (word strides, halved from the element ones
-         * in the loop, took 21 instructions a token where these take 9) */
-        const uint16_t *dyp, *xsp;
-        uint16_t *dxp;
-        auto rows_at = [&]() {
-            dyp = (const uint16_t *)row_ptr(io.in, s, b, hl, in_ss, io.in_sb, in_sh, DT) + EW * ln;
-            xsp = (const uint16_t *)row_ptr(io.x, s, b, hl, x_ss, io.x_sb, x_sh, DT) + EW * ln;
-            dxp = (uint16_t *)row_ptr(io.out, s, b, hl, out_ss, io.out_sb, out_sh, DT) + EW * ln;
-        };
-        const float *rp = io.rstd + ta * io.heads + hl;
-        /* whether row r of a token is past the unit's (never loaded): row 0
-         * never is (n >= 1, which the compiler cannot see) */
-        auto past = [&](int r) { return r > 0 && r >= n; };
-        /* token j's loads into w: dyp, xsp, dxp and rp are at its rows */
-        auto load_tok = [&](int j, BwdTok<HD, IL, G, HALF> &w) {
+        const bool kq = it < nu * gq;
+        /* the unit's tensor k a constant: the loop then reads its NIo's
+         * fields (strides, pointers) as operands of the parameter bank,
+         * where a k known only at run time kept them in registers (ptxas,
+         * bf16 NeoX 128 from x: 112 -> 96, bench/RESULTS.md) */
+        auto unit = [&](auto kc) {
+            constexpr int k = decltype(kc)::value;
+            const NIo &io = P.io[k];
+            const int64_t e = it - (k ? nu * gq : 0), groups = k ? gk : gq;
+            const int64_t u = e / groups, h0 = e % groups * RU;
+            /* the lane's rows: heads hl .. hl + n - 1; over half-warps half j's
+             * row is head h0 + j, or where that is past the tensor's heads h0's
+             * again, loaded and worked but not stored (mine false) */
+            const bool mine = !HALF || h0 + (lane >> 4) < io.heads;
+            const int64_t hl = HALF && mine ? h0 + (lane >> 4) : h0;
+            const int n = HALF ? 1 : (int)(h0 + G < io.heads ? G : io.heads - h0);
+            const int64_t ta = P.t0 + u * U, tb = ta + U < P.t1 ? ta + U : P.t1;
+            const int nt = (int)(tb - ta);
+            const int64_t in_ss = io.in_ss, x_ss = io.x_ss, out_ss = io.out_ss;
+            const int64_t in_sh = io.in_sh, x_sh = io.x_sh, out_sh = io.out_sh;
+            int64_t b, s;
+            /* lane j < nt: the table offset of token ta + j's row (-1: no
+             * position there; the launcher takes tables of fewer than 2^31
+             * floats), shuffled to the lanes at its token */
+            int toff = -1;
+            if (lane < nt) {
+                int bad = 0;
+                divmod(ta + lane, P.seq_len, &b, &s);
+                const int64_t pos = row_position(P, b, s, &bad);
+                toff = bad ? -1 : (int)(pos * (HD / 2));
+            }
+            /* the lane's first element of head hl's row at the token (b, s),
+             * stepped in elements (word strides, halved from the element ones
+             * in the loop, took 21 instructions a token where these take 9) */
+            const uint16_t *dyp, *xsp;
+            uint16_t *dxp;
+            auto rows_at = [&]() {
+                dyp = (const uint16_t *)row_ptr(io.in, s, b, hl, in_ss, io.in_sb, in_sh, DT) + EW * ln;
+                xsp = (const uint16_t *)row_ptr(io.x, s, b, hl, x_ss, io.x_sb, x_sh, DT) + EW * ln;
+                dxp = (uint16_t *)row_ptr(io.out, s, b, hl, out_ss, io.out_sb, out_sh, DT) + EW * ln;
+            };
+            const float *rp = io.rstd + ta * io.heads + hl;
+            /* whether row r of a token is past the unit's (never loaded): row 0
+             * never is (n >= 1, which the compiler cannot see) */
+            auto past = [&](int r) { return r > 0 && r >= n; };
+            /* token j's loads into w: dyp, xsp, dxp and rp are at its rows */
+            auto load_tok = [&](int j, BwdTok<HD, IL, G, HALF> &w) {
 #pragma unroll
-            for (int r = 0; r < G; r++) {
-                if (past(r))
-                    break;
+                for (int r = 0; r < G; r++) {
+                    if (past(r))
+                        break;
 #pragma unroll
-                for (int c = 0; c < K; c++) {
-                    w.dy[r][c] = ((const E *)(dyp + r * in_sh))[STEP * c];
-                    w.xs[r][c] = ((const E *)(xsp + r * x_sh))[STEP * c];
+                    for (int c = 0; c < K; c++) {
+                        w.dy[r][c] = ((const E *)(dyp + r * in_sh))[STEP * c];
+                        w.xs[r][c] = ((const E *)(xsp + r * x_sh))[STEP * c];
+                    }
+                    w.rstd[r] = rp[r];
                 }
-                w.rstd[r] = rp[r];
-            }
-            w.an.load(P, __shfl_sync(0xffffffffu, toff, j), ln);
-            w.dx = dxp;
-        };
-        /* the pointers one token on */
-        auto next_token = [&]() {
-            if (++s == P.seq_len) {
-                s = 0;
-                b++;
-                rows_at();
-            } else {
-                dyp += in_ss;
-                xsp += x_ss;
-                dxp += out_ss;
-            }
-            rp += io.heads;
-        };
-        auto weights = [&]() {
-            if (k != wslot) {
-                wslot = k;
-                if constexpr (HALF)
-                    lane_weights<DT, true>(P, io, ln, wf);
-                else
-                    lane_weights<DT>(P, io, lane, wf);
-            }
-        };
-        float acc[G][C] = {};
-        /* a token's loaded bits widened */
-        auto widen = [&](const BwdTok<HD, IL, G, HALF> &w, float (&dy)[G][C], float (&xs)[G][C],
-                         float (&rs)[G]) {
-#pragma unroll
-            for (int r = 0; r < G; r++) {
-                if (past(r))
-                    break;
-#pragma unroll
-                for (int c = 0; c < C; c++) {
-                    const int sh = HALF ? 16 * (c & 1) : 0;
-                    dy[r][c] = Elem<DT>::to_f((uint16_t)(w.dy[r][HALF ? c / 2 : c] >> sh));
-                    xs[r][c] = Elem<DT>::to_f((uint16_t)(w.xs[r][HALF ? c / 2 : c] >> sh));
+                w.an.load(P, __shfl_sync(0xffffffffu, toff, j), ln);
+                w.dx = dxp;
+            };
+            /* the pointers one token on */
+            auto next_token = [&]() {
+                if (++s == P.seq_len) {
+                    s = 0;
+                    b++;
+                    rows_at();
+                } else {
+                    dyp += in_ss;
+                    xsp += x_ss;
+                    dxp += out_ss;
                 }
-                rs[r] = w.rstd[r];
-            }
-        };
-        /* a token's rows worked: dx stored at dxt, the terms into acc */
-        auto work = [&](const LaneAngles<HD, IL, HALF> &an, uint16_t *dxt, const float (&dy)[G][C],
-                        const float (&xs)[G][C], const float (&rs)[G]) {
-#pragma unroll
-            for (int r = 0; r < G; r++) {
-                if (past(r))
-                    break;
-                uint32_t dxw[K];
-                row_dx<DT, HD, IL, SY, HALF>(wf, an, rs[r], ln, dy[r], xs[r], acc[r], dxw);
-                if (mine) {
-#pragma unroll
-                    for (int c = 0; c < K; c++)
-                        ((E *)(dxt + r * out_sh))[STEP * c] = (E)dxw[c];
+                rp += io.heads;
+            };
+            auto weights = [&]() {
+                if (k != wslot) {
+                    wslot = k;
+                    if constexpr (HALF)
+                        lane_weights<DT, true>(P, io, ln, wf);
+                    else
+                        lane_weights<DT>(P, io, lane, wf);
                 }
-            }
-        };
-        divmod(ta, P.seq_len, &b, &s);
-        rows_at();
-        if constexpr (PIPE == 0) {
-            /* the ring of tokens loaded or in flight: token j in slot j %
-             * D; the first D tokens' loads in flight while the weights
-             * are found */
-            constexpr int D = FR_CUDA_NORM_BWD_AHEAD;
-            BwdTok<HD, IL, G, HALF> ring[D];
+            };
+            float acc[G][C] = {};
+            /* a token's loaded bits widened */
+            auto widen = [&](const BwdTok<HD, IL, G, HALF> &w, float (&dy)[G][C], float (&xs)[G][C],
+                             float (&rs)[G]) {
 #pragma unroll
-            for (int d = 0; d < D; d++) {
-                if (d >= nt)
-                    break;
-                if (d > 0)
-                    next_token();
-                load_tok(d, ring[d]);
-            }
-            weights();
-            for (int j0 = 0; j0 < nt; j0 += D) {
+                for (int r = 0; r < G; r++) {
+                    if (past(r))
+                        break;
+#pragma unroll
+                    for (int c = 0; c < C; c++) {
+                        const int sh = HALF ? 16 * (c & 1) : 0;
+                        dy[r][c] = Elem<DT>::to_f((uint16_t)(w.dy[r][HALF ? c / 2 : c] >> sh));
+                        xs[r][c] = Elem<DT>::to_f((uint16_t)(w.xs[r][HALF ? c / 2 : c] >> sh));
+                    }
+                    rs[r] = w.rstd[r];
+                }
+            };
+            /* a token's rows worked: dx stored at dxt, the terms into acc */
+            auto work = [&](const LaneAngles<HD, IL, HALF> &an, uint16_t *dxt, const float (&dy)[G][C],
+                            const float (&xs)[G][C], const float (&rs)[G]) {
+#pragma unroll
+                for (int r = 0; r < G; r++) {
+                    if (past(r))
+                        break;
+                    uint32_t dxw[K];
+                    row_dx<DT, HD, IL, SY, HALF>(wf, an, rs[r], ln, dy[r], xs[r], acc[r], dxw);
+                    if (mine) {
+#pragma unroll
+                        for (int c = 0; c < K; c++)
+                            ((E *)(dxt + r * out_sh))[STEP * c] = (E)dxw[c];
+                    }
+                }
+            };
+            divmod(ta, P.seq_len, &b, &s);
+            rows_at();
+            if constexpr (PIPE == 0) {
+                /* the ring of tokens loaded or in flight: token j in slot j %
+                 * D; the first D tokens' loads in flight while the weights
+                 * are found */
+                constexpr int D = FR_CUDA_NORM_BWD_AHEAD;
+                BwdTok<HD, IL, G, HALF> ring[D];
 #pragma unroll
                 for (int d = 0; d < D; d++) {
-                    const int j = j0 + d;
-                    if (j >= nt)
+                    if (d >= nt)
                         break;
-                    /* token j widened out of its slot, then token j + D's
-                     * loads into it, in flight during the next D tokens'
-                     * work */
-                    BwdTok<HD, IL, G, HALF> &w = ring[d];
-                    float dy[G][C], xs[G][C], rs[G];
-                    widen(w, dy, xs, rs);
-                    const LaneAngles<HD, IL, HALF> an = w.an;
-                    uint16_t *dxt = w.dx;
-                    /* past the unit's last token, that token's rows again
-                     * (in L1): loads under a condition kept the slot's old
-                     * bits alive beside them, ~30 moves a token
-                     * (cuobjdump) */
-                    if (j + D < nt)
-                        next_token();
-                    load_tok(j + D < nt ? j + D : nt - 1, w);
-                    work(an, dxt, dy, xs, rs);
-                }
-            }
-        } else {
-            /* PIPE tokens' loads in flight as asynchronous copies to
-             * shared memory, each token's a commit group: token j in slot
-             * j % S, S = PIPE + 1, so that token j + PIPE's copies go to
-             * the slot token j - 1 was read from (and worked: its reads
-             * are done) */
-            constexpr int S = PIPE + 1;
-            BwdPipe<K, S> &pp = bwd_pipe<K, S>();
-            const int wi = (int)(threadIdx.x / 32);
-            uint16_t *dxq[S]; /* each slot's token's dx row */
-            bool badq[S];     /* and whether it has no position */
-            auto word = [&](int q, int i) { return (uint32_t *)&pp.rows[wi][q][i / 4][lane] + i % 4; };
-            /* token j's copies into slot q: dyp, xsp, dxp and rp are at
-             * its rows */
-            auto issue = [&](int j, int q) {
-                using A = LaneAngles<HD, IL, HALF>;
-                const int o = __shfl_sync(0xffffffffu, toff, j);
-                const float *cr, *sr;
-                A::at(P, o, ln, &cr, &sr);
-#pragma unroll
-                for (int c = 0; c < K; c++) {
-                    __pipeline_memcpy_async(word(q, c), (const E *)dyp + STEP * c, 4);
-                    __pipeline_memcpy_async(word(q, K + c), (const E *)xsp + STEP * c, 4);
-                }
-#pragma unroll
-                for (int c = 0; c < K; c++) {
-                    __pipeline_memcpy_async(word(q, 2 * K + c), cr + A::col(c, ln), 4);
-                    __pipeline_memcpy_async(word(q, 3 * K + c), sr + A::col(c, ln), 4);
-                }
-                __pipeline_memcpy_async(&pp.rstd[wi][q][lane], rp, 4);
-                dxq[q] = dxp;
-                badq[q] = o < 0;
-            };
-#pragma unroll
-            for (int d = 0; d < PIPE; d++) {
-                if (d < nt) {
                     if (d > 0)
                         next_token();
-                    issue(d, d);
+                    load_tok(d, ring[d]);
                 }
-                __pipeline_commit();
-            }
-            weights();
-            for (int j0 = 0; j0 < nt; j0 += S) {
+                weights();
+                for (int j0 = 0; j0 < nt; j0 += D) {
 #pragma unroll
-                for (int d = 0; d < S; d++) {
-                    const int j = j0 + d;
-                    if (j >= nt)
-                        break;
-                    if (j + PIPE < nt) {
-                        next_token();
-                        issue(j + PIPE, (d + PIPE) % S);
+                    for (int d = 0; d < D; d++) {
+                        const int j = j0 + d;
+                        if (j >= nt)
+                            break;
+                        /* token j widened out of its slot, then token j + D's
+                         * loads into it, in flight during the next D tokens'
+                         * work */
+                        BwdTok<HD, IL, G, HALF> &w = ring[d];
+                        float dy[G][C], xs[G][C], rs[G];
+                        widen(w, dy, xs, rs);
+                        const LaneAngles<HD, IL, HALF> an = w.an;
+                        uint16_t *dxt = w.dx;
+                        /* past the unit's last token, that token's rows again
+                         * (in L1): loads under a condition kept the slot's old
+                         * bits alive beside them, ~30 moves a token
+                         * (cuobjdump) */
+                        if (j + D < nt)
+                            next_token();
+                        load_tok(j + D < nt ? j + D : nt - 1, w);
+                        work(an, dxt, dy, xs, rs);
                     }
-                    __pipeline_commit(); /* empty past the unit: one group a token */
-                    __pipeline_wait_prior(PIPE);
-                    BwdTok<HD, IL, G, HALF> w;
-                    uint32_t v[4 * K];
+                }
+            } else {
+                /* PIPE tokens' loads in flight as asynchronous copies to
+                 * shared memory, each token's a commit group: token j in slot
+                 * j % S, S = PIPE + 1, so that token j + PIPE's copies go to
+                 * the slot token j - 1 was read from (and worked: its reads
+                 * are done) */
+                constexpr int S = PIPE + 1;
+                BwdPipe<K, S> &pp = bwd_pipe<K, S>();
+                const int wi = (int)(threadIdx.x / 32);
+                bool badq[S]; /* each slot's token: whether it has no position */
+                auto word = [&](int q, int i) { return (uint32_t *)&pp.rows[wi][q][i / 4][lane] + i % 4; };
+                /* token j's copies into slot q: dyp, xsp, dxp and rp are at
+                 * its rows */
+                auto issue = [&](int j, int q) {
+                    using A = LaneAngles<HD, IL, HALF>;
+                    const int o = __shfl_sync(0xffffffffu, toff, j);
+                    const float *cr, *sr;
+                    A::at(P, o, ln, &cr, &sr);
 #pragma unroll
-                    for (int i = 0; i < K; i++) {
-                        const uint4 g4 = pp.rows[wi][d][i][lane];
-                        v[4 * i] = g4.x;
-                        v[4 * i + 1] = g4.y;
-                        v[4 * i + 2] = g4.z;
-                        v[4 * i + 3] = g4.w;
+                    for (int c = 0; c < K; c++) {
+                        __pipeline_memcpy_async(word(q, c), (const E *)dyp + STEP * c, 4);
+                        __pipeline_memcpy_async(word(q, K + c), (const E *)xsp + STEP * c, 4);
                     }
 #pragma unroll
                     for (int c = 0; c < K; c++) {
-                        w.dy[0][c] = v[c];
-                        w.xs[0][c] = v[K + c];
-                        w.an.c[c] = fr_u2f(v[2 * K + c]);
-                        w.an.sn[c] = fr_u2f(v[3 * K + c]);
+                        __pipeline_memcpy_async(word(q, 2 * K + c), cr + A::col(c, ln), 4);
+                        __pipeline_memcpy_async(word(q, 3 * K + c), sr + A::col(c, ln), 4);
                     }
-                    w.an.nan_if(badq[d]);
-                    w.rstd[0] = pp.rstd[wi][d][lane];
-                    float dy[G][C], xs[G][C], rs[G];
-                    widen(w, dy, xs, rs);
-                    work(w.an, dxq[d], dy, xs, rs);
+                    __pipeline_memcpy_async(&pp.rstd[wi][q][lane], rp, 4);
+                    pp.dx[wi][q][lane] = dxp;
+                    badq[q] = o < 0;
+                };
+#pragma unroll
+                for (int d = 0; d < PIPE; d++) {
+                    if (d < nt) {
+                        if (d > 0)
+                            next_token();
+                        issue(d, d);
+                    }
+                    __pipeline_commit();
+                }
+                weights();
+                for (int j0 = 0; j0 < nt; j0 += S) {
+#pragma unroll
+                    for (int d = 0; d < S; d++) {
+                        const int j = j0 + d;
+                        if (j >= nt)
+                            break;
+                        if (j + PIPE < nt) {
+                            next_token();
+                            issue(j + PIPE, (d + PIPE) % S);
+                        }
+                        __pipeline_commit(); /* empty past the unit: one group a token */
+                        __pipeline_wait_prior(PIPE);
+                        BwdTok<HD, IL, G, HALF> w;
+                        uint32_t v[4 * K];
+#pragma unroll
+                        for (int i = 0; i < K; i++) {
+                            const uint4 g4 = pp.rows[wi][d][i][lane];
+                            v[4 * i] = g4.x;
+                            v[4 * i + 1] = g4.y;
+                            v[4 * i + 2] = g4.z;
+                            v[4 * i + 3] = g4.w;
+                        }
+#pragma unroll
+                        for (int c = 0; c < K; c++) {
+                            w.dy[0][c] = v[c];
+                            w.xs[0][c] = v[K + c];
+                            w.an.c[c] = fr_u2f(v[2 * K + c]);
+                            w.an.sn[c] = fr_u2f(v[3 * K + c]);
+                        }
+                        w.an.nan_if(badq[d]);
+                        w.rstd[0] = pp.rstd[wi][d][lane];
+                        float dy[G][C], xs[G][C], rs[G];
+                        widen(w, dy, xs, rs);
+                        work(w.an, pp.dx[wi][d][lane], dy, xs, rs);
+                    }
                 }
             }
-        }
-        /* the (chunk, head) partials: the unit is the segment's chunk u */
-        if (io.hp != nullptr && mine) {
+            /* the (chunk, head) partials: the unit is the segment's chunk u */
+            if (io.hp != nullptr && mine) {
 #pragma unroll
-            for (int r = 0; r < G; r++) {
-                if (past(r))
-                    break;
-                float *o = io.hp + (u * io.heads + hl + r) * HD;
+                for (int r = 0; r < G; r++) {
+                    if (past(r))
+                        break;
+                    float *o = io.hp + (u * io.heads + hl + r) * HD;
 #pragma unroll
-                for (int c = 0; c < C; c++)
-                    o[lane_channel<HALF>(ln, c)] = acc[r][c];
+                    for (int c = 0; c < C; c++)
+                        o[lane_channel<HALF>(ln, c)] = acc[r][c];
+                }
             }
-        }
+        };
+        if (kq)
+            unit(std::integral_constant<int, 0>());
+        else
+            unit(std::integral_constant<int, 1>());
     }
 }
 
