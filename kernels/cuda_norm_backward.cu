@@ -501,7 +501,8 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
         /* the unit's tensor k a constant: the loop then reads its NIo's
          * fields (strides, pointers) as operands of the parameter bank,
          * where a k known only at run time kept them in registers (ptxas,
-         * bf16 NeoX 128 from x: 112 -> 96, bench/RESULTS.md) */
+         * bf16 NeoX 128 from x, the dx pointers in shared memory: 112 ->
+         * 96; bench/RESULTS.md) */
         auto unit = [&](auto kc) {
             constexpr int k = decltype(kc)::value;
             const NIo &io = P.io[k];

@@ -345,23 +345,6 @@ __device__ __forceinline__ float row_weight(const NParams &P, const NIo &io, int
     return wf[0];
 }
 
-/* fr_norm_value for the register-row kernels: the rounding to the dtype DT
- * by cuda_elem.cuh's conversions there and back (the hardware's on a GPU,
- * one instruction each way instead of fr_norm_round's integer steps; the
- * same bits for every non-NaN value, and NaN for NaN). */
-template <int DT> __device__ __forceinline__ float elem_round(float v, int)
-{
-    return Elem<DT>::to_f(Elem<DT>::from_f(v));
-}
-
-template <int DT>
-__device__ __forceinline__ float norm_value(float x, float rstd, float wf, int rounding)
-{
-    float y;
-    FR_NORM_VALUE(y, x, rstd, wf, rounding, DT, elem_round<DT>);
-    return y;
-}
-
 /* Two channels' values, for norm_value2: FR_NORM_VALUE's operations on each. */
 struct Two {
     float a, b;
@@ -369,11 +352,13 @@ struct Two {
 __device__ __forceinline__ Two operator*(Two u, float s) { return {u.a * s, u.b * s}; }
 __device__ __forceinline__ Two operator*(Two u, Two v) { return {u.a * v.a, u.b * v.b}; }
 
-/* elem_round of two values by one packed conversion (on a GPU one F2FP for
- * the two where elem_round takes an F2F each; the widenings stay one a
- * value).  A NaN keeps no payload or sign that matters: what is rounded here
- * only enters float arithmetic, and the store's conversion writes the
- * dtype's own NaN, so float16's NaN needs no fr_float_to_half select. */
+/* Two values rounded to the dtype DT, as floats, by cuda_elem.cuh's
+ * conversions there and back: on a GPU one packed conversion (F2FP) for the
+ * two and a widening each, where fr_norm_round takes integer steps and a
+ * conversion a value took an F2F each; the same bits for every non-NaN
+ * value, and NaN for NaN.  A NaN's payload and sign do not matter here:
+ * what is rounded only enters float arithmetic, and the store's conversion
+ * writes the dtype's own NaN, so float16 needs no fr_float_to_half select. */
 template <int DT> __device__ __forceinline__ Two elem_round2(Two v, int)
 {
     if constexpr (DT == DT_F32) {
@@ -390,7 +375,8 @@ template <int DT> __device__ __forceinline__ Two elem_round2(Two v, int)
     }
 }
 
-/* norm_value of channels a and b (the same rstd), their roundings together */
+/* fr_norm_value for the register-row kernels, of channels a and b (the
+ * same rstd), their roundings together */
 template <int DT>
 __device__ __forceinline__ void norm_value2(float xa, float xb, float rstd, float wa, float wb,
                                             int rounding, float *ya, float *yb)

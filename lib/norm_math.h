@@ -91,9 +91,9 @@ FR_HD float fr_norm_round(float v, int dt)
  * the weight wf (w, 1 + w, or 1) as the rounding mode says; ROUND(v, dt)
  * is v rounded to dtype dt as a float: fr_norm_round, or a backend's exact
  * equivalent (the CPU's vector rows, lib/cpu_norm_avx2.h nv_value8 and
- * lib/cpu_norm_avx512.c n5_value16; the CUDA kernels' conversions, kernels/cuda_norm_*.cu
- * norm_value).  x, rstd and wf may be floats or vectors of floats (GCC's
- * vector operators). */
+ * lib/cpu_norm_avx512.c n5_value16; the CUDA kernels' conversions,
+ * kernels/cuda_norm_forward.cu norm_value2).  x, rstd and wf may be floats,
+ * vectors of floats (GCC's vector operators) or pairs (norm_value2's Two). */
 #define FR_NORM_VALUE(y, x, rstd, wf, rounding, dt, ROUND)                                \
     do {                                                                                  \
         if ((rounding) == FR_ROUND_LLAMA)                                                 \
