@@ -56,18 +56,26 @@ template <> struct Elem<DT_F16> {
         return f != f ? (uint16_t)0x7e00u : h;
 #endif
     }
-    /* (lo, hi) packed into one word */
-    static __device__ __forceinline__ uint32_t from_f2(float lo, float hi)
+    /* (lo, hi) packed into one word, a NaN as some NaN (for values that
+     * are only widened again and enter float arithmetic) */
+    static __device__ __forceinline__ uint32_t from_f2_any_nan(float lo, float hi)
     {
 #if FR_CUDA_SOFT_CVT
         return (uint32_t)from_f(lo) | ((uint32_t)from_f(hi) << 16);
 #else
         __half2 h = __floats2half2_rn(lo, hi);
-        uint32_t w = *reinterpret_cast<uint32_t *>(&h);
+        return *reinterpret_cast<uint32_t *>(&h);
+#endif
+    }
+    /* (lo, hi) packed into one word */
+    static __device__ __forceinline__ uint32_t from_f2(float lo, float hi)
+    {
+        uint32_t w = from_f2_any_nan(lo, hi);
+#if !FR_CUDA_SOFT_CVT
         w = lo != lo ? (w & 0xffff0000u) | 0x7e00u : w;
         w = hi != hi ? (w & 0x0000ffffu) | 0x7e000000u : w;
-        return w;
 #endif
+        return w;
     }
 };
 template <> struct Elem<DT_BF16> {
@@ -89,6 +97,11 @@ template <> struct Elem<DT_BF16> {
         __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
         return *reinterpret_cast<uint32_t *>(&h);
 #endif
+    }
+    /* from_f2: its NaNs are fr_float_to_bf16's already */
+    static __device__ __forceinline__ uint32_t from_f2_any_nan(float lo, float hi)
+    {
+        return from_f2(lo, hi);
     }
 };
 

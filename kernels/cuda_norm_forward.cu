@@ -358,19 +358,14 @@ __device__ __forceinline__ Two operator*(Two u, Two v) { return {u.a * v.a, u.b 
  * conversion a value took an F2F each; the same bits for every non-NaN
  * value, and NaN for NaN.  A NaN's payload and sign do not matter here:
  * what is rounded only enters float arithmetic, and the store's conversion
- * writes the dtype's own NaN, so float16 needs no fr_float_to_half select. */
+ * writes the dtype's own NaN (Elem::from_f2_any_nan: float16 without
+ * fr_float_to_half's NaN select). */
 template <int DT> __device__ __forceinline__ Two elem_round2(Two v, int)
 {
     if constexpr (DT == DT_F32) {
         return v;
     } else {
-        uint32_t w;
-        if constexpr (DT == DT_F16 && !FR_CUDA_SOFT_CVT) {
-            __half2 h = __floats2half2_rn(v.a, v.b);
-            w = *reinterpret_cast<uint32_t *>(&h);
-        } else {
-            w = Elem<DT>::from_f2(v.a, v.b);
-        }
+        const uint32_t w = Elem<DT>::from_f2_any_nan(v.a, v.b);
         return {Elem<DT>::to_f((uint16_t)w), Elem<DT>::to_f((uint16_t)(w >> 16))};
     }
 }
