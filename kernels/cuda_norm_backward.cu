@@ -51,7 +51,7 @@
  * too, and norm_backward_heads' heads a warp at a token (0: bwd_heads
  * decides; 1 to 4 are built) and layout (1: half-warps, 0: warps, -1:
  * FR_CUDA_NORM_BWD_HALF decides) and, over half-warps, its tokens in
- * flight through shared memory (0, 1; -1: FR_CUDA_NORM_BWD_PIPE). */
+ * flight through shared memory (0, 1, 3; -1: FR_CUDA_NORM_BWD_PIPE). */
 extern "C" {
 int fr_emu_norm_seg_chunks = 0;
 int fr_emu_norm_bwd_heads = 0;
@@ -294,8 +294,8 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * cuobjdump (nvcc 13.0, sm_90; bf16 NeoX 128 from x): with
  * FR_CUDA_NORM_BWD_PIPE 3, 96 registers (20 warps an SM) and ~265
  * instructions a token's two rows; in registers one token ahead, 96 and 8
- * bytes spilled; over warps, 72 (24 warps) and ~150 a row.  Not yet
- * measured. */
+ * bytes spilled; over warps, 72 (24 warps) and ~150 a row.  The H200:
+ * half-warps 0.618 of a copy, warps 0.486 (FR_CUDA_NORM_BWD_PIPE). */
 #ifndef FR_CUDA_NORM_BWD_HALF
 #define FR_CUDA_NORM_BWD_HALF 1
 #endif
@@ -305,9 +305,13 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * dw partials add in token order), so a warp's bytes in flight set its
  * pace; in shared memory they take no registers (ptxas, bf16 NeoX 128 from
  * x: 96 with 1 to 3 tokens in flight, 96 and 8 bytes spilled with one in
- * registers) and PIPE 3 takes 38 KB a block of 4 warps.  Not yet measured. */
+ * registers) and PIPE 3 takes 38 KB a block of 4 warps.  Yet the H200 ran
+ * the registers fastest: bf16 Qwen3 [4096, 32 + 8 heads] with dw 0.618 of
+ * a copy, PIPE 2 0.529, PIPE 3 0.517 (ncu: 36% of its cycles between
+ * issues waiting on shared memory), rows over warps 0.486; at 16384 tokens
+ * 0.670, 0.570, 0.556, 0.551 (bench/RESULTS.md, 2026-11-29). */
 #ifndef FR_CUDA_NORM_BWD_PIPE
-#define FR_CUDA_NORM_BWD_PIPE 3
+#define FR_CUDA_NORM_BWD_PIPE 0
 #endif
 static_assert(FR_CUDA_NORM_BWD_PIPE >= 0 && FR_CUDA_NORM_BWD_PIPE <= 4,
               "FR_CUDA_NORM_BWD_PIPE: 0 to 4 tokens in flight");
@@ -846,15 +850,18 @@ cudaError_t launch_heads_g(const cudaLaunchConfig_t &cfg, const NParams &P)
 }
 
 /* The half-warp kernel with the build's pipeline (emulated, a test's
- * choice: 0, 1 or the build's). */
+ * choice: 0, 1, 3 or the build's; a deeper one than 1 is built as the
+ * build's where that is deeper, else as 3, so the tests run a pipeline
+ * whose slots wrap whatever the default). */
 template <int DT, int HD>
 cudaError_t launch_half(const cudaLaunchConfig_t &cfg, const NParams &P)
 {
 #ifdef FR_CUDA_EMULATE
+    constexpr int deep = FR_CUDA_NORM_BWD_PIPE > 1 ? FR_CUDA_NORM_BWD_PIPE : 3;
     const int pipe = FR_CHOICE(fr_emu_norm_bwd_pipe, FR_CUDA_NORM_BWD_PIPE);
     return pipe == 0   ? launch_heads_g<DT, HD, 1, true, 0>(cfg, P)
            : pipe == 1 ? launch_heads_g<DT, HD, 1, true, 1>(cfg, P)
-                       : launch_heads_g<DT, HD, 1, true, FR_CUDA_NORM_BWD_PIPE>(cfg, P);
+                       : launch_heads_g<DT, HD, 1, true, deep>(cfg, P);
 #else
     return launch_heads_g<DT, HD, 1, true, FR_CUDA_NORM_BWD_PIPE>(cfg, P);
 #endif

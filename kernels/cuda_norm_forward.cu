@@ -80,10 +80,13 @@
 
 /* Whether the warp kernel's calls take norm_forward_half, two rows a warp
  * over its halves in 32-bit words, one pair of rows a step (1) or two (2),
- * or norm_forward_warp, a row over the warp in 16-bit elements (0).  Not
- * yet measured. */
+ * or norm_forward_warp, a row over the warp in 16-bit elements (0).  Two
+ * pairs a step, with FR_CUDA_NORM_WARP_HEADS 16 and FR_CUDA_NORM_WARP_MINB
+ * 7, was the fastest the H200 measured (bf16 Qwen3 [4096, 32 + 8 heads]
+ * 0.797 of a copy; one pair a step 0.744, a row a warp 0.631:
+ * bench/RESULTS.md, 2026-11-29). */
 #ifndef FR_CUDA_NORM_WARP_HALF
-#define FR_CUDA_NORM_WARP_HALF 1
+#define FR_CUDA_NORM_WARP_HALF 2
 #endif
 static_assert(FR_CUDA_NORM_WARP_HALF >= 0 && FR_CUDA_NORM_WARP_HALF <= 2,
               "FR_CUDA_NORM_WARP_HALF: 0 (rows over warps), 1 or 2 (pairs over half-warps)");
@@ -94,19 +97,25 @@ static_assert(FR_CUDA_NORM_WARP_RPW >= 1 && FR_CUDA_NORM_WARP_RPW <= 4,
  * one item: the token's position, cos/sin and the weights are found once an
  * item, so the rows after the first cost only their own loads, sums and
  * rotations.  A call of few rows takes fewer a warp (warp_heads), so that
- * its warps still fill the device. */
+ * its warps still fill the device.  16 (8 before): with two pairs a step
+ * and FR_CUDA_NORM_WARP_MINB 7, 0.797 of a copy at [4096, 32 + 8 heads],
+ * where 8 rows and no bound took 0.744; with one pair a step 16 and 8
+ * measured alike (bench/RESULTS.md, 2026-11-29). */
 #ifndef FR_CUDA_NORM_WARP_HEADS
-#define FR_CUDA_NORM_WARP_HEADS 8
+#define FR_CUDA_NORM_WARP_HEADS 16
 #endif
 static_assert(FR_CUDA_NORM_WARP_HEADS >= 1, "FR_CUDA_NORM_WARP_HEADS: at least 1 row an item");
 
-/* The blocks of 128 threads norm_forward_warp asks ptxas to fit an SM (0:
+/* The blocks of 128 threads the warp kernels ask ptxas to fit an SM (0:
  * none asked): what the H100 measured followed the warps an SM holds, which
  * the registers set (FR_CUDA_NORM_WARP_RPW's numbers), so fewer registers
- * may pay even for a few spilled to L1; 10 blocks allow 48 registers, 12
- * allow 40 (ptxas's counts: bench/RESULTS.md).  Not yet measured. */
+ * may pay even for a few spilled to L1.  7 holds norm_forward_half's two
+ * pairs a step at 72 registers (24 bytes spilled in bf16, 48 in fp16;
+ * 77-80 without), 28 warps an SM (its one pair a step takes 66-68 where
+ * 64): with items of 16 rows the H200's fastest (FR_CUDA_NORM_WARP_HALF;
+ * ptxas of nvcc 13.0, sm_90, head_dim 128). */
 #ifndef FR_CUDA_NORM_WARP_MINB
-#define FR_CUDA_NORM_WARP_MINB 0
+#define FR_CUDA_NORM_WARP_MINB 7
 #endif
 #if FR_CUDA_NORM_WARP_MINB > 0
 #define FR_NORM_WARP_BOUNDS __launch_bounds__(128, FR_CUDA_NORM_WARP_MINB)

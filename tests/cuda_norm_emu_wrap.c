@@ -7,7 +7,9 @@
  *
  * Each call runs with the launcher planning for 132, 1, 5, 3, 1 and 2 SMs
  * (other grids: the kernels are grid-stride), the second to fourth with the
- * backward's tokens in segments of 1, 2 and 3 chunks
+ * backward's tokens in segments of 1, 2 and 3 chunks (the second and third
+ * with its half-warps' next tokens in flight through shared memory, one
+ * and three of them)
  * (kernels/cuda_norm_backward.cu, segment_tokens), the last three with the
  * forward's rows spread over warps (its lanes in lockstep:
  * norm_forward_warp's items of 4 rows taken 3 a warp at a time, then
@@ -109,7 +111,7 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
                      warp[] = { 0, 0, 0, 1, 1, 1 }, warp_rpw[] = { 0, 0, 0, 3, 0, 0 },
                      warp_heads[] = { 0, 0, 0, 4, 0, 4 }, bwd_heads[] = { 0, 0, 0, 3, 1, 0 },
                      warp_half[] = { -1, -1, -1, 0, 1, 2 }, bwd_half[] = { -1, -1, -1, 0, 0, -1 },
-                     bwd_pipe[] = { -1, 1, 0, -1, -1, -1 };
+                     bwd_pipe[] = { -1, 1, 3, -1, -1, -1 };
     const int max = 4 + 2 * (int)(na->a.seq_len * na->a.batch *
                                   (na->a.io[0].heads + (na->a.count > 1 ? na->a.io[1].heads : 0)));
     piece *pc = malloc(sizeof *pc * (size_t)max);

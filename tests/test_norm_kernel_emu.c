@@ -18,8 +18,9 @@
  * full rotary, rows on 16 bytes; the forward also on norm_forward_warp, in
  * items of 4 rows across q and k, 2 at a time, and on norm_forward_half, in
  * items of 3 rows, two at a time; the backward over half-warps, q's third
- * head beside a copy of its first, its tokens through shared memory and in
- * registers, and over warps) or the generic ones
+ * head beside a copy of its first, its tokens as the build keeps them in
+ * flight and through shared memory three at a time, and over warps) or the
+ * generic ones
  * (norm_forward, norm_dx, and the backward's dw kernels: the rows' terms,
  * norm_dw_chunks, norm_dw_heads, norm_dw_sum), in both
  * styles, in and out of place, from x or from the saved y, in each rounding
@@ -499,13 +500,13 @@ static void run_case(const ncase *nc, int vi, int status)
     call(&x, 1, 1, status, "with the case's positions");
     check_rows(&x, 1, bad);
     if (nc->rows) { /* the register-row cases also with rows over warps, and over half-warps
-                       without the pipeline */
+                       with three tokens in flight through shared memory */
         fr_emu_norm_bwd_half = 0;
         call(&x, 1, 1, status, "with the case's positions, rows over warps");
         fr_emu_norm_bwd_half = -1;
         check_rows(&x, 1, bad);
-        fr_emu_norm_bwd_pipe = 0;
-        call(&x, 1, 1, status, "with the case's positions, rows in registers");
+        fr_emu_norm_bwd_pipe = 3;
+        call(&x, 1, 1, status, "with the case's positions, three tokens through shared memory");
         fr_emu_norm_bwd_pipe = -1;
         check_rows(&x, 1, bad);
     }
