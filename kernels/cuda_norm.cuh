@@ -41,7 +41,6 @@ struct NIo {
     const void *w;    /* [head_dim] weight, or NULL */
     float *rstd;      /* [tokens][heads] */
     float *dw;        /* backward: [head_dim], or NULL */
-    float *part;      /* backward: [chunks][head_dim] scratch, or NULL */
     float *hp;        /* backward with dw: [chunks of t0..t1][heads][head_dim] scratch, each
                          (chunk, head)'s partial; NULL: none */
     float *terms;     /* backward with dw: [t1 - t0][heads][head_dim] scratch, g * n of the
@@ -58,7 +57,7 @@ struct NParams {
     const int32_t *pair_map; /* position axes: each pair's (col << 2) | axis; NULL: 1D */
     double attn;
     int *flag;
-    int64_t tokens, seq_len, max_positions, half, rot_dim, heads0, heads, chunks;
+    int64_t tokens, seq_len, max_positions, half, rot_dim, heads0, heads;
     int64_t t0, t1; /* the row kernels' tokens: t0 <= t < t1 */
     int64_t warp_heads; /* norm_forward_warp: the rows (heads of a token) of a warp's item */
     /* the forward's warp kernels (launch_warps): a token's groups of heads
@@ -478,7 +477,6 @@ inline void params(const fr_norm_args *na, NParams *P)
     P->rot_dim = cache->rot_dim;
     P->heads0 = P->io[0].heads;
     P->heads = P->io[0].heads + P->io[1].heads;
-    P->chunks = (P->tokens + FUSEDROPE_NORM_DW_CHUNK - 1) / FUSEDROPE_NORM_DW_CHUNK;
     P->t0 = 0;
     P->t1 = P->tokens;
     P->interleaved = a->interleaved;

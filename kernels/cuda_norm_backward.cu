@@ -7,8 +7,8 @@
  * A row: its sum of dn * n in the contract's order, then dx pair by pair;
  * dw sums each head's terms g * n per chunk of FUSEDROPE_NORM_DW_CHUNK
  * tokens (the chunk's tokens in order) into a (chunk, head) partial, a
- * chunk's heads' partials in head order (norm_dw_heads), then the chunks
- * in order (norm_dw_sum).  The generic kernel (norm_dx, a thread per row)
+ * chunk's heads' partials in head order, then the chunks in order
+ * (norm_dw_fold, a launch a segment).  The generic kernel (norm_dx, a thread per row)
  * writes the terms to a stream-ordered scratch array, which one thread per
  * (chunk, head, channel) sums (norm_dw_chunks); the common shapes (rows_hd)
  * take norm_backward_heads, a warp per chunk of two heads (over its halves)
@@ -159,39 +159,53 @@ __global__ void norm_dw_chunks(const __grid_constant__ NParams P)
     }
 }
 
-/* (2) one thread per (tensor, chunk of tokens t0..t1, channel): the chunk's
- * heads' partials in head order, into the chunk's partial. */
-__global__ void norm_dw_heads(const __grid_constant__ NParams P)
+/* (2) per segment t0..t1, a block of DW_THREADS per (tensor, DW_CH of its
+ * channels), in rounds of DW_ROUND chunks: a thread a (chunk, channel) adds
+ * the chunk's heads' partials in head order from 0 (the chunk's partial)
+ * into shared memory; then a thread a channel adds those in chunk order
+ * onto the channel's running sum (0 at the call's first segment, else dw
+ * as the segment before left it), written to dw at the end.  So the
+ * contract's order, in one launch a segment where a kernel a segment for
+ * the heads and one a call for the chunks took 3.9 and 4.5 us at 4096
+ * tokens on the H200 (ncu), each little more than a small launch's cost
+ * (bench/RESULTS.md, 2026-11-29). */
+constexpr int DW_CH = 2, DW_THREADS = 256, DW_ROUND = DW_THREADS / DW_CH;
+
+/* norm_dw_fold's blocks for tensor k (none where its dw is not asked for) */
+__host__ __device__ inline int64_t fold_blocks(const NIo &io)
 {
-    const int64_t C = FUSEDROPE_NORM_DW_CHUNK, k0 = P.t0 / C, nk = (P.t1 - P.t0 + C - 1) / C;
-    const int64_t n0 = P.io[0].hp ? nk * P.io[0].hd : 0;
-    const int64_t n1 = P.io[1].hp ? nk * P.io[1].hd : 0;
-    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n0 + n1;
-         q += (int64_t)gridDim.x * blockDim.x) {
-        const int k = q >= n0;
-        const NIo &io = P.io[k];
-        const int64_t e = q - (k ? n0 : 0), ch = e / io.hd, c = e % io.hd;
-        io.part[(k0 + ch) * io.hd + c] = sum_in_order(io.hp + ch * io.heads * io.hd + c,
-                                                      io.heads, io.hd);
-    }
+    return io.hp != nullptr ? (io.hd + DW_CH - 1) / DW_CH : 0;
 }
 
-/* (3) one thread per (tensor, channel): the partials in chunk order (a
- * few loads in flight at a time made this pass a tenth of the backward's
- * time at 4096 tokens: bench/RESULTS.md). */
-__global__ void norm_dw_sum(const __grid_constant__ NParams P)
+__global__ void __launch_bounds__(DW_THREADS) norm_dw_fold(const __grid_constant__ NParams P)
 {
-    const int64_t n0 = P.io[0].part ? P.io[0].hd : 0, n1 = P.io[1].part ? P.io[1].hd : 0;
-    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n0 + n1;
-         q += (int64_t)gridDim.x * blockDim.x) {
-        const int k = q >= n0;
-        const NIo &io = P.io[k];
-        const int64_t c = q - (k ? n0 : 0);
-        io.dw[c] = sum_in_order(io.part + c, P.chunks, io.hd);
+    __shared__ float part[DW_ROUND][DW_CH];
+    const int64_t C = FUSEDROPE_NORM_DW_CHUNK, nk = (P.t1 - P.t0 + C - 1) / C;
+    const int64_t b0 = fold_blocks(P.io[0]);
+    const int k = (int64_t)blockIdx.x >= b0;
+    const NIo &io = P.io[k];
+    const int64_t c0 = ((int64_t)blockIdx.x - (k ? b0 : 0)) * DW_CH;
+    const int i = (int)threadIdx.x / DW_CH, j = (int)threadIdx.x % DW_CH;
+    const bool adder = threadIdx.x < DW_CH && c0 + threadIdx.x < io.hd;
+    float run = 0.0f;
+    if (adder && P.t0 > 0)
+        run = io.dw[c0 + threadIdx.x];
+    for (int64_t r = 0; r < nk; r += DW_ROUND) {
+        if (r + i < nk && c0 + j < io.hd)
+            part[i][j] = sum_in_order(io.hp + (r + i) * io.heads * io.hd + c0 + j, io.heads, io.hd);
+        __syncthreads();
+        if (adder) {
+            const int n = nk - r < DW_ROUND ? (int)(nk - r) : DW_ROUND;
+            for (int q = 0; q < n; q++)
+                run = run + part[q][threadIdx.x];
+        }
+        __syncthreads();
     }
+    if (adder)
+        io.dw[c0 + threadIdx.x] = run;
 }
 
-/* (4) one thread per row: dx. */
+/* (3) one thread per row: dx. */
 __global__ void norm_dx(const __grid_constant__ NParams P)
 {
     check_cu_seqlens(P.pos, P.tokens, P.flag);
@@ -254,8 +268,8 @@ __global__ void norm_dx(const __grid_constant__ NParams P)
  * walks token by token, each token's heads in order; a lane adds its
  * channels' terms g * n of each head in token order in registers, which is the
  * contract's (chunk, head) partial, written to scratch at the unit's end
- * (norm_dw_heads then adds a chunk's heads in order, norm_dw_sum the
- * chunks).  So no warp waits for another: the partials' order is the
+ * (norm_dw_fold then adds a chunk's heads in order, and the chunks in
+ * order).  So no warp waits for another: the partials' order is the
  * contract's whatever the launch shape.  (The block a chunk this replaced
  * had to add a chunk's 1024 q terms in row order, a barrier every 16 rows,
  * one 16-warp block an SM: 0.30 of a copy on the H200; bench/RESULTS.md.)
@@ -940,41 +954,48 @@ int64_t segment_tokens(int64_t tokens, int64_t floats_per_chunk)
     return seg < tokens ? seg : (tokens + C - 1) / C * C;
 }
 
+/* norm_dw_fold over the segment P.t0..P.t1: its blocks meet at barriers
+ * (emulated, as fibers in lockstep) */
+cudaError_t launch_fold(const NParams &P, cudaStream_t stream)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(fold_blocks(P.io[0]) + fold_blocks(P.io[1])), 1, 1);
+    cfg.blockDim = dim3(DW_THREADS, 1, 1);
+    cfg.stream = stream;
+#ifdef FR_CUDA_EMULATE
+    return fr_emu_launch_lockstep(&cfg, norm_dw_fold, P);
+#else
+    return cudaLaunchKernelEx(&cfg, norm_dw_fold, P);
+#endif
+}
+
 /* dx, and dw where asked for, per segment of tokens: the common rows by
  * norm_backward_heads, which leaves each (chunk, head)'s partial, the
  * others by the row kernel, which leaves each row's g * n terms, and
- * norm_dw_chunks, which sums a (chunk, head)'s terms; then norm_dw_heads,
- * each chunk's heads' partials in head order; then the chunks' partials
- * summed in chunk order.  Without dw, the row kernel over all tokens. */
+ * norm_dw_chunks, which sums a (chunk, head)'s terms; then norm_dw_fold,
+ * each chunk's heads' partials in head order, the chunks' in chunk order
+ * onto dw.  Without dw, the row kernel over all tokens. */
 cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
 {
     const int64_t C = FUSEDROPE_NORM_DW_CHUNK, hd = rows_hd(P, count, true);
     /* the scratch floats a chunk: each (chunk, head)'s partial, and the
      * generic row kernel's terms */
     int64_t hpf[2] = { 0, 0 }, tf[2] = { 0, 0 };
-    size_t pf[2] = { 0, 0 };
     for (int k = 0; k < count; k++)
         if (P.io[k].dw != nullptr) {
             hpf[k] = P.io[k].heads * P.io[k].hd;
             tf[k] = hd == 0 ? C * hpf[k] : 0;
-            pf[k] = (size_t)(P.chunks * P.io[k].hd);
         }
     void *scratch = nullptr;
     cudaError_t err = cudaSuccess;
-    if (pf[0] + pf[1] == 0)
+    if (hpf[0] + hpf[1] == 0)
         return hd != 0 ? launch_heads_all(P, hd, stream)
                        : launch(norm_dx, P.tokens * P.heads, P, stream);
     const int64_t seg = segment_tokens(P.tokens, hpf[0] + hpf[1] + tf[0] + tf[1]), nks = seg / C;
-    if ((err = scratch_alloc(&scratch,
-                             (pf[0] + pf[1] + (size_t)(nks * (hpf[0] + hpf[1] + tf[0] + tf[1]))) *
-                                 sizeof(float),
+    if ((err = scratch_alloc(&scratch, (size_t)(nks * (hpf[0] + hpf[1] + tf[0] + tf[1])) * sizeof(float),
                              stream)) != cudaSuccess)
         return err;
     float *f = (float *)scratch;
-    for (int k = 0; k < 2; k++) {
-        P.io[k].part = pf[k] ? f : nullptr;
-        f += pf[k];
-    }
     for (int k = 0; k < 2; k++) {
         P.io[k].hp = hpf[k] ? f : nullptr;
         f += nks * hpf[k];
@@ -993,11 +1014,8 @@ cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
                 err = launch(norm_dw_chunks, nk * (hpf[0] + hpf[1]), P, stream);
         }
         if (err == cudaSuccess)
-            err = launch(norm_dw_heads, nk * ((hpf[0] ? P.io[0].hd : 0) + (hpf[1] ? P.io[1].hd : 0)),
-                         P, stream);
+            err = launch_fold(P, stream);
     }
-    if (err == cudaSuccess)
-        err = launch(norm_dw_sum, (pf[0] ? P.io[0].hd : 0) + (pf[1] ? P.io[1].hd : 0), P, stream);
     const cudaError_t e2 = scratch_free(scratch, stream);
     return err != cudaSuccess ? err : e2;
 }

@@ -22,7 +22,7 @@
  * flight and through shared memory three at a time, and over warps) or the
  * generic ones
  * (norm_forward, norm_dx, and the backward's dw kernels: the rows' terms,
- * norm_dw_chunks, norm_dw_heads, norm_dw_sum), in both
+ * norm_dw_chunks, norm_dw_fold), in both
  * styles, in and out of place, from x or from the saved y, in each rounding
  * mode (WEIGHT, or PLUS_ONE with the Gemma rounding), with and without dw.
  * Each call runs twice: with the case's positions, and with every bad
