@@ -92,8 +92,8 @@ quiet_host() {
   [ $n -gt 0 ] && note "quiet host: the $n variant builds done"
   vpid=()
 }
-normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:8:1:0:16:2 1000000000:1:16:1:7:16:2 1000000000:1:16:1:0:16:1 1000000000:1:8:1:0:16:0 1000000000:1:8:1:0:8:1 1000000000:1:8:1:9:16:1}
-normbwd_variants=${NORMBWD_VARIANTS:-1:1:0:36:1:2 1:1:0:36:0:0 1:1:0:36:1:0}
+normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:16:1:0:16:2 1000000000:1:32:1:7:16:2 1000000000:1:16:1:7:7:2 1000000000:1:16:1:7:0:2 1000000000:1:16:1:8:16:2}
+normbwd_variants=${NORMBWD_VARIANTS:-1:1:0:36:1:1 1:2:0:36:1:0 1:1:6:36:1:0}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
     prebuild normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW FR_CUDA_NORM_WARP_HEADS \
@@ -234,15 +234,12 @@ section_normwarp() {
   # keeps the default), test_norm_gpu
   # on each, then the same norm lines on the default build first and on
   # each (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF; by
-  # default, the likeliest to reach issue 13's target first, so that a
-  # session cut short still has them: two pairs of rows a step (78-80
-  # registers, 6 blocks an SM), that with items of 16 rows and 7 blocks
-  # asked (72 registers, 24 bytes spilled), the half-warp kernel, the
-  # default, with items of 16 rows (a token's per-item work over twice the
-  # rows); then the one-row warp kernel as the 2026-11-28 run measured it
-  # (0.0430 ms at 4096 tokens), the half-warp kernel with a grid of one wave
-  # at its 64 registers (8 blocks an SM), and with 9 blocks asked of ptxas
-  # (56 registers, 56 bytes spilled)); NORMWARP_TOKENS the sizes
+  # default, around the default the 2026-11-29 lease chose (two pairs of
+  # rows a step, items of 16 rows, 7 blocks asked: 72 registers, 24 bytes
+  # spilled; 0.797 of a copy at 4096 tokens): without the 7 blocks (77-80
+  # registers, 6 blocks an SM: which of the two changes gave the 0.053),
+  # items of 32 rows, a grid of one wave (7 blocks an SM) and of a warp an
+  # item (GRID 0), 8 blocks asked (64 registers)); NORMWARP_TOKENS the sizes
   quiet_host
   for v in default $normwarp_variants; do
     variant_tree normwarp $v || continue
@@ -292,9 +289,12 @@ section_normbwd() {
   # 0: always; tokens loaded or in flight in registers; blocks of 128 an SM
   # asked of ptxas; rows over half-warps, 1, or over warps, 0; over
   # half-warps, tokens in flight through shared memory, 0: in registers;
-  # ptxas's registers for bf16 NeoX 128 from x, default 1:1:0:36:1:3: 96
-  # (112 from y); 1:1:0:36:1:2: 96; 1:1:0:36:1:0: 96 and 8 bytes spilled;
-  # 1:1:0:36:0:0: 72), each variant's build:
+  # ptxas's registers for bf16 NeoX 128 from x (nvcc 13.0, sm_90): the
+  # default 1:1:0:36:1:0 96 and 8 bytes spilled (the 2026-11-29 lease's
+  # fastest, 0.618 of a copy at 4096 tokens; 3 tokens through shared memory
+  # 0.517); by default 1:1:0:36:1:1 95 (108 from y), 1:2:0:36:1:0 (two
+  # tokens ahead in registers) 144, 1:1:6:36:1:0 80 and 176 bytes
+  # spilled), each variant's build:
   # test_norm_gpu on each, then the backward lines (dw for q and k) at 1024,
   # 4096 and 16384 tokens and in fp16 and interleaved, on the default
   # build first and on each
