@@ -8,12 +8,13 @@
  * dw sums each head's terms g * n per chunk of FUSEDROPE_NORM_DW_CHUNK
  * tokens (the chunk's tokens in order) into a (chunk, head) partial, a
  * chunk's heads' partials in head order, then the chunks in order
- * (norm_dw_fold, a launch a segment).  The generic kernel (norm_dx, a thread per row)
- * writes the terms to a stream-ordered scratch array, which one thread per
- * (chunk, head, channel) sums (norm_dw_chunks); the common shapes (rows_hd)
- * take norm_backward_heads, a warp per chunk of two heads (over its halves)
- * or of one head (or a few: a row over a warp's lanes;
- * FR_CUDA_NORM_BWD_HALF chooses) adding the terms in registers as it goes.
+ * (norm_dw_fold, a launch a segment).  The generic kernel (norm_dx, a
+ * thread per row) writes the terms to a stream-ordered scratch array,
+ * which one thread per (chunk, head, channel) sums (norm_dw_chunks); the
+ * common shapes (rows_hd) take norm_backward_heads, a warp per chunk of
+ * two heads (over its halves) or of one head (or a few: a row over a
+ * warp's lanes; FR_CUDA_NORM_BWD_HALF chooses) adding the terms in
+ * registers as it goes.
  * A long call runs in segments of whole chunks (the scratch of a segment
  * at most TERMS_BYTES).  An earlier dw pass that read dy and the saved
  * tensor again, one thread per (chunk, channel), took about 1 ms whatever
@@ -22,9 +23,10 @@
  * With FR_CUDA_EMULATE (kernels/cuda_norm_backward_emu.cc) the host C++
  * compiler builds it and kernels/cuda_emu.h runs the kernels on the CPU:
  * threads share nothing but the warp kernels' shuffles (the shared memory
- * of norm_backward_heads' asynchronous copies is each lane's own words),
- * so running them one after another, a warp's lanes in lockstep for those
- * kernels, gives what the device gives.
+ * of norm_backward_heads' asynchronous copies is each lane's own words)
+ * and norm_dw_fold's shared memory (between barriers), so running them one
+ * after another, a warp's lanes or a block's threads in lockstep for
+ * those kernels, gives what the device gives.
  */
 #include <limits.h>
 #include <stdint.h>
@@ -992,8 +994,8 @@ cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
         return hd != 0 ? launch_heads_all(P, hd, stream)
                        : launch(norm_dx, P.tokens * P.heads, P, stream);
     const int64_t seg = segment_tokens(P.tokens, hpf[0] + hpf[1] + tf[0] + tf[1]), nks = seg / C;
-    if ((err = scratch_alloc(&scratch, (size_t)(nks * (hpf[0] + hpf[1] + tf[0] + tf[1])) * sizeof(float),
-                             stream)) != cudaSuccess)
+    const size_t floats = (size_t)(nks * (hpf[0] + hpf[1] + tf[0] + tf[1]));
+    if ((err = scratch_alloc(&scratch, floats * sizeof(float), stream)) != cudaSuccess)
         return err;
     float *f = (float *)scratch;
     for (int k = 0; k < 2; k++) {
