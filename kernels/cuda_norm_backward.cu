@@ -171,7 +171,14 @@ __global__ void norm_dw_chunks(const __grid_constant__ NParams P)
  * the heads and one a call for the chunks took 3.9 and 4.5 us at 4096
  * tokens on the H200 (ncu), each little more than a small launch's cost
  * (bench/RESULTS.md, 2026-11-29). */
-constexpr int DW_CH = 2, DW_THREADS = 256, DW_ROUND = DW_THREADS / DW_CH;
+#ifdef FR_CUDA_EMULATE
+/* emulated, a warp of 16 channels in rounds of 2 chunks: the tests' calls
+ * of a few chunks run several rounds, and the fibers are few */
+constexpr int DW_CH = 16, DW_THREADS = 32;
+#else
+constexpr int DW_CH = 2, DW_THREADS = 256;
+#endif
+constexpr int DW_ROUND = DW_THREADS / DW_CH;
 
 /* norm_dw_fold's blocks for tensor k (none where its dw is not asked for) */
 __host__ __device__ inline int64_t fold_blocks(const NIo &io)
