@@ -8,13 +8,14 @@ dest=${OUT:-/tmp/out}; mkdir -p "$dest"
 cd /tmp/build/fusedrope-*/ || exit 1
 log="$dest/sweep.txt"; : > "$log"
 # The default takes the wide NeoX group per launch where an SM holds as many
-# of its blocks (wide_pays in kernels/cuda_apply.cu); U_NEOX_WIDE=0 is the
-# narrow group everywhere (the build measured before it), U_NEOX=4 the wide
-# group everywhere; U=4 four heads a group in the interleaved lanes (never
-# measured on them: the last sweep's U=4 ran with U_NEOX=4, on NeoX shapes).
-# Other knobs measured before (bench/RESULTS.md): the register caps
+# of its blocks (wide_shape in kernels/cuda_apply.cu); WIDE_RETILE=80 also
+# where another count of tokens a block lets an SM hold two or more wide
+# blocks and 80% of the narrow kernel's threads ([512,32,24,128]: 240-thread
+# blocks, where the default runs the narrow group in 288-thread ones).
+# Other knobs measured before (bench/RESULTS.md): U_NEOX_WIDE=0 (narrow
+# everywhere), U_NEOX=4 (wide everywhere), U=4, the register caps
 # (MAXNREG=80, 72, 64), WAVES=2, MAX_HPT=16.
-variants=${VARIANTS:-"default -DFR_CUDA_U_NEOX_WIDE=0 -DFR_CUDA_U_NEOX=4 -DFR_CUDA_U=4"}
+variants=${VARIANTS:-"default -DFR_CUDA_WIDE_RETILE=80"}
 # a variant of several flags joins them with commas
 for v in $variants; do
   flags=$(echo "$v" | tr , ' '); [ "$v" = default ] && flags=

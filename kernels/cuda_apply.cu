@@ -64,7 +64,8 @@
 
 #ifdef FR_CUDA_EMULATE
 /* Emulated, a test chooses the wide NeoX kernel (1) or the narrow one (0)
- * wherever a general NeoX launch asks wide_pays. */
+ * wherever a general NeoX launch asks wide_shape, or (2) the device's
+ * choice from the H200's register counts, retiled (wide_shape). */
 extern "C" {
 int fr_emu_neox_wide = 0;
 }
@@ -86,7 +87,14 @@ namespace {
  *   FR_CUDA_U_NEOX_WIDE        the NeoX lanes' wider group (default 4; 0 or
  *                              at most FR_CUDA_U_NEOX: none), taken per launch
  *                              where the SM holds as many of its blocks as
- *                              of FR_CUDA_U_NEOX's (wide_pays, below).
+ *                              of FR_CUDA_U_NEOX's (wide_shape, below).
+ *   FR_CUDA_WIDE_RETILE        percent (0: off, the default): where the
+ *                              wide group's kernel holds fewer blocks of a
+ *                              general NeoX launch's shape than the narrow
+ *                              one, the wide kernel takes another count of
+ *                              tokens a block if an SM then holds at least
+ *                              this percentage of the threads the narrow
+ *                              kernel's blocks hold (wide_shape, below).
  *   FR_CUDA_MAX_HPT            most heads per thread (cos/sin reuse).
  *   FR_CUDA_WAVES              heads per thread grow only while the grid keeps
  *                              this many waves of 2048 threads per SM.
@@ -101,6 +109,9 @@ namespace {
 #endif
 #ifndef FR_CUDA_U_NEOX_WIDE
 #define FR_CUDA_U_NEOX_WIDE 4
+#endif
+#ifndef FR_CUDA_WIDE_RETILE
+#define FR_CUDA_WIDE_RETILE 0
 #endif
 #ifndef FR_CUDA_MAX_HPT
 #define FR_CUDA_MAX_HPT 8
@@ -596,7 +607,7 @@ enum { MODE_SCALAR, MODE_NEOX_VEC, MODE_INTER_VEC, MODE_NEOX_ONE, MODE_NEOX_WIDE
  * and a 288-thread block runs alone).  So the rotary lanes' code must stay
  * under 104 registers; bench/RESULTS.md has what crossing it cost.  The
  * wide NeoX kernel (MODE_NEOX_WIDE) is the exception that is chosen per
- * launch, only where an SM holds as many of its blocks (wide_pays).
+ * launch, only where an SM holds as many of its blocks (wide_shape).
  *
  * The explicit minimum of 1 block per SM matters: with __launch_bounds__(512)
  * alone ptxas squeezes some kernels into fewer registers with spills.
@@ -793,27 +804,86 @@ template <int DT, int MODE, bool AX> int resident_blocks(int dev, int threads)
         __atomic_store_n(&cached[dev][w], n + 1, __ATOMIC_RELAXED);
     return n;
 }
+#else
+/* Emulated: the H200's counts for the bfloat16 kernels (ptxas, sm_90: the
+ * narrow group's 95 registers fit 20 warps an SM, the wide group's 126
+ * fit 16; at most 32 blocks), so that wide_shape's search runs in the
+ * tests as it would there. */
+template <int DT, int MODE, bool AX> int resident_blocks(int, int threads)
+{
+    const int w = (threads + 31) / 32, n = (MODE == MODE_NEOX_WIDE ? 16 : 20) / w;
+    return n < 32 ? n : 32;
+}
 #endif
 
-/* Whether a general NeoX launch of shape sh on device dev takes the wide
- * group (built: UNW > UN): when an SM holds as many of its blocks as of the
- * narrow kernel's.  Results never depend on it (the same rotation of the
- * same elements). */
-template <int DT, bool AX> bool wide_pays(const Shape &sh, int dev)
+/* The wide group's retiling, percent (FR_CUDA_WIDE_RETILE; emulated, a
+ * test's choice: fr_emu_neox_wide 2 takes 80). */
+int wide_retile()
 {
 #ifdef FR_CUDA_EMULATE
-    (void)sh;
-    (void)dev;
-    return fr_emu_neox_wide != 0;
+    return fr_emu_neox_wide == 2 ? 80 : 0;
 #else
-    const int threads = (int)(sh.block.x * sh.block.y * sh.block.z);
-    const int wide = resident_blocks<DT, MODE_NEOX_WIDE, AX>(dev, threads);
-    return wide > 0 && wide >= resident_blocks<DT, MODE_NEOX_VEC, AX>(dev, threads);
+    return FR_CUDA_WIDE_RETILE;
 #endif
 }
 
+/*
+ * Whether a general NeoX launch of shape sh on device dev takes the wide
+ * group (built: UNW > UN), and in what shape (*out): sh where an SM holds
+ * as many of the wide kernel's blocks as of the narrow kernel's.  Else,
+ * with wide_retile() > 0, the count of tokens a block (block.z; the grid's
+ * x follows) whose wide blocks an SM holds the most threads of, two blocks
+ * at least (one block an SM idles it while the block's last warps finish),
+ * nearest 256 threads among equals, if those threads are at least
+ * wide_retile() percent of the narrow kernel's at sh and the grid still
+ * fills the device's SMs (sms) once: a shape of 24 threads a token, blocks
+ * of 288 threads, holds two narrow blocks (576 threads) but one wide, while
+ * wide blocks of 240 threads fit two (480).  Results never depend on the
+ * choice (the same rotation of the same elements; tokens grid-stride).
+ * Emulated: fr_emu_neox_wide 1 takes the wide kernel in sh, 0 never, 2 as
+ * the device would with the counts above.
+ */
+template <int DT, bool AX> bool wide_shape(const Shape &sh, int64_t tokens, int dev, int sms,
+                                           Shape *out)
+{
+    *out = sh;
+#ifdef FR_CUDA_EMULATE
+    if (fr_emu_neox_wide != 2)
+        return fr_emu_neox_wide != 0;
+#endif
+    const int threads = (int)(sh.block.x * sh.block.y * sh.block.z);
+    const int narrow = resident_blocks<DT, MODE_NEOX_VEC, AX>(dev, threads);
+    const int wide = resident_blocks<DT, MODE_NEOX_WIDE, AX>(dev, threads);
+    if (wide > 0 && wide >= narrow)
+        return true;
+    if (wide_retile() <= 0 || narrow <= 0)
+        return false;
+    const int64_t per_tok = (int64_t)sh.block.x * sh.block.y;
+    const int64_t narrow_threads = (int64_t)narrow * threads;
+    int64_t best_tz = 0, best = 0;
+    for (int64_t tz = 1; tz * per_tok <= MAX_BLOCK && tz <= 64 && tz <= tokens; tz++) {
+        const int64_t n = tz * per_tok, b = resident_blocks<DT, MODE_NEOX_WIDE, AX>(dev, (int)n);
+        const int64_t held = b * n, bn = best_tz * per_tok;
+        if (b < 2 || held * 100 < (int64_t)wide_retile() * narrow_threads ||
+            ceil_div(tokens, tz) * sh.grid.y < b * sms)
+            continue;
+        if (held > best ||
+            (held == best && (n > 256 ? n - 256 : 256 - n) < (bn > 256 ? bn - 256 : 256 - bn))) {
+            best = held;
+            best_tz = tz;
+        }
+    }
+    if (best_tz == 0)
+        return false;
+    const int64_t gx = ceil_div(tokens, best_tz);
+    out->block.z = (unsigned)best_tz;
+    out->grid.x = (unsigned)(gx < INT_MAX ? gx : INT_MAX); /* grid-stride over tokens */
+    return true;
+}
+
 template <int DT>
-cudaError_t launch(bool vec, const Shape &sh, const KParams &P, int dev, cudaStream_t stream)
+cudaError_t launch(bool vec, const Shape &sh, const KParams &P, int dev, int sms,
+                   cudaStream_t stream)
 {
     if (!vec)
         return launch_mode<DT, MODE_SCALAR>(sh, P, stream);
@@ -822,8 +892,10 @@ cudaError_t launch(bool vec, const Shape &sh, const KParams &P, int dev, cudaStr
     if (ceil_div(P.heads, P.gtotal) <= UN) /* every thread has one group of heads */
         return launch_mode<DT, MODE_NEOX_ONE>(sh, P, stream);
     if constexpr (UNW > UN) {
-        if (P.pair_map != nullptr ? wide_pays<DT, true>(sh, dev) : wide_pays<DT, false>(sh, dev))
-            return launch_mode<DT, MODE_NEOX_WIDE>(sh, P, stream);
+        Shape w;
+        if (P.pair_map != nullptr ? wide_shape<DT, true>(sh, P.tokens, dev, sms, &w)
+                                  : wide_shape<DT, false>(sh, P.tokens, dev, sms, &w))
+            return launch_mode<DT, MODE_NEOX_WIDE>(w, P, stream);
     }
     return launch_mode<DT, MODE_NEOX_VEC>(sh, P, stream);
 }
@@ -898,20 +970,21 @@ extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "fr_cuda_apply: the cache has neither a device table nor frequencies");
 
-    const Shape sh = choose_shape(tokens, P.heads, P.lanes, fr_cuda_sm_count(dev));
+    const int sms = fr_cuda_sm_count(dev);
+    const Shape sh = choose_shape(tokens, P.heads, P.lanes, sms);
     P.gtotal = sh.gtotal;
 
     cudaStream_t stream = (cudaStream_t)a->stream;
     cudaError_t err;
     switch (a->dtype) {
     case FUSEDROPE_FLOAT32:
-        err = launch<DT_F32>(vec, sh, P, dev, stream);
+        err = launch<DT_F32>(vec, sh, P, dev, sms, stream);
         break;
     case FUSEDROPE_FLOAT16:
-        err = launch<DT_F16>(vec, sh, P, dev, stream);
+        err = launch<DT_F16>(vec, sh, P, dev, sms, stream);
         break;
     default:
-        err = launch<DT_BF16>(vec, sh, P, dev, stream);
+        err = launch<DT_BF16>(vec, sh, P, dev, sms, stream);
         break;
     }
     if (err != cudaSuccess)

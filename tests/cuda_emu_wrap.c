@@ -8,8 +8,10 @@
  *
  * Each call runs four times, with the launcher planning for 132 SMs (an
  * H100), for 1 (the most heads per thread, the general NeoX kernel), for 5
- * with the wide NeoX kernel wherever the general one would run, and for 1
- * with it, from the same starting bytes (saved and put back, so in place
+ * choosing the wide NeoX kernel and its block as an H200 would with
+ * FR_CUDA_WIDE_RETILE at 80 (kernels/cuda_apply.cu's wide_shape), and for
+ * 1 with the wide kernel wherever the general one would run, from the same
+ * starting bytes (saved and put back, so in place
  * works too): the four outputs must be identical.  The real OpenMP backend
  * then runs from the same bytes, and its output must be the kernels' to the
  * bit (the backends' promise; a NaN need only be NaN, its bits being each
@@ -40,7 +42,8 @@ void __wrap_fusedrope__cpu_apply(const fr_apply_args *a);
 int fr_emu_sms = 132;
 extern int fr_emu_neox_wide; /* kernels/cuda_apply.cu */
 
-/* A launch plan: the SMs the launcher plans for, the wide NeoX kernel. */
+/* A launch plan: the SMs the launcher plans for, the wide NeoX kernel
+ * (fr_emu_neox_wide: 0 never, 1 always, 2 as the device would, retiled). */
 typedef struct {
     int sms, wide;
 } plan;
@@ -94,7 +97,7 @@ static void run(const fr_apply_args *a, plan p)
 
 void __wrap_fusedrope__cpu_apply(const fr_apply_args *a)
 {
-    static const plan plans[] = { { 132, 0 }, { 1, 0 }, { 5, 1 }, { 1, 1 } };
+    static const plan plans[] = { { 132, 0 }, { 1, 0 }, { 5, 2 }, { 1, 1 } };
     const size_t np = sizeof plans / sizeof plans[0];
     const size_t n = outputs(a, NULL, 0);
     unsigned char *start = malloc(n ? n : 1), *first = malloc(n ? n : 1),
