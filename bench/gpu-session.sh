@@ -92,7 +92,7 @@ quiet_host() {
   [ $n -gt 0 ] && note "quiet host: the $n variant builds done"
   vpid=()
 }
-normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:16:1:0:16:2 1000000000:1:32:1:7:16:2 1000000000:1:16:1:7:7:2 1000000000:1:16:1:7:0:2 1000000000:1:16:1:8:16:2}
+normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:16:2:6:16:2 1000000000:1:16:2:0:16:2 1000000000:1:32:1:7:16:2 1000000000:1:16:1:7:0:2 1000000000:1:16:1:7:7:2}
 normbwd_variants=${NORMBWD_VARIANTS:-1:1:0:36:1:1 1:2:0:36:1:0 1:1:6:36:1:0}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
@@ -230,16 +230,17 @@ section_normwarp() {
   # RPW rows' loads AHEAD or not, MINB blocks an SM asked of ptxas or 0,
   # GRID the grid's blocks an SM or 0: a warp an item, HALF 1 or 2 for
   # norm_forward_half (two rows a warp in 32-bit words, one or two pairs of
-  # rows a step; RPW and AHEAD are norm_forward_warp's); a value left off
+  # rows a step; RPW is norm_forward_warp's; AHEAD 2 keeps two of
+  # norm_forward_half's steps in flight); a value left off
   # keeps the default), test_norm_gpu
   # on each, then the same norm lines on the default build first and on
   # each (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF; by
   # default, around the default the 2026-11-29 lease chose (two pairs of
   # rows a step, items of 16 rows, 7 blocks asked: 72 registers, 24 bytes
-  # spilled; 0.797 of a copy at 4096 tokens): without the 7 blocks (77-80
-  # registers, 6 blocks an SM: which of the two changes gave the 0.053),
-  # items of 32 rows, a grid of one wave (7 blocks an SM) and of a warp an
-  # item (GRID 0), 8 blocks asked (64 registers)); NORMWARP_TOKENS the sizes
+  # spilled; 0.797 of a copy at 4096 tokens): two steps in flight with 6
+  # blocks asked (80 registers, 40-56 bytes spilled outside the step loop)
+  # and with none (87-88, no spill), items of 32 rows, a grid of a warp an
+  # item (GRID 0) and of one wave (7 blocks an SM)); NORMWARP_TOKENS the sizes
   quiet_host
   for v in default $normwarp_variants; do
     variant_tree normwarp $v || continue
