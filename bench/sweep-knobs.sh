@@ -8,14 +8,17 @@ dest=${OUT:-/tmp/out}; mkdir -p "$dest"
 cd /tmp/build/fusedrope-*/ || exit 1
 log="$dest/sweep.txt"; : > "$log"
 # The default takes the wide NeoX group per launch where an SM holds as many
-# of its blocks (wide_shape in kernels/cuda_apply.cu); WIDE_RETILE=80 also
-# where another count of tokens a block lets an SM hold two or more wide
-# blocks and 80% of the narrow kernel's threads ([512,32,24,128]: 240-thread
+# of its blocks (wide_shape in kernels/cuda_apply.cu); WIDE_PRELOAD=1 has the
+# wide kernel issue its first group's loads before the token's position and
+# table row (128 registers where 126: the same 16 warps an SM; bf16
+# [4096,1,128,128] takes it); WIDE_RETILE=80 also takes the wide group where
+# another count of tokens a block lets an SM hold two or more wide blocks
+# and 80% of the narrow kernel's threads ([512,32,24,128]: 240-thread
 # blocks, where the default runs the narrow group in 288-thread ones).
 # Other knobs measured before (bench/RESULTS.md): U_NEOX_WIDE=0 (narrow
 # everywhere), U_NEOX=4 (wide everywhere), U=4, the register caps
 # (MAXNREG=80, 72, 64), WAVES=2, MAX_HPT=16.
-variants=${VARIANTS:-"default -DFR_CUDA_WIDE_RETILE=80"}
+variants=${VARIANTS:-"default -DFR_CUDA_WIDE_PRELOAD=1 -DFR_CUDA_WIDE_RETILE=80,-DFR_CUDA_WIDE_PRELOAD=1"}
 # a variant of several flags joins them with commas
 for v in $variants; do
   flags=$(echo "$v" | tr , ' '); [ "$v" = default ] && flags=

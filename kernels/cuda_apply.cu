@@ -68,6 +68,7 @@
  * choice from the H200's register counts, retiled (wide_shape). */
 extern "C" {
 int fr_emu_neox_wide = 0;
+int fr_emu_wide_preload = 0; /* the wide kernel's first group loaded early (FR_CUDA_WIDE_PRELOAD) */
 }
 #endif
 
@@ -88,6 +89,10 @@ namespace {
  *                              at most FR_CUDA_U_NEOX: none), taken per launch
  *                              where the SM holds as many of its blocks as
  *                              of FR_CUDA_U_NEOX's (wide_shape, below).
+ *   FR_CUDA_WIDE_PRELOAD       1: the wide group's kernel issues its first
+ *                              group's loads before the token's position
+ *                              and table row, as the decode kernel does (0,
+ *                              the default: after).
  *   FR_CUDA_WIDE_RETILE        percent (0: off, the default): where the
  *                              wide group's kernel holds fewer blocks of a
  *                              general NeoX launch's shape than the narrow
@@ -109,6 +114,9 @@ namespace {
 #endif
 #ifndef FR_CUDA_U_NEOX_WIDE
 #define FR_CUDA_U_NEOX_WIDE 4
+#endif
+#ifndef FR_CUDA_WIDE_PRELOAD
+#define FR_CUDA_WIDE_PRELOAD 0
 #endif
 #ifndef FR_CUDA_WIDE_RETILE
 #define FR_CUDA_WIDE_RETILE 0
@@ -415,6 +423,18 @@ __device__ __forceinline__ void neox_store(const KParams &P, int64_t h0, int64_t
     }
 }
 
+/* Whether the wide NeoX kernel issues its first group's loads before the
+ * token's position and table row (FR_CUDA_WIDE_PRELOAD; emulated, a test's
+ * choice). */
+__device__ __forceinline__ bool wide_preload()
+{
+#ifdef FR_CUDA_EMULATE
+    return fr_emu_wide_preload != 0;
+#else
+    return FR_CUDA_WIDE_PRELOAD != 0;
+#endif
+}
+
 /* ONE_GROUP: the launcher's promise that every thread owns at most UN heads
  * (decode-sized calls).  The heads' loads then go out before the token's
  * position is known, since they do not depend on it: the data comes back in
@@ -422,8 +442,10 @@ __device__ __forceinline__ void neox_store(const KParams &P, int64_t h0, int64_t
  * not after them.  Not done in the general loop's first group: there the
  * same order costs registers, and with them resident blocks of a
  * prefill-sized call; as a kernel of its own (no loop, fewer registers) it
- * costs decode-sized calls nothing. */
-template <int DT, bool ONE_GROUP, bool AX, int N>
+ * costs decode-sized calls nothing.  The wide kernel (WIDE) may do it
+ * (wide_preload): it takes 128 registers where 126 (ptxas, sm_90, bf16),
+ * the same 16 warps an SM. */
+template <int DT, bool ONE_GROUP, bool AX, int N, bool WIDE = false>
 __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                                 int64_t b, int64_t s, int64_t lane, int64_t g)
 {
@@ -435,7 +457,8 @@ __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtr
     uint4 va[N], vb[N];
     T *dst[N];
     fr_pair_channels(0, i0, P.half, &ca, &cb);
-    if constexpr (ONE_GROUP)
+    const bool pre = WIDE && wide_preload();
+    if (ONE_GROUP || pre)
         neox_load<DT, N>(P, t, g, ca, cb, va, vb, dst);
     const TokPos p = token_position<AX>(P, b, s, &bad);
 
@@ -450,7 +473,12 @@ __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtr
     if constexpr (ONE_GROUP) {
         neox_store<DT, N>(P, g, ca, cb, va, vb, dst, c, sn);
     } else {
-        for (int64_t h0 = g; h0 < P.heads; h0 += N * P.gtotal) {
+        int64_t h0 = g;
+        if (pre) { /* the first group loaded above */
+            neox_store<DT, N>(P, h0, ca, cb, va, vb, dst, c, sn);
+            h0 += N * P.gtotal;
+        }
+        for (; h0 < P.heads; h0 += N * P.gtotal) {
             neox_load<DT, N>(P, t, h0, ca, cb, va, vb, dst);
             neox_store<DT, N>(P, h0, ca, cb, va, vb, dst, c, sn);
         }
@@ -657,7 +685,8 @@ __global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
                     rotary_inter_vec<DT, AX>(P, t, b, s, lane, g);
                 else
                     rotary_neox_vec<DT, MODE == MODE_NEOX_ONE, AX,
-                                    MODE == MODE_NEOX_WIDE ? UNW : UN>(P, t, b, s, lane, g);
+                                    MODE == MODE_NEOX_WIDE ? UNW : UN, MODE == MODE_NEOX_WIDE>(
+                        P, t, b, s, lane, g);
             } else {
                 pass_lane<DT, VEC>(P, t, lane - P.nc, g);
             }
