@@ -93,7 +93,7 @@ quiet_host() {
   vpid=()
 }
 normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:16:2:6:16:2 1000000000:1:16:2:0:16:2 1000000000:1:32:1:7:16:2 1000000000:1:16:1:7:0:2 1000000000:1:16:1:7:7:2}
-normbwd_variants=${NORMBWD_VARIANTS:-1:1:0:36:1:1 1:2:0:36:1:0 1:1:6:36:1:0}
+normbwd_variants=${NORMBWD_VARIANTS:-1:2:0:36:1:0:1 1:2:0:36:1:0 1:1:6:36:1:0}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
     prebuild normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW FR_CUDA_NORM_WARP_HEADS \
@@ -103,7 +103,8 @@ esac
 case " $sections " in *" normbwd "*)
   for v in $normbwd_variants; do
     prebuild normbwd $v FR_CUDA_NORM_BWD_HEADS FR_CUDA_NORM_BWD_AHEAD FR_CUDA_NORM_BWD_MINB \
-      FR_CUDA_NORM_BWD_WAVE FR_CUDA_NORM_BWD_HALF FR_CUDA_NORM_BWD_PIPE
+      FR_CUDA_NORM_BWD_WAVE FR_CUDA_NORM_BWD_HALF FR_CUDA_NORM_BWD_PIPE \
+      FR_CUDA_NORM_BWD_LATE_ANGLES
   done ;;
 esac
 
@@ -285,17 +286,19 @@ section_cpunorm() {
 
 section_normbwd() {
   # the norm backward's row kernel (norm_backward_heads) in each shape of
-  # FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE (heads a warp takes at
-  # a token where the call has more one-head units than WAVE warps an SM,
-  # 0: always; tokens loaded or in flight in registers; blocks of 128 an SM
-  # asked of ptxas; rows over half-warps, 1, or over warps, 0; over
-  # half-warps, tokens in flight through shared memory, 0: in registers;
+  # FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE:LATE_ANGLES (heads a
+  # warp takes at a token where the call has more one-head units than WAVE
+  # warps an SM, 0: always; tokens loaded or in flight in registers; blocks
+  # of 128 an SM asked of ptxas; rows over half-warps, 1, or over warps, 0;
+  # over half-warps, tokens in flight through shared memory, 0: in
+  # registers; 1: a token held in registers keeps its table offset, its
+  # angles loaded when worked; a value left off keeps the default;
   # ptxas's registers for bf16 NeoX 128 from x (nvcc 13.0, sm_90): the
-  # default 1:1:0:36:1:0 96 and 8 bytes spilled (the 2026-11-29 lease's
+  # default 1:1:0:36:1:0:0 96 and 8 bytes spilled (the 2026-11-29 lease's
   # fastest, 0.618 of a copy at 4096 tokens; 3 tokens through shared memory
-  # 0.517); by default 1:1:0:36:1:1 95 (108 from y), 1:2:0:36:1:0 (two
-  # tokens ahead in registers) 144, 1:1:6:36:1:0 80 and 176 bytes
-  # spilled), each variant's build:
+  # 0.517); by default 1:2:0:36:1:0:1 (two tokens held, angles when worked)
+  # 120-126, 1:2:0:36:1:0 (two tokens held) 144, 1:1:6:36:1:0 80 and 176
+  # bytes spilled), each variant's build:
   # test_norm_gpu on each, then the backward lines (dw for q and k) at 1024,
   # 4096 and 16384 tokens and in fp16 and interleaved, on the default
   # build first and on each
@@ -303,7 +306,7 @@ section_normbwd() {
   for v in default $normbwd_variants; do
     variant_tree normbwd $v || continue
     b=$vt/tools/fusedrope-bench
-    { echo "== FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE=$v"
+    { echo "== FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE:LATE_ANGLES=$v"
       for tokens in 1024 4096 16384; do
         $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_bwd|FAIL)'
       done

@@ -53,12 +53,16 @@
  * too, and norm_backward_heads' heads a warp at a token (0: bwd_heads
  * decides; 1 to 4 are built) and layout (1: half-warps, 0: warps, -1:
  * FR_CUDA_NORM_BWD_HALF decides) and, over half-warps, its tokens in
- * flight through shared memory (0, 1, 3; -1: FR_CUDA_NORM_BWD_PIPE). */
+ * flight through shared memory (0, 1, 3; -1: FR_CUDA_NORM_BWD_PIPE);
+ * with tokens in registers, how many (FR_CUDA_NORM_BWD_AHEAD) and where
+ * their angles are loaded (FR_CUDA_NORM_BWD_LATE_ANGLES). */
 extern "C" {
 int fr_emu_norm_seg_chunks = 0;
 int fr_emu_norm_bwd_heads = 0;
 int fr_emu_norm_bwd_half = -1;
 int fr_emu_norm_bwd_pipe = -1;
+int fr_emu_norm_bwd_late_angles = 0; /* FR_CUDA_NORM_BWD_LATE_ANGLES */
+int fr_emu_norm_bwd_ahead = 0;       /* 1 to 4, 0: FR_CUDA_NORM_BWD_AHEAD */
 }
 #endif
 
@@ -350,9 +354,18 @@ static_assert(FR_CUDA_NORM_BWD_PIPE >= 0 && FR_CUDA_NORM_BWD_PIPE <= 4,
  * token j + D's loads are issued when token j is widened, so D tokens'
  * bytes are in flight through D tokens' work.  ptxas (bf16 NeoX 128, from
  * x, over warps): 1 takes 95 registers and ~150 instructions a token, 2 114 and ~214
- * (it moves the ring's registers about).  Not yet measured. */
+ * (it moves the ring's registers about); over half-warps 96 and 144.  Not
+ * yet measured. */
 #ifndef FR_CUDA_NORM_BWD_AHEAD
 #define FR_CUDA_NORM_BWD_AHEAD 1
+#endif
+/* 1: a token held (FR_CUDA_NORM_BWD_AHEAD) keeps its table row's offset,
+ * and its angles are loaded when it is worked (bwd_late_angles), not held
+ * with its rows.  ptxas (nvcc 13.0, sm_90, NeoX 128 over half-warps): one
+ * token bf16 96 registers as without, fp16 from y 95 where 110; two tokens
+ * 120-126 where 144 (16 warps an SM where 12).  Not yet measured. */
+#ifndef FR_CUDA_NORM_BWD_LATE_ANGLES
+#define FR_CUDA_NORM_BWD_LATE_ANGLES 0
 #endif
 static_assert(FR_CUDA_NORM_BWD_AHEAD >= 1 && FR_CUDA_NORM_BWD_AHEAD <= 4,
               "FR_CUDA_NORM_BWD_AHEAD: 1 to 4 tokens held");
@@ -472,10 +485,25 @@ template <> struct LaneWord<true> {
  * 16-bit element in a word of its own over a warp: halves of shared words
  * took a PRMT a load and a copy), widened only when worked; their rstd; the
  * token's angles and the lane's first element of its dx row. */
+/* Whether norm_backward_heads' tokens in flight in registers (PIPE 0)
+ * hold their table row's offset and load the angles when worked (from
+ * L1 or L2: a table row serves a token's every unit), 8 registers less a
+ * token held, or the angles themselves (FR_CUDA_NORM_BWD_LATE_ANGLES;
+ * emulated, a test's choice). */
+__device__ __forceinline__ bool bwd_late_angles()
+{
+#ifdef FR_CUDA_EMULATE
+    return fr_emu_norm_bwd_late_angles != 0;
+#else
+    return FR_CUDA_NORM_BWD_LATE_ANGLES != 0;
+#endif
+}
+
 template <int HD, bool IL, int G, bool HALF> struct BwdTok {
     uint32_t dy[G][HD / 32], xs[G][HD / 32];
     float rstd[G];
     LaneAngles<HD, IL, HALF> an;
+    int toff; /* bwd_late_angles: the table row's offset, an loaded when worked */
     uint16_t *dx;
 };
 
@@ -590,7 +618,10 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                     }
                     w.rstd[r] = rp[r];
                 }
-                w.an.load(P, __shfl_sync(0xffffffffu, toff, j), ln);
+                if (bwd_late_angles())
+                    w.toff = __shfl_sync(0xffffffffu, toff, j);
+                else
+                    w.an.load(P, __shfl_sync(0xffffffffu, toff, j), ln);
                 w.dx = dxp;
             };
             /* the pointers one token on */
@@ -654,8 +685,15 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                 /* the ring of tokens loaded or in flight: token j in slot j %
                  * D; the first D tokens' loads in flight while the weights
                  * are found */
+#ifdef FR_CUDA_EMULATE
+                /* emulated, a test's choice (host code: a count at run time) */
+                const int D = fr_emu_norm_bwd_ahead > 0 ? fr_emu_norm_bwd_ahead
+                                                        : FR_CUDA_NORM_BWD_AHEAD;
+                BwdTok<HD, IL, G, HALF> ring[4];
+#else
                 constexpr int D = FR_CUDA_NORM_BWD_AHEAD;
                 BwdTok<HD, IL, G, HALF> ring[D];
+#endif
 #pragma unroll
                 for (int d = 0; d < D; d++) {
                     if (d >= nt)
@@ -677,7 +715,9 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                         BwdTok<HD, IL, G, HALF> &w = ring[d];
                         float dy[G][C], xs[G][C], rs[G];
                         widen(w, dy, xs, rs);
-                        const LaneAngles<HD, IL, HALF> an = w.an;
+                        LaneAngles<HD, IL, HALF> an = w.an;
+                        if (bwd_late_angles())
+                            an.load(P, w.toff, ln);
                         uint16_t *dxt = w.dx;
                         /* past the unit's last token, that token's rows again
                          * (in L1): loads under a condition kept the slot's old

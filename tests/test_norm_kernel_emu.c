@@ -74,7 +74,7 @@ int fr_emu_sms = 132;
  * items' rows and rows at a time, the backward's layouts */
 extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw, fr_emu_norm_bwd_heads,
     fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe, fr_emu_norm_warp_blocks,
-    fr_emu_norm_half_ahead;
+    fr_emu_norm_half_ahead, fr_emu_norm_bwd_ahead, fr_emu_norm_bwd_late_angles;
 
 enum { M = 32, MAXT = 64 }; /* table rows; most tokens of a case */
 /* q's and k's heads: odd and even, a warp's item of several heads short;
@@ -507,7 +507,8 @@ static void run_case(const ncase *nc, int vi, int status)
     call(&x, 1, 1, status, "with the case's positions");
     check_rows(&x, 1, bad);
     if (nc->rows) { /* the register-row cases also with rows over warps, and over half-warps
-                       with three tokens in flight through shared memory */
+                       with three tokens in flight through shared memory, and two held in
+                       registers, their angles loaded when worked */
         fr_emu_norm_bwd_half = 0;
         call(&x, 1, 1, status, "with the case's positions, rows over warps");
         fr_emu_norm_bwd_half = -1;
@@ -515,6 +516,12 @@ static void run_case(const ncase *nc, int vi, int status)
         fr_emu_norm_bwd_pipe = 3;
         call(&x, 1, 1, status, "with the case's positions, three tokens through shared memory");
         fr_emu_norm_bwd_pipe = -1;
+        check_rows(&x, 1, bad);
+        fr_emu_norm_bwd_ahead = 2;
+        fr_emu_norm_bwd_late_angles = 1;
+        call(&x, 1, 1, status, "with the case's positions, two tokens held, angles when worked");
+        fr_emu_norm_bwd_ahead = 0;
+        fr_emu_norm_bwd_late_angles = 0;
         check_rows(&x, 1, bad);
     }
 
