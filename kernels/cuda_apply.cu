@@ -64,11 +64,12 @@
 
 #ifdef FR_CUDA_EMULATE
 /* Emulated, a test chooses the wide NeoX kernel (1) or the narrow one (0)
- * wherever a general NeoX launch asks wide_shape, or (2) the device's
- * choice from the H200's register counts, retiled (wide_shape). */
+ * wherever a general NeoX launch asks wide_shape, or (2) as the device would
+ * with the H200's register counts and FR_CUDA_WIDE_RETILE 80; and whether
+ * the wide kernel loads its first group early (-1: FR_CUDA_WIDE_PRELOAD). */
 extern "C" {
 int fr_emu_neox_wide = 0;
-int fr_emu_wide_preload = 0; /* the wide kernel's first group loaded early (FR_CUDA_WIDE_PRELOAD) */
+int fr_emu_wide_preload = -1;
 }
 #endif
 
@@ -428,11 +429,7 @@ __device__ __forceinline__ void neox_store(const KParams &P, int64_t h0, int64_t
  * choice). */
 __device__ __forceinline__ bool wide_preload()
 {
-#ifdef FR_CUDA_EMULATE
-    return fr_emu_wide_preload != 0;
-#else
-    return FR_CUDA_WIDE_PRELOAD != 0;
-#endif
+    return FR_CHOICE(fr_emu_wide_preload, FR_CUDA_WIDE_PRELOAD) != 0;
 }
 
 /* ONE_GROUP: the launcher's promise that every thread owns at most UN heads

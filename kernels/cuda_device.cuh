@@ -1,13 +1,22 @@
 /*
  * cuda_device.cuh - the current-device rule of every CUDA call (plain and
- * norm), for kernels/cuda_apply.cu and kernels/cuda_norm_*.cu in both their
- * builds: after cuda_util.cuh (a GPU build) or cuda_emu.h (the host
- * emulation, whose one device is 0), which give fr_cuda_fail.
+ * norm), and a tuning knob's value in either build (FR_CHOICE), for
+ * kernels/cuda_apply.cu and kernels/cuda_norm_*.cu in both their builds:
+ * after cuda_util.cuh (a GPU build) or cuda_emu.h (the host emulation, whose
+ * one device is 0), which give fr_cuda_fail.
  */
 #ifndef FUSEDROPE_CUDA_DEVICE_CUH
 #define FUSEDROPE_CUDA_DEVICE_CUH
 
 #include "internal.h"
+
+/* The build's choice `build`, or where emulated a test's `emu` (-1: the
+ * build's). */
+#ifdef FR_CUDA_EMULATE
+#define FR_CHOICE(emu, build) ((emu) >= 0 ? (emu) : (build))
+#else
+#define FR_CHOICE(emu, build) (build)
+#endif
 
 /* The calling thread's current device: the runtime's (a host-side read of
  * the thread's state, no device round trip), or 0 in the emulation, whose one

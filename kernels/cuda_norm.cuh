@@ -26,14 +26,6 @@
 #define FR_NOINLINE __noinline__
 #endif
 
-/* The build's choice `build`, or where emulated a test's `emu` (-1: the
- * build's). */
-#ifdef FR_CUDA_EMULATE
-#define FR_CHOICE(emu, build) ((emu) >= 0 ? (emu) : (build))
-#else
-#define FR_CHOICE(emu, build) (build)
-#endif
-
 struct NIo {
     const void *in;   /* forward: x; backward: dy */
     void *out;        /* forward: y; backward: dx */

@@ -61,8 +61,8 @@ int fr_emu_norm_seg_chunks = 0;
 int fr_emu_norm_bwd_heads = 0;
 int fr_emu_norm_bwd_half = -1;
 int fr_emu_norm_bwd_pipe = -1;
-int fr_emu_norm_bwd_late_angles = 0; /* FR_CUDA_NORM_BWD_LATE_ANGLES */
-int fr_emu_norm_bwd_ahead = 0;       /* 1 to 4, 0: FR_CUDA_NORM_BWD_AHEAD */
+int fr_emu_norm_bwd_late_angles = -1; /* 0 or 1, -1: FR_CUDA_NORM_BWD_LATE_ANGLES */
+int fr_emu_norm_bwd_ahead = 0;         /* 1 to 4, 0: FR_CUDA_NORM_BWD_AHEAD */
 }
 #endif
 
@@ -481,10 +481,6 @@ template <> struct LaneWord<true> {
     using T = uint32_t;
 };
 
-/* A token's rows of a unit as loaded: this lane's words of each row (a
- * 16-bit element in a word of its own over a warp: halves of shared words
- * took a PRMT a load and a copy), widened only when worked; their rstd; the
- * token's angles and the lane's first element of its dx row. */
 /* Whether norm_backward_heads' tokens in flight in registers (PIPE 0)
  * hold their table row's offset and load the angles when worked (from
  * L1 or L2: a table row serves a token's every unit), 8 registers less a
@@ -492,13 +488,14 @@ template <> struct LaneWord<true> {
  * emulated, a test's choice). */
 __device__ __forceinline__ bool bwd_late_angles()
 {
-#ifdef FR_CUDA_EMULATE
-    return fr_emu_norm_bwd_late_angles != 0;
-#else
-    return FR_CUDA_NORM_BWD_LATE_ANGLES != 0;
-#endif
+    return FR_CHOICE(fr_emu_norm_bwd_late_angles, FR_CUDA_NORM_BWD_LATE_ANGLES) != 0;
 }
 
+/* A token's rows of a unit as loaded: this lane's words of each row (a
+ * 16-bit element in a word of its own over a warp: halves of shared words
+ * took a PRMT a load and a copy), widened only when worked; their rstd; the
+ * token's angles (or, bwd_late_angles, their table row's offset) and the
+ * lane's first element of its dx row. */
 template <int HD, bool IL, int G, bool HALF> struct BwdTok {
     uint32_t dy[G][HD / 32], xs[G][HD / 32];
     float rstd[G];

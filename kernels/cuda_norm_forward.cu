@@ -174,7 +174,9 @@ int warp_half()
     return FR_CHOICE(fr_emu_norm_warp_half, FR_CUDA_NORM_WARP_HALF);
 }
 
-/* The steps of norm_forward_half whose loads a warp keeps in flight. */
+#if defined FR_CUDA_EMULATE || FR_CUDA_NORM_WARP_AHEAD >= 2
+/* The steps of norm_forward_half whose loads a warp keeps in flight (built
+ * where more than one may be). */
 int half_ahead()
 {
 #ifdef FR_CUDA_EMULATE
@@ -183,6 +185,7 @@ int half_ahead()
 #endif
     return FR_CUDA_NORM_WARP_AHEAD >= 2 ? 2 : 1;
 }
+#endif
 
 /* The rows a warp of norm_forward_warp holds at a time. */
 int warp_rpw()

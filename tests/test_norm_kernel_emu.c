@@ -521,7 +521,7 @@ static void run_case(const ncase *nc, int vi, int status)
         fr_emu_norm_bwd_late_angles = 1;
         call(&x, 1, 1, status, "with the case's positions, two tokens held, angles when worked");
         fr_emu_norm_bwd_ahead = 0;
-        fr_emu_norm_bwd_late_angles = 0;
+        fr_emu_norm_bwd_late_angles = -1;
         check_rows(&x, 1, bad);
     }
 
