@@ -14,11 +14,13 @@ log="$dest/sweep.txt"; : > "$log"
 # [4096,1,128,128] takes it); WIDE_RETILE=80 also takes the wide group where
 # another count of tokens a block lets an SM hold two or more wide blocks
 # and 80% of the narrow kernel's threads ([512,32,24,128]: 240-thread
-# blocks, where the default runs the narrow group in 288-thread ones).
+# blocks, where the default runs the narrow group in 288-thread ones); with
+# MAX_HPT=4 too, a thread's heads are one wide group, all its loads issued
+# before its token's position (both seed shapes).
 # Other knobs measured before (bench/RESULTS.md): U_NEOX_WIDE=0 (narrow
 # everywhere), U_NEOX=4 (wide everywhere), U=4, the register caps
 # (MAXNREG=80, 72, 64), WAVES=2, MAX_HPT=16.
-variants=${VARIANTS:-"default -DFR_CUDA_WIDE_PRELOAD=1 -DFR_CUDA_WIDE_RETILE=80,-DFR_CUDA_WIDE_PRELOAD=1"}
+variants=${VARIANTS:-"default -DFR_CUDA_WIDE_PRELOAD=1 -DFR_CUDA_WIDE_RETILE=80,-DFR_CUDA_WIDE_PRELOAD=1 -DFR_CUDA_WIDE_RETILE=80,-DFR_CUDA_WIDE_PRELOAD=1,-DFR_CUDA_MAX_HPT=4"}
 # a variant of several flags joins them with commas
 for v in $variants; do
   flags=$(echo "$v" | tr , ' '); [ "$v" = default ] && flags=
