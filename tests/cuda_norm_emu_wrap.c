@@ -14,9 +14,10 @@
  * forward's rows spread over warps (its lanes in lockstep:
  * norm_forward_warp's items of 4 rows taken 3 a warp at a time, then
  * norm_forward_half's items as warp_heads sizes them for one SM, two rows a
- * warp, two steps' loads in flight, then its items of 4 rows, two pairs of rows a step where the heads
- * are multiples of 4), the backward's warps taking heads as the launcher
- * decides in the first three and the last (one a token with 132 SMs,
+ * warp, two steps' loads in flight, then its items of 4 rows, two pairs of
+ * rows a step where the heads are multiples of 4), the backward's warps
+ * taking heads as the launcher decides in the first three and the last
+ * (one a token with 132 SMs,
  * FR_CUDA_NORM_BWD_HEADS with fewer), 3 a token in the fourth and 1 in the
  * fifth (norm_backward_heads; the last two holding two tokens in
  * registers, the fourth and the last loading a held token's angles when
