@@ -18,8 +18,10 @@ log="$dest/sweep.txt"; : > "$log"
 # MAX_HPT=4 too, a thread's heads are one wide group, all its loads issued
 # before its token's position (both seed shapes).
 # Other knobs measured before (bench/RESULTS.md): U_NEOX_WIDE=0 (narrow
-# everywhere), U_NEOX=4 (wide everywhere), U=4, the register caps
-# (MAXNREG=80, 72, 64), WAVES=2, MAX_HPT=16.
+# everywhere), U_NEOX=4 (wide everywhere), the register caps (MAXNREG=80,
+# 72, 64), WAVES=2, MAX_HPT=16; not yet U=4 (four heads a group in the
+# interleaved lanes: the sweep that had U=4 ran it with U_NEOX=4, on NeoX
+# shapes).  VARIANTS="-DFR_CUDA_U=4" runs it.
 variants=${VARIANTS:-"default -DFR_CUDA_WIDE_PRELOAD=1 -DFR_CUDA_WIDE_RETILE=80,-DFR_CUDA_WIDE_PRELOAD=1 -DFR_CUDA_WIDE_RETILE=80,-DFR_CUDA_WIDE_PRELOAD=1,-DFR_CUDA_MAX_HPT=4"}
 # a variant of several flags joins them with commas
 for v in $variants; do
