@@ -721,6 +721,29 @@ struct Shape {
     int64_t gtotal;
 };
 
+/* The most tokens a block of per_tok threads a token takes (MAX_BLOCK
+ * threads, 64 tokens, the call's tokens; at least 1). */
+int64_t block_tokens_max(int64_t per_tok, int64_t tokens)
+{
+    int64_t tmax = MAX_BLOCK / per_tok;
+    if (tmax > 64)
+        tmax = 64;
+    if (tmax > tokens)
+        tmax = tokens;
+    return tmax < 1 ? 1 : tmax;
+}
+
+/* A block of n threads' distance from 256, the size the shapes lean to. */
+int64_t off_256(int64_t n) { return n > 256 ? n - 256 : 256 - n; }
+
+/* The grid's x for tz tokens a block: at most INT_MAX blocks (the kernels
+ * walk tokens grid-stride). */
+unsigned grid_x(int64_t tokens, int64_t tz)
+{
+    const int64_t gx = ceil_div(tokens, tz);
+    return (unsigned)(gx < INT_MAX ? gx : INT_MAX);
+}
+
 /*
  * Block and grid from the work: `lanes` threads per head group and token,
  * `heads` heads per token, `tokens` tokens.  Heads per thread grow (up to 8,
@@ -745,13 +768,7 @@ Shape choose_shape(int64_t tokens, int64_t heads, int64_t lanes, int sms)
     /* Tokens per block: blocks of 128..512 threads with as little of the last
      * warp idle as possible, near 256. */
     int64_t per_tok = bx * gb;
-    int64_t tmax = MAX_BLOCK / per_tok;
-    if (tmax > 64)
-        tmax = 64;
-    if (tmax > tokens)
-        tmax = tokens;
-    if (tmax < 1)
-        tmax = 1;
+    const int64_t tmax = block_tokens_max(per_tok, tokens);
     int64_t tz = 256 / per_tok;
     if (tz < 1)
         tz = 1;
@@ -763,7 +780,7 @@ Shape choose_shape(int64_t tokens, int64_t heads, int64_t lanes, int sms)
             continue;
         const double w = warp_waste(n), bw = warp_waste(best);
         if (w < bw - 1e-9 ||
-            (w <= bw + 1e-9 && (n > 256 ? n - 256 : 256 - n) < (best > 256 ? best - 256 : 256 - best)))
+            (w <= bw + 1e-9 && off_256(n) < off_256(best)))
             tz = t;
     }
 
@@ -786,11 +803,8 @@ Shape choose_shape(int64_t tokens, int64_t heads, int64_t lanes, int sms)
         gy = 65535; /* threads take more heads: the head loop strides by gtotal */
         gtotal = gy * gb;
     }
-    int64_t gx = ceil_div(tokens, tz);
-    if (gx > INT_MAX)
-        gx = INT_MAX; /* grid-stride over tokens */
     sh.block = dim3((unsigned)bx, (unsigned)gb, (unsigned)tz);
-    sh.grid = dim3((unsigned)gx, (unsigned)gy, 1);
+    sh.grid = dim3(grid_x(tokens, tz), (unsigned)gy, 1);
     sh.gtotal = gtotal;
     return sh;
 }
@@ -887,23 +901,22 @@ template <int DT, bool AX> bool wide_shape(const Shape &sh, int64_t tokens, int 
     const int64_t per_tok = (int64_t)sh.block.x * sh.block.y;
     const int64_t narrow_threads = (int64_t)narrow * threads;
     int64_t best_tz = 0, best = 0;
-    for (int64_t tz = 1; tz * per_tok <= MAX_BLOCK && tz <= 64 && tz <= tokens; tz++) {
+    const int64_t tmax = block_tokens_max(per_tok, tokens);
+    for (int64_t tz = 1; tz <= tmax; tz++) {
         const int64_t n = tz * per_tok, b = resident_blocks<DT, MODE_NEOX_WIDE, AX>(dev, (int)n);
-        const int64_t held = b * n, bn = best_tz * per_tok;
+        const int64_t held = b * n;
         if (b < 2 || held * 100 < (int64_t)wide_retile() * narrow_threads ||
             ceil_div(tokens, tz) * sh.grid.y < b * sms)
             continue;
-        if (held > best ||
-            (held == best && (n > 256 ? n - 256 : 256 - n) < (bn > 256 ? bn - 256 : 256 - bn))) {
+        if (held > best || (held == best && off_256(n) < off_256(best_tz * per_tok))) {
             best = held;
             best_tz = tz;
         }
     }
     if (best_tz == 0)
         return false;
-    const int64_t gx = ceil_div(tokens, best_tz);
     out->block.z = (unsigned)best_tz;
-    out->grid.x = (unsigned)(gx < INT_MAX ? gx : INT_MAX); /* grid-stride over tokens */
+    out->grid.x = grid_x(tokens, best_tz);
     return true;
 }
 
