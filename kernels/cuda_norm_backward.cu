@@ -367,7 +367,9 @@ static_assert(FR_CUDA_NORM_BWD_PIPE >= 0 && FR_CUDA_NORM_BWD_PIPE <= 4,
 #ifndef FR_CUDA_NORM_BWD_LATE_ANGLES
 #define FR_CUDA_NORM_BWD_LATE_ANGLES 0
 #endif
-static_assert(FR_CUDA_NORM_BWD_AHEAD >= 1 && FR_CUDA_NORM_BWD_AHEAD <= 4,
+/* the most tokens held (the emulation's ring holds this many) */
+constexpr int BWD_AHEAD_MAX = 4;
+static_assert(FR_CUDA_NORM_BWD_AHEAD >= 1 && FR_CUDA_NORM_BWD_AHEAD <= BWD_AHEAD_MAX,
               "FR_CUDA_NORM_BWD_AHEAD: 1 to 4 tokens held");
 /* The blocks of 128 threads norm_backward_heads asks ptxas to fit an SM
  * (0: none asked; 8 allow 64 registers, 9 allow 56), as
@@ -684,9 +686,10 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                  * are found */
 #ifdef FR_CUDA_EMULATE
                 /* emulated, a test's choice (host code: a count at run time) */
-                const int D = fr_emu_norm_bwd_ahead > 0 ? fr_emu_norm_bwd_ahead
-                                                        : FR_CUDA_NORM_BWD_AHEAD;
-                BwdTok<HD, IL, G, HALF> ring[4];
+                const int D = fr_emu_norm_bwd_ahead > 0 && fr_emu_norm_bwd_ahead <= BWD_AHEAD_MAX
+                                  ? fr_emu_norm_bwd_ahead
+                                  : FR_CUDA_NORM_BWD_AHEAD;
+                BwdTok<HD, IL, G, HALF> ring[BWD_AHEAD_MAX];
 #else
                 constexpr int D = FR_CUDA_NORM_BWD_AHEAD;
                 BwdTok<HD, IL, G, HALF> ring[D];
