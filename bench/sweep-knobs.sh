@@ -8,21 +8,19 @@ dest=${OUT:-/tmp/out}; mkdir -p "$dest"
 cd /tmp/build/fusedrope-*/ || exit 1
 log="$dest/sweep.txt"; : > "$log"
 # The default takes the wide NeoX group per launch where an SM holds as many
-# of its blocks (wide_shape in kernels/cuda_apply.cu); WIDE_PRELOAD=1 has the
-# wide kernel issue its first group's loads before the token's position and
-# table row (128 registers where 126: the same 16 warps an SM; bf16
-# [4096,1,128,128] takes it); WIDE_RETILE=80 also takes the wide group where
-# another count of tokens a block lets an SM hold two or more wide blocks
-# and 80% of the narrow kernel's threads ([512,32,24,128]: 240-thread
-# blocks, where the default runs the narrow group in 288-thread ones); with
-# MAX_HPT=4 too, a thread's heads are one wide group, all its loads issued
-# before its token's position (both seed shapes).
+# of its blocks (wide_shape in kernels/cuda_apply.cu), and four heads a group
+# in the interleaved kernel (FR_CUDA_U_INTER 4; U_INTER=2 is the kernel before
+# it: 0.876 of a copy in bf16 against 0.922 on the 2026-11-30 lease, which
+# had it from a build with FR_CUDA_U=4; fp16 and fp32 not yet measured).
+# WIDE_PRELOAD=1 has the wide kernel issue its first group's loads before the
+# token's position and table row; WIDE_RETILE=80 also takes the wide group
+# where another count of tokens a block lets an SM hold two or more wide
+# blocks and 80% of the narrow kernel's threads.  Both lost on that lease.
 # Other knobs measured before (bench/RESULTS.md): U_NEOX_WIDE=0 (narrow
-# everywhere), U_NEOX=4 (wide everywhere), the register caps (MAXNREG=80,
-# 72, 64), WAVES=2, MAX_HPT=16; not yet U=4 (four heads a group in the
-# interleaved lanes: the sweep that had U=4 ran it with U_NEOX=4, on NeoX
-# shapes).  VARIANTS="-DFR_CUDA_U=4" runs it.
-variants=${VARIANTS:-"default -DFR_CUDA_WIDE_PRELOAD=1 -DFR_CUDA_WIDE_RETILE=80,-DFR_CUDA_WIDE_PRELOAD=1 -DFR_CUDA_WIDE_RETILE=80,-DFR_CUDA_WIDE_PRELOAD=1,-DFR_CUDA_MAX_HPT=4"}
+# everywhere), U_NEOX=4 (wide everywhere), U=4 (every lane's group: the NeoX
+# shape [512,32,24,128] 9 points slower), the register caps (MAXNREG=80, 72,
+# 64), WAVES=2, MAX_HPT=16, MAX_HPT=4.
+variants=${VARIANTS:-"default -DFR_CUDA_U_INTER=2"}
 # a variant of several flags joins them with commas
 for v in $variants; do
   flags=$(echo "$v" | tr , ' '); [ "$v" = default ] && flags=
@@ -34,7 +32,9 @@ for v in $variants; do
     $b --iters 200 | grep -E '^(forward|backward)'
     $b --iters 200 --dtype fp16 --shape 512,32,24,128 | grep -E '^(forward|backward)'
     $b --iters 200 --shape 4096,1,128,128 --rot-dim 64 --inplace | grep -E '^(forward|backward)'
-    $b --iters 200 --shape 4096,1,128,128 --style interleaved | grep -E '^(forward|backward)'
+    for dt in bf16 fp16 fp32; do
+      $b --iters 200 --shape 4096,1,128,128 --style interleaved --dtype $dt | grep -E '^(forward|backward)'
+    done
   } >> "$log" 2>&1
 done
 rm -f kernels/cuda_apply.o kernels/cuda_apply.lo libfusedrope_core.la tools/fusedrope-bench

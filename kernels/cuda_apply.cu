@@ -81,11 +81,19 @@ namespace {
 /*
  * Tuning knobs (NVCCFLAGS=-DFR_CUDA_...=N); the defaults won the H100 sweeps
  * in bench/RESULTS.md, which also keeps what else was tried:
- *   FR_CUDA_U, FR_CUDA_U_NEOX  heads whose loads a thread issues before their
- *                              stores (pass-through and interleaved lanes,
- *                              NeoX lanes): more loads in flight per rotary
- *                              lane, paid for in registers, which decide how
- *                              many blocks an SM holds (see the kernel).
+ *   FR_CUDA_U, FR_CUDA_U_INTER, FR_CUDA_U_NEOX
+ *                              heads whose loads a thread issues before their
+ *                              stores (the scalar kernel's lanes and the
+ *                              NeoX kernels' pass-through lanes; the
+ *                              interleaved kernel's lanes, its pass-through
+ *                              ones too; NeoX lanes): more loads in flight
+ *                              per lane, paid for in registers, which decide
+ *                              how many blocks an SM holds (see the kernel).
+ *                              U_INTER 4 is the one U=4 build's interleaved
+ *                              kernel, 0.922 of a copy on the H200 where 2
+ *                              gave 0.876 (bench/RESULTS.md, 2026-11-30);
+ *                              that build's NeoX kernels lost, so the others
+ *                              keep 2.
  *   FR_CUDA_U_NEOX_WIDE        the NeoX lanes' wider group (default 4; 0 or
  *                              at most FR_CUDA_U_NEOX: none), taken per launch
  *                              where the SM holds as many of its blocks as
@@ -109,6 +117,9 @@ namespace {
  */
 #ifndef FR_CUDA_U
 #define FR_CUDA_U 2
+#endif
+#ifndef FR_CUDA_U_INTER
+#define FR_CUDA_U_INTER 4
 #endif
 #ifndef FR_CUDA_U_NEOX
 #define FR_CUDA_U_NEOX 2
@@ -517,7 +528,7 @@ template <int DT> struct InterOp {
     }
 };
 
-template <int DT, bool AX>
+template <int DT, bool AX, int UG>
 __device__ __forceinline__ void rotary_inter_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                                  int64_t b, int64_t s, int64_t lane, int64_t g)
 {
@@ -541,7 +552,7 @@ __device__ __forceinline__ void rotary_inter_vec(const KParams &P, const TokenPt
     cos_sin<NP, AX>(P, p, lane * NP, op.c[0], op.sn[0]);
     if (op.second)
         cos_sin<NP, AX>(P, p, (lane + P.nc) * NP, op.c[1], op.sn[1]);
-    each_group<U>(P, t, g, op);
+    each_group<UG>(P, t, g, op);
 }
 
 /* Scalar: lane = pair index, either style. */
@@ -615,11 +626,11 @@ template <int DT, bool VEC> struct PassOp {
     __device__ __forceinline__ void store(T *dst, const V &v) const { st16(dst + c0, v); }
 };
 
-template <int DT, bool VEC>
+template <int DT, bool VEC, int UG>
 __device__ __forceinline__ void pass_lane(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                           int64_t j, int64_t g)
 {
-    each_group<U>(P, t, g, PassOp<DT, VEC>{j, P.rot_dim + j * Chunk<DT>::E});
+    each_group<UG>(P, t, g, PassOp<DT, VEC>{j, P.rot_dim + j * Chunk<DT>::E});
 }
 
 /* ---------------------------------------------------------------- the kernel */
@@ -650,6 +661,8 @@ template <int DT, int MODE, bool AX>
 __global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
 {
     constexpr bool VEC = MODE != MODE_SCALAR;
+    /* the heads a group of the kernel's lanes other than NeoX rotary ones */
+    constexpr int UK = MODE == MODE_INTER_VEC ? FR_CUDA_U_INTER : U;
     typedef typename Elem<DT>::T T;
     const int64_t g = (int64_t)blockIdx.y * blockDim.y + threadIdx.y;
     /* tokens outside every sequence are caught per token; cu_seqlens' ends
@@ -679,13 +692,13 @@ __global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
                 if (MODE == MODE_SCALAR)
                     rotary_scalar<DT, AX>(P, t, b, s, lane, g);
                 else if (MODE == MODE_INTER_VEC)
-                    rotary_inter_vec<DT, AX>(P, t, b, s, lane, g);
+                    rotary_inter_vec<DT, AX, UK>(P, t, b, s, lane, g);
                 else
                     rotary_neox_vec<DT, MODE == MODE_NEOX_ONE, AX,
                                     MODE == MODE_NEOX_WIDE ? UNW : UN, MODE == MODE_NEOX_WIDE>(
                         P, t, b, s, lane, g);
             } else {
-                pass_lane<DT, VEC>(P, t, lane - P.nc, g);
+                pass_lane<DT, VEC, UK>(P, t, lane - P.nc, g);
             }
         }
     }
