@@ -8,14 +8,14 @@ dest=${OUT:-/tmp/out}; mkdir -p "$dest"
 cd /tmp/build/fusedrope-*/ || exit 1
 log="$dest/sweep.txt"; : > "$log"
 # The default takes the wide NeoX group per launch where an SM holds as many
-# of its blocks (wide_shape in kernels/cuda_apply.cu), and four heads a group
+# of its blocks (wide_pays in kernels/cuda_apply.cu), and four heads a group
 # in the interleaved kernel (FR_CUDA_U_INTER 4; U_INTER=2 is the kernel before
 # it: 0.876 of a copy in bf16 against 0.922 on the 2026-11-30 lease, which
 # had it from a build with FR_CUDA_U=4; fp16 and fp32 not yet measured).
-# WIDE_PRELOAD=1 has the wide kernel issue its first group's loads before the
-# token's position and table row; WIDE_RETILE=80 also takes the wide group
-# where another count of tokens a block lets an SM hold two or more wide
-# blocks and 80% of the narrow kernel's threads.  Both lost on that lease.
+# Two knobs lost on that lease and were taken out (their code is in the
+# history, at 222383c): the wide kernel's first group loaded before the
+# token's position (WIDE_PRELOAD) and the wide group in another block where
+# an SM holds fewer of its blocks (WIDE_RETILE).
 # Other knobs measured before (bench/RESULTS.md): U_NEOX_WIDE=0 (narrow
 # everywhere), U_NEOX=4 (wide everywhere), U=4 (every lane's group: the NeoX
 # shape [512,32,24,128] 9 points slower), the register caps (MAXNREG=80, 72,

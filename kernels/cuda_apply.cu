@@ -64,12 +64,10 @@
 
 #ifdef FR_CUDA_EMULATE
 /* Emulated, a test chooses the wide NeoX kernel (1) or the narrow one (0)
- * wherever a general NeoX launch asks wide_shape, or (2) as the device would
- * with the H200's register counts and FR_CUDA_WIDE_RETILE 80; and whether
- * the wide kernel loads its first group early (-1: FR_CUDA_WIDE_PRELOAD). */
+ * wherever a general NeoX launch asks wide_pays, or (2) as the device would
+ * with the H200's register counts. */
 extern "C" {
 int fr_emu_neox_wide = 0;
-int fr_emu_wide_preload = -1;
 }
 #endif
 
@@ -97,18 +95,7 @@ namespace {
  *   FR_CUDA_U_NEOX_WIDE        the NeoX lanes' wider group (default 4; 0 or
  *                              at most FR_CUDA_U_NEOX: none), taken per launch
  *                              where the SM holds as many of its blocks as
- *                              of FR_CUDA_U_NEOX's (wide_shape, below).
- *   FR_CUDA_WIDE_PRELOAD       1: the wide group's kernel issues its first
- *                              group's loads before the token's position
- *                              and table row, as the decode kernel does (0,
- *                              the default: after).
- *   FR_CUDA_WIDE_RETILE        percent (0: off, the default): where the
- *                              wide group's kernel holds fewer blocks of a
- *                              general NeoX launch's shape than the narrow
- *                              one, the wide kernel takes another count of
- *                              tokens a block if an SM then holds at least
- *                              this percentage of the threads the narrow
- *                              kernel's blocks hold (wide_shape, below).
+ *                              of FR_CUDA_U_NEOX's (wide_pays, below).
  *   FR_CUDA_MAX_HPT            most heads per thread (cos/sin reuse).
  *   FR_CUDA_WAVES              heads per thread grow only while the grid keeps
  *                              this many waves of 2048 threads per SM.
@@ -126,12 +113,6 @@ namespace {
 #endif
 #ifndef FR_CUDA_U_NEOX_WIDE
 #define FR_CUDA_U_NEOX_WIDE 4
-#endif
-#ifndef FR_CUDA_WIDE_PRELOAD
-#define FR_CUDA_WIDE_PRELOAD 0
-#endif
-#ifndef FR_CUDA_WIDE_RETILE
-#define FR_CUDA_WIDE_RETILE 0
 #endif
 #ifndef FR_CUDA_MAX_HPT
 #define FR_CUDA_MAX_HPT 8
@@ -435,14 +416,6 @@ __device__ __forceinline__ void neox_store(const KParams &P, int64_t h0, int64_t
     }
 }
 
-/* Whether the wide NeoX kernel issues its first group's loads before the
- * token's position and table row (FR_CUDA_WIDE_PRELOAD; emulated, a test's
- * choice). */
-__device__ __forceinline__ bool wide_preload()
-{
-    return FR_CHOICE(fr_emu_wide_preload, FR_CUDA_WIDE_PRELOAD) != 0;
-}
-
 /* ONE_GROUP: the launcher's promise that every thread owns at most UN heads
  * (decode-sized calls).  The heads' loads then go out before the token's
  * position is known, since they do not depend on it: the data comes back in
@@ -450,10 +423,9 @@ __device__ __forceinline__ bool wide_preload()
  * not after them.  Not done in the general loop's first group: there the
  * same order costs registers, and with them resident blocks of a
  * prefill-sized call; as a kernel of its own (no loop, fewer registers) it
- * costs decode-sized calls nothing.  The wide kernel (WIDE) may do it
- * (wide_preload): it takes 128 registers where 126 (ptxas, sm_90, bf16),
- * the same 16 warps an SM. */
-template <int DT, bool ONE_GROUP, bool AX, int N, bool WIDE = false>
+ * costs decode-sized calls nothing (the wide kernel doing it in its first
+ * group lost 8.5 points on the H200: bench/RESULTS.md, 2026-11-30). */
+template <int DT, bool ONE_GROUP, bool AX, int N>
 __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtrs<typename Elem<DT>::T> &t,
                                                 int64_t b, int64_t s, int64_t lane, int64_t g)
 {
@@ -465,8 +437,7 @@ __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtr
     uint4 va[N], vb[N];
     T *dst[N];
     fr_pair_channels(0, i0, P.half, &ca, &cb);
-    const bool pre = WIDE && wide_preload();
-    if (ONE_GROUP || pre)
+    if constexpr (ONE_GROUP)
         neox_load<DT, N>(P, t, g, ca, cb, va, vb, dst);
     const TokPos p = token_position<AX>(P, b, s, &bad);
 
@@ -481,12 +452,7 @@ __device__ __forceinline__ void rotary_neox_vec(const KParams &P, const TokenPtr
     if constexpr (ONE_GROUP) {
         neox_store<DT, N>(P, g, ca, cb, va, vb, dst, c, sn);
     } else {
-        int64_t h0 = g;
-        if (pre) { /* the first group loaded above */
-            neox_store<DT, N>(P, h0, ca, cb, va, vb, dst, c, sn);
-            h0 += N * P.gtotal;
-        }
-        for (; h0 < P.heads; h0 += N * P.gtotal) {
+        for (int64_t h0 = g; h0 < P.heads; h0 += N * P.gtotal) {
             neox_load<DT, N>(P, t, h0, ca, cb, va, vb, dst);
             neox_store<DT, N>(P, h0, ca, cb, va, vb, dst, c, sn);
         }
@@ -643,7 +609,7 @@ enum { MODE_SCALAR, MODE_NEOX_VEC, MODE_INTER_VEC, MODE_NEOX_ONE, MODE_NEOX_WIDE
  * and a 288-thread block runs alone).  So the rotary lanes' code must stay
  * under 104 registers; bench/RESULTS.md has what crossing it cost.  The
  * wide NeoX kernel (MODE_NEOX_WIDE) is the exception that is chosen per
- * launch, only where an SM holds as many of its blocks (wide_shape).
+ * launch, only where an SM holds as many of its blocks (wide_pays).
  *
  * The explicit minimum of 1 block per SM matters: with __launch_bounds__(512)
  * alone ptxas squeezes some kernels into fewer registers with spills.
@@ -695,8 +661,7 @@ __global__ void FR_KERNEL_BOUNDS rope_kernel(const __grid_constant__ KParams P)
                     rotary_inter_vec<DT, AX, UK>(P, t, b, s, lane, g);
                 else
                     rotary_neox_vec<DT, MODE == MODE_NEOX_ONE, AX,
-                                    MODE == MODE_NEOX_WIDE ? UNW : UN, MODE == MODE_NEOX_WIDE>(
-                        P, t, b, s, lane, g);
+                                    MODE == MODE_NEOX_WIDE ? UNW : UN>(P, t, b, s, lane, g);
             } else {
                 pass_lane<DT, VEC, UK>(P, t, lane - P.nc, g);
             }
@@ -860,8 +825,8 @@ template <int DT, int MODE, bool AX> int resident_blocks(int dev, int threads)
 #else
 /* Emulated: the H200's counts for the bfloat16 kernels (ptxas, sm_90: the
  * narrow group's 95 registers fit 20 warps an SM, the wide group's 126
- * fit 16; at most 32 blocks), so that wide_shape's search runs in the
- * tests as it would there. */
+ * fit 16; at most 32 blocks), so that wide_pays chooses in the tests as it
+ * would there. */
 template <int DT, int MODE, bool AX> int resident_blocks(int, int threads)
 {
     const int w = (threads + 31) / 32, n = (MODE == MODE_NEOX_WIDE ? 16 : 20) / w;
@@ -869,73 +834,27 @@ template <int DT, int MODE, bool AX> int resident_blocks(int, int threads)
 }
 #endif
 
-/* The wide group's retiling, percent (FR_CUDA_WIDE_RETILE; emulated, a
- * test's choice: fr_emu_neox_wide 2 takes 80). */
-int wide_retile()
+/* Whether a general NeoX launch of shape sh on device dev takes the wide
+ * group (built: UNW > UN): when an SM holds as many of its blocks as of the
+ * narrow kernel's.  Results never depend on it (the same rotation of the
+ * same elements).  Where it held half as many ([512,32,24,128] in bf16, one
+ * 288-thread block an SM), another block of tokens for it (240 threads, two
+ * an SM) lost 8.6 points on the H200 (bench/RESULTS.md, 2026-11-30).
+ * Emulated: fr_emu_neox_wide 1 takes the wide kernel, 0 never, 2 as the
+ * device would with the counts above. */
+template <int DT, bool AX> bool wide_pays(const Shape &sh, int dev)
 {
-#ifdef FR_CUDA_EMULATE
-    return fr_emu_neox_wide == 2 ? 80 : 0;
-#else
-    return FR_CUDA_WIDE_RETILE;
-#endif
-}
-
-/*
- * Whether a general NeoX launch of shape sh on device dev takes the wide
- * group (built: UNW > UN), and in what shape (*out): sh where an SM holds
- * as many of the wide kernel's blocks as of the narrow kernel's.  Else,
- * with wide_retile() > 0, the count of tokens a block (block.z; the grid's
- * x follows) whose wide blocks an SM holds the most threads of, two blocks
- * at least (one block an SM idles it while the block's last warps finish),
- * nearest 256 threads among equals, if those threads are at least
- * wide_retile() percent of the narrow kernel's at sh and the grid still
- * fills the device's SMs (sms) once: a shape of 24 threads a token, blocks
- * of 288 threads, holds two narrow blocks (576 threads) but one wide, while
- * wide blocks of 240 threads fit two (480).  Results never depend on the
- * choice (the same rotation of the same elements; tokens grid-stride).
- * Emulated: fr_emu_neox_wide 1 takes the wide kernel in sh, 0 never, 2 as
- * the device would with the counts above.
- */
-template <int DT, bool AX> bool wide_shape(const Shape &sh, int64_t tokens, int dev, int sms,
-                                           Shape *out)
-{
-    *out = sh;
 #ifdef FR_CUDA_EMULATE
     if (fr_emu_neox_wide != 2)
         return fr_emu_neox_wide != 0;
 #endif
     const int threads = (int)(sh.block.x * sh.block.y * sh.block.z);
-    const int narrow = resident_blocks<DT, MODE_NEOX_VEC, AX>(dev, threads);
     const int wide = resident_blocks<DT, MODE_NEOX_WIDE, AX>(dev, threads);
-    if (wide > 0 && wide >= narrow)
-        return true;
-    if (wide_retile() <= 0 || narrow <= 0)
-        return false;
-    const int64_t per_tok = (int64_t)sh.block.x * sh.block.y;
-    const int64_t narrow_threads = (int64_t)narrow * threads;
-    int64_t best_tz = 0, best = 0;
-    const int64_t tmax = block_tokens_max(per_tok, tokens);
-    for (int64_t tz = 1; tz <= tmax; tz++) {
-        const int64_t n = tz * per_tok, b = resident_blocks<DT, MODE_NEOX_WIDE, AX>(dev, (int)n);
-        const int64_t held = b * n;
-        if (b < 2 || held * 100 < (int64_t)wide_retile() * narrow_threads ||
-            ceil_div(tokens, tz) * sh.grid.y < b * sms)
-            continue;
-        if (held > best || (held == best && off_256(n) < off_256(best_tz * per_tok))) {
-            best = held;
-            best_tz = tz;
-        }
-    }
-    if (best_tz == 0)
-        return false;
-    out->block.z = (unsigned)best_tz;
-    out->grid.x = grid_x(tokens, best_tz);
-    return true;
+    return wide > 0 && wide >= resident_blocks<DT, MODE_NEOX_VEC, AX>(dev, threads);
 }
 
 template <int DT>
-cudaError_t launch(bool vec, const Shape &sh, const KParams &P, int dev, int sms,
-                   cudaStream_t stream)
+cudaError_t launch(bool vec, const Shape &sh, const KParams &P, int dev, cudaStream_t stream)
 {
     if (!vec)
         return launch_mode<DT, MODE_SCALAR>(sh, P, stream);
@@ -944,10 +863,8 @@ cudaError_t launch(bool vec, const Shape &sh, const KParams &P, int dev, int sms
     if (ceil_div(P.heads, P.gtotal) <= UN) /* every thread has one group of heads */
         return launch_mode<DT, MODE_NEOX_ONE>(sh, P, stream);
     if constexpr (UNW > UN) {
-        Shape w;
-        if (P.pair_map != nullptr ? wide_shape<DT, true>(sh, P.tokens, dev, sms, &w)
-                                  : wide_shape<DT, false>(sh, P.tokens, dev, sms, &w))
-            return launch_mode<DT, MODE_NEOX_WIDE>(w, P, stream);
+        if (P.pair_map != nullptr ? wide_pays<DT, true>(sh, dev) : wide_pays<DT, false>(sh, dev))
+            return launch_mode<DT, MODE_NEOX_WIDE>(sh, P, stream);
     }
     return launch_mode<DT, MODE_NEOX_VEC>(sh, P, stream);
 }
@@ -1030,13 +947,13 @@ extern "C" fusedrope_status fr_cuda_apply(const fr_apply_args *a)
     cudaError_t err;
     switch (a->dtype) {
     case FUSEDROPE_FLOAT32:
-        err = launch<DT_F32>(vec, sh, P, dev, sms, stream);
+        err = launch<DT_F32>(vec, sh, P, dev, stream);
         break;
     case FUSEDROPE_FLOAT16:
-        err = launch<DT_F16>(vec, sh, P, dev, sms, stream);
+        err = launch<DT_F16>(vec, sh, P, dev, stream);
         break;
     default:
-        err = launch<DT_BF16>(vec, sh, P, dev, sms, stream);
+        err = launch<DT_BF16>(vec, sh, P, dev, stream);
         break;
     }
     if (err != cudaSuccess)

@@ -8,11 +8,9 @@
  *
  * Each call runs four times, with the launcher planning for 132 SMs (an
  * H100), for 1 (the most heads per thread, the general NeoX kernel), for 5
- * choosing the wide NeoX kernel and its block as an H200 would with
- * FR_CUDA_WIDE_RETILE at 80 (kernels/cuda_apply.cu's wide_shape), and for
- * 1 with the wide kernel wherever the general one would run, its first
- * group's loads before the position (FR_CUDA_WIDE_PRELOAD), from the same
- * starting bytes (saved and put back, so in place
+ * choosing the wide NeoX kernel as an H200 would (kernels/cuda_apply.cu's
+ * wide_pays), and for 1 with the wide kernel wherever the general one would
+ * run, from the same starting bytes (saved and put back, so in place
  * works too): the four outputs must be identical.  The real OpenMP backend
  * then runs from the same bytes, and its output must be the kernels' to the
  * bit (the backends' promise; a NaN need only be NaN, its bits being each
@@ -41,13 +39,12 @@ void __real_fusedrope__cpu_apply(const fr_apply_args *a);
 void __wrap_fusedrope__cpu_apply(const fr_apply_args *a);
 
 int fr_emu_sms = 132;
-extern int fr_emu_neox_wide, fr_emu_wide_preload; /* kernels/cuda_apply.cu */
+extern int fr_emu_neox_wide; /* kernels/cuda_apply.cu */
 
 /* A launch plan: the SMs the launcher plans for, the wide NeoX kernel
- * (fr_emu_neox_wide: 0 never, 1 always, 2 as the device would, retiled),
- * its first group loaded before the position (FR_CUDA_WIDE_PRELOAD). */
+ * (fr_emu_neox_wide: 0 never, 1 always, 2 as the device would). */
 typedef struct {
-    int sms, wide, preload;
+    int sms, wide;
 } plan;
 
 /* Copies every element of the call's outputs to buf (save) or back from it. */
@@ -89,7 +86,6 @@ static void run(const fr_apply_args *a, plan p)
     e.cache = &c;
     fr_emu_sms = p.sms;
     fr_emu_neox_wide = p.wide;
-    fr_emu_wide_preload = p.preload;
     st = fr_emu_cuda_apply(&e);
     if (st != FUSEDROPE_OK || flag != 0) {
         fprintf(stderr, "emulated CUDA backend, %d SMs%s: status %d, range flag %d (%s)\n",
@@ -100,7 +96,7 @@ static void run(const fr_apply_args *a, plan p)
 
 void __wrap_fusedrope__cpu_apply(const fr_apply_args *a)
 {
-    static const plan plans[] = { { 132, 0, 0 }, { 1, 0, 0 }, { 5, 2, 0 }, { 1, 1, 1 } };
+    static const plan plans[] = { { 132, 0 }, { 1, 0 }, { 5, 2 }, { 1, 1 } };
     const size_t np = sizeof plans / sizeof plans[0];
     const size_t n = outputs(a, NULL, 0);
     unsigned char *start = malloc(n ? n : 1), *first = malloc(n ? n : 1),
