@@ -54,15 +54,13 @@
  * decides; 1 to 4 are built) and layout (1: half-warps, 0: warps, -1:
  * FR_CUDA_NORM_BWD_HALF decides) and, over half-warps, its tokens in
  * flight through shared memory (0, 1, 3; -1: FR_CUDA_NORM_BWD_PIPE);
- * with tokens in registers, how many (FR_CUDA_NORM_BWD_AHEAD) and where
- * their angles are loaded (FR_CUDA_NORM_BWD_LATE_ANGLES). */
+ * with tokens in registers, how many (FR_CUDA_NORM_BWD_AHEAD). */
 extern "C" {
 int fr_emu_norm_seg_chunks = 0;
 int fr_emu_norm_bwd_heads = 0;
 int fr_emu_norm_bwd_half = -1;
 int fr_emu_norm_bwd_pipe = -1;
-int fr_emu_norm_bwd_late_angles = -1; /* 0 or 1, -1: FR_CUDA_NORM_BWD_LATE_ANGLES */
-int fr_emu_norm_bwd_ahead = 0;         /* 1 to 4, 0: FR_CUDA_NORM_BWD_AHEAD */
+int fr_emu_norm_bwd_ahead = 0; /* 1 to 4, 0: FR_CUDA_NORM_BWD_AHEAD */
 }
 #endif
 
@@ -354,18 +352,13 @@ static_assert(FR_CUDA_NORM_BWD_PIPE >= 0 && FR_CUDA_NORM_BWD_PIPE <= 4,
  * token j + D's loads are issued when token j is widened, so D tokens'
  * bytes are in flight through D tokens' work.  ptxas (bf16 NeoX 128, from
  * x, over warps): 1 takes 95 registers and ~150 instructions a token, 2 114 and ~214
- * (it moves the ring's registers about); over half-warps 96 and 144.  Not
- * yet measured. */
+ * (it moves the ring's registers about); over half-warps 96 and 144: 2
+ * measured 0.440 of a copy where 1 0.634 on the H200, and 0.410 with
+ * the held tokens' angles loaded only when worked (120-126 registers; that
+ * knob, FR_CUDA_NORM_BWD_LATE_ANGLES, taken out; bench/RESULTS.md,
+ * 2026-11-30). */
 #ifndef FR_CUDA_NORM_BWD_AHEAD
 #define FR_CUDA_NORM_BWD_AHEAD 1
-#endif
-/* 1: a token held (FR_CUDA_NORM_BWD_AHEAD) keeps its table row's offset,
- * and its angles are loaded when it is worked (bwd_late_angles), not held
- * with its rows.  ptxas (nvcc 13.0, sm_90, NeoX 128 over half-warps): one
- * token bf16 96 registers as without, fp16 from y 95 where 110; two tokens
- * 120-126 where 144 (16 warps an SM where 12).  Not yet measured. */
-#ifndef FR_CUDA_NORM_BWD_LATE_ANGLES
-#define FR_CUDA_NORM_BWD_LATE_ANGLES 0
 #endif
 /* the most tokens held (the emulation's ring holds this many) */
 constexpr int BWD_AHEAD_MAX = 4;
@@ -483,26 +476,14 @@ template <> struct LaneWord<true> {
     using T = uint32_t;
 };
 
-/* Whether norm_backward_heads' tokens in flight in registers (PIPE 0)
- * hold their table row's offset and load the angles when worked (from
- * L1 or L2: a table row serves a token's every unit), 8 registers less a
- * token held, or the angles themselves (FR_CUDA_NORM_BWD_LATE_ANGLES;
- * emulated, a test's choice). */
-__device__ __forceinline__ bool bwd_late_angles()
-{
-    return FR_CHOICE(fr_emu_norm_bwd_late_angles, FR_CUDA_NORM_BWD_LATE_ANGLES) != 0;
-}
-
 /* A token's rows of a unit as loaded: this lane's words of each row (a
  * 16-bit element in a word of its own over a warp: halves of shared words
  * took a PRMT a load and a copy), widened only when worked; their rstd; the
- * token's angles (or, bwd_late_angles, their table row's offset) and the
- * lane's first element of its dx row. */
+ * token's angles and the lane's first element of its dx row. */
 template <int HD, bool IL, int G, bool HALF> struct BwdTok {
     uint32_t dy[G][HD / 32], xs[G][HD / 32];
     float rstd[G];
     LaneAngles<HD, IL, HALF> an;
-    int toff; /* bwd_late_angles: the table row's offset, an loaded when worked */
     uint16_t *dx;
 };
 
@@ -617,10 +598,7 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                     }
                     w.rstd[r] = rp[r];
                 }
-                if (bwd_late_angles())
-                    w.toff = __shfl_sync(0xffffffffu, toff, j);
-                else
-                    w.an.load(P, __shfl_sync(0xffffffffu, toff, j), ln);
+                w.an.load(P, __shfl_sync(0xffffffffu, toff, j), ln);
                 w.dx = dxp;
             };
             /* the pointers one token on */
@@ -715,9 +693,7 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                         BwdTok<HD, IL, G, HALF> &w = ring[d];
                         float dy[G][C], xs[G][C], rs[G];
                         widen(w, dy, xs, rs);
-                        LaneAngles<HD, IL, HALF> an = w.an;
-                        if (bwd_late_angles())
-                            an.load(P, w.toff, ln);
+                        const LaneAngles<HD, IL, HALF> an = w.an;
                         uint16_t *dxt = w.dx;
                         /* past the unit's last token, that token's rows again
                          * (in L1): loads under a condition kept the slot's old

@@ -73,10 +73,7 @@
  * before it works the current ones (1) or after (0).  Measured on the H100
  * only while the loads' widening waited for them (0.0617 ms against 0.0574
  * without, bench/RESULTS.md, 2026-11-27): overlapping nothing, it cost
- * registers alone; now the bits stay unwidened until used.  For
- * norm_forward_half, the steps whose loads a warp keeps in flight while it
- * works one: 2, the next two (two steps' words, 8 registers more a lane);
- * else 1, the next step's. */
+ * registers alone; now the bits stay unwidened until used. */
 #ifndef FR_CUDA_NORM_WARP_AHEAD
 #define FR_CUDA_NORM_WARP_AHEAD 1
 #endif
@@ -150,7 +147,6 @@ int fr_emu_norm_warp = -1;
 int fr_emu_norm_warp_rpw = 0;
 int fr_emu_norm_warp_heads = 0;
 int fr_emu_norm_warp_half = -1;
-int fr_emu_norm_half_ahead = 0; /* norm_forward_half's steps in flight (0: the build's) */
 int fr_emu_norm_warp_blocks = 0; /* the warp kernels' grid: at most this many blocks (0: no bound) */
 }
 #endif
@@ -173,19 +169,6 @@ int warp_half()
 {
     return FR_CHOICE(fr_emu_norm_warp_half, FR_CUDA_NORM_WARP_HALF);
 }
-
-#if defined FR_CUDA_EMULATE || FR_CUDA_NORM_WARP_AHEAD >= 2
-/* The steps of norm_forward_half whose loads a warp keeps in flight (built
- * where more than one may be). */
-int half_ahead()
-{
-#ifdef FR_CUDA_EMULATE
-    if (fr_emu_norm_half_ahead > 0)
-        return fr_emu_norm_half_ahead;
-#endif
-    return FR_CUDA_NORM_WARP_AHEAD >= 2 ? 2 : 1;
-}
-#endif
 
 /* The rows a warp of norm_forward_warp holds at a time. */
 int warp_rpw()
@@ -707,16 +690,15 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_warp(const __grid_constant__ NP
  * four rows (they took a quarter of the instructions a pair:
  * bench/RESULTS.md), for 8 words more a lane in flight, and the launcher
  * gives this kernel only items of a multiple of four rows (full_steps):
- * no row past the item, no test of one.  A warp keeps the loads of its
- * item's next AH steps in flight while it works one (FR_CUDA_NORM_WARP_AHEAD
- * 2: the next two, 8 words more a lane; else the next).  The operations of
- * a row are norm_forward_warp's.
+ * no row past the item, no test of one.  A warp keeps the next step's
+ * loads in flight while it works one (the next two lost 3 to 5 points on
+ * the H200: bench/RESULTS.md, 2026-11-30).  The operations of a row are
+ * norm_forward_warp's.
  */
-template <int DT, int HD, bool IL, int RND, int PAIRS, int AH>
+template <int DT, int HD, bool IL, int RND, int PAIRS>
 __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NParams P)
 {
     static_assert(PAIRS == 1 || PAIRS == 2, "norm_forward_half: one or two pairs of rows a step");
-    static_assert(AH == 1 || AH == 2, "norm_forward_half: one or two steps' loads in flight");
     check_cu_seqlens(P.pos, P.tokens, P.flag);
     constexpr int W = HD / 32; /* a lane's words of its row */
     const int lane = (int)(threadIdx.x & 31), half = lane >> 4, h = lane & 15;
@@ -749,22 +731,10 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
             }
             xn += 2 * PAIRS * in_w;
         };
-        /* raw[0]: the next step's words, raw[1] (AH 2) the one after */
-        uint32_t raw[AH][PAIRS][W];
-        /* the first steps' loads in flight while the angles and weights are
+        uint32_t raw[PAIRS][W];
+        /* the first step's loads in flight while the angles and weights are
          * found */
-        load_step(0, raw[0]);
-        if constexpr (AH == 2) {
-            if (2 * PAIRS < n) {
-                load_step(2 * PAIRS, raw[1]);
-            } else { /* an item of one step: copied once, never used */
-#pragma unroll
-                for (int q = 0; q < PAIRS; q++)
-#pragma unroll
-                    for (int w = 0; w < W; w++)
-                        raw[1][q][w] = 0;
-            }
-        }
+        load_step(0, raw);
         const int64_t pos = row_position(P, b, s, &bad);
         LaneAngles<HD, IL, true> an;
         an.load(row_angles<HD>(P, pos, bad), h);
@@ -780,18 +750,11 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
             for (int q = 0; q < PAIRS; q++)
 #pragma unroll
                 for (int w = 0; w < W; w++) {
-                    v[q][2 * w] = Elem<DT>::to_f((uint16_t)raw[0][q][w]);
-                    v[q][2 * w + 1] = Elem<DT>::to_f((uint16_t)(raw[0][q][w] >> 16));
+                    v[q][2 * w] = Elem<DT>::to_f((uint16_t)raw[q][w]);
+                    v[q][2 * w + 1] = Elem<DT>::to_f((uint16_t)(raw[q][w] >> 16));
                 }
-            if constexpr (AH == 2) {
-#pragma unroll
-                for (int q = 0; q < PAIRS; q++)
-#pragma unroll
-                    for (int w = 0; w < W; w++)
-                        raw[0][q][w] = raw[1][q][w];
-            }
-            if (j0 + 2 * AH * PAIRS < n)
-                load_step(j0 + 2 * AH * PAIRS, raw[AH - 1]);
+            if (j0 + 2 * PAIRS < n)
+                load_step(j0 + 2 * PAIRS, raw);
             /* partial sums 2h (even channels) and 2h + 1 of each row, words
              * in order (from the first square: 0.0f + x * x is x * x, which
              * is never -0.0f) */
@@ -951,19 +914,11 @@ template <int DT, int HD> cudaError_t launch_rows(const NParams &P0, cudaStream_
             });
         };
         if (half) {
-            auto halves_ah = [&](auto pairs, auto ah) {
+            auto halves = [&](auto pairs) {
                 return go([](auto rnd, auto il) {
                     return norm_forward_half<DT, HD, decltype(il)::value, decltype(rnd)::value,
-                                             decltype(pairs)::value, decltype(ah)::value>;
+                                             decltype(pairs)::value>;
                 });
-            };
-            /* the build's steps in flight (emulated, both: a test chooses) */
-            auto halves = [&](auto pairs) {
-#if defined FR_CUDA_EMULATE || FR_CUDA_NORM_WARP_AHEAD >= 2
-                if (half_ahead() == 2)
-                    return halves_ah(pairs, std::integral_constant<int, 2>());
-#endif
-                return halves_ah(pairs, std::integral_constant<int, 1>());
             };
 #if defined FR_CUDA_EMULATE || FR_CUDA_NORM_WARP_HALF == 2
             if (half == 2 && full_steps(P))

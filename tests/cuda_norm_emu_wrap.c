@@ -14,15 +14,13 @@
  * forward's rows spread over warps (its lanes in lockstep:
  * norm_forward_warp's items of 4 rows taken 3 a warp at a time, then
  * norm_forward_half's items as warp_heads sizes them for one SM, two rows a
- * warp, two steps' loads in flight, then its items of 4 rows, two pairs of
- * rows a step where the heads are multiples of 4), the backward's warps
- * taking heads as the launcher decides in the first three and the last
- * (one a token with 132 SMs,
+ * warp, then its items of 4 rows, two pairs of rows a step where the heads
+ * are multiples of 4), the backward's warps taking heads as the launcher
+ * decides in the first three and the last (one a token with 132 SMs,
  * FR_CUDA_NORM_BWD_HEADS with fewer), 3 a token in the fourth and 1 in the
  * fifth (norm_backward_heads; the last two holding two tokens in
- * registers, the fourth and the last loading a held token's angles when
- * it is worked), from the same starting bytes, which must give the
- * same output bytes (y and rstd; dx and dw); then the real OpenMP backend
+ * registers), from the same starting bytes, which must give the same
+ * output bytes (y and rstd; dx and dw); then the real OpenMP backend
  * runs from the same bytes, and its output must be the kernels' to the bit
  * (a NaN need only be NaN).  The kernels' output stays.  The CPU cache
  * serves as the device's, as in cuda_emu_wrap.c.  Under valgrind or a
@@ -50,7 +48,7 @@ int fr_emu_sms = 132;
 /* kernels/cuda_norm_forward.cu and _backward.cu, emulated */
 extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp, fr_emu_norm_warp_rpw, fr_emu_norm_warp_heads,
     fr_emu_norm_bwd_heads, fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe,
-    fr_emu_norm_half_ahead, fr_emu_norm_bwd_ahead, fr_emu_norm_bwd_late_angles;
+    fr_emu_norm_bwd_ahead;
 
 /* The call's outputs as (pointer, bytes, element size) pieces. */
 typedef struct { unsigned char *p; size_t n, es; } piece;
@@ -115,8 +113,7 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
                      warp[] = { 0, 0, 0, 1, 1, 1 }, warp_rpw[] = { 0, 0, 0, 3, 0, 0 },
                      warp_heads[] = { 0, 0, 0, 4, 0, 4 }, bwd_heads[] = { 0, 0, 0, 3, 1, 0 },
                      warp_half[] = { -1, -1, -1, 0, 1, 2 }, bwd_half[] = { -1, -1, -1, 0, 0, -1 },
-                     bwd_pipe[] = { -1, 1, 3, -1, -1, -1 }, half_ahead[] = { 0, 0, 0, 0, 2, 0 },
-                     bwd_ahead[] = { 0, 0, 0, 0, 2, 2 }, bwd_late[] = { 0, 0, 0, 1, 0, 1 };
+                     bwd_pipe[] = { -1, 1, 3, -1, -1, -1 }, bwd_ahead[] = { 0, 0, 0, 0, 2, 2 };
     const int max = 4 + 2 * (int)(na->a.seq_len * na->a.batch *
                                   (na->a.io[0].heads + (na->a.count > 1 ? na->a.io[1].heads : 0)));
     piece *pc = malloc(sizeof *pc * (size_t)max);
@@ -157,9 +154,7 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         fr_emu_norm_warp_half = warp_half[i];
         fr_emu_norm_bwd_half = bwd_half[i];
         fr_emu_norm_bwd_pipe = bwd_pipe[i];
-        fr_emu_norm_half_ahead = half_ahead[i];
         fr_emu_norm_bwd_ahead = bwd_ahead[i];
-        fr_emu_norm_bwd_late_angles = bwd_late[i];
         st = backward ? fr_emu_cuda_norm_backward(&e) : fr_emu_cuda_norm_forward(&e);
         if (st != FUSEDROPE_OK || flag) {
             fprintf(stderr, "emulated CUDA norm %s, %d SMs: status %d, flag %d (%s)\n",
@@ -171,11 +166,10 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         if (f != SIZE_MAX && memcmp(first, now, total) != 0) {
             fprintf(stderr, "emulated CUDA norm: configurations %zu and %zu (%d SMs, segments of "
                             "%d chunks, warp rows %d, %d at a time, %d an item, half-warps %d, "
-                            "%d steps in flight, backward heads %d a warp, half-warps %d, "
-                            "pipeline %d, %d tokens held, late angles %d) differ\n",
+                            "backward heads %d a warp, half-warps %d, pipeline %d, %d tokens "
+                            "held) differ\n",
                     f, i, sms[i], seg_chunks[i], warp[i], warp_rpw[i], warp_heads[i],
-                    warp_half[i], half_ahead[i], bwd_heads[i], bwd_half[i], bwd_pipe[i],
-                    bwd_ahead[i], bwd_late[i]);
+                    warp_half[i], bwd_heads[i], bwd_half[i], bwd_pipe[i], bwd_ahead[i]);
             abort();
         }
         if (f == SIZE_MAX)

@@ -73,8 +73,7 @@ int fr_emu_sms = 132;
 /* kernels/cuda_norm_*.cu, emulated: the forward's warp kernels, their
  * items' rows and rows at a time, the backward's layouts */
 extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw, fr_emu_norm_bwd_heads,
-    fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe, fr_emu_norm_warp_blocks,
-    fr_emu_norm_half_ahead, fr_emu_norm_bwd_ahead, fr_emu_norm_bwd_late_angles;
+    fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe, fr_emu_norm_warp_blocks;
 
 enum { M = 32, MAXT = 64 }; /* table rows; most tokens of a case */
 /* q's and k's heads: odd and even, a warp's item of several heads short;
@@ -465,22 +464,18 @@ static void run_case(const ncase *nc, int vi, int status)
          * warps, each stepping through items (1 block: 4 warps, 2 tokens of
          * the 2 groups; 7: 28 warps, 9 tokens and 1 group of the 3 that
          * items of 2 rows make), and two pairs of rows a step (where the
-         * heads are multiples of 4; else a pair); two steps' loads in
-         * flight in items of 3 steps (12 rows, two pairs a step) and of 5
-         * rows (a pair a step, the last a pair short) */
+         * heads are multiples of 4; else a pair) */
         static const struct {
-            int half, heads, rpw, blocks, ahead;
+            int half, heads, rpw, blocks;
             const char *what;
         } warps[] = {
-            { 0, 4, 2, 0, 0, "rows over warps" },
-            { 1, 3, 2, 0, 0, "rows over half-warps" },
-            { 1, 3, 2, 1, 0, "half-warps, 4 warps" },
-            { 1, 2, 2, 7, 0, "half-warps, 28 warps" },
-            { 0, 2, 2, 7, 0, "rows over warps, 28 warps" },
-            { 2, 4, 0, 1, 0, "two pairs a step, 4 warps" },
-            { 2, 8, 0, 0, 0, "two pairs a step" },
-            { 2, 12, 0, 1, 2, "two pairs a step, two steps in flight, 4 warps" },
-            { 1, 5, 0, 0, 2, "half-warps, two steps in flight" },
+            { 0, 4, 2, 0, "rows over warps" },
+            { 1, 3, 2, 0, "rows over half-warps" },
+            { 1, 3, 2, 1, "half-warps, 4 warps" },
+            { 1, 2, 2, 7, "half-warps, 28 warps" },
+            { 0, 2, 2, 7, "rows over warps, 28 warps" },
+            { 2, 4, 0, 1, "two pairs a step, 4 warps" },
+            { 2, 8, 0, 0, "two pairs a step" },
         };
         char what[96];
         fr_emu_norm_warp = 1;
@@ -489,7 +484,6 @@ static void run_case(const ncase *nc, int vi, int status)
             fr_emu_norm_warp_heads = warps[i].heads;
             fr_emu_norm_warp_rpw = warps[i].rpw;
             fr_emu_norm_warp_blocks = warps[i].blocks;
-            fr_emu_norm_half_ahead = warps[i].ahead;
             snprintf(what, sizeof what, "with the case's positions, %s", warps[i].what);
             call(&x, 0, 1, status, what);
             check_rows(&x, 0, bad);
@@ -499,7 +493,6 @@ static void run_case(const ncase *nc, int vi, int status)
         fr_emu_norm_warp_heads = 0;
         fr_emu_norm_warp_rpw = 0;
         fr_emu_norm_warp_blocks = 0;
-        fr_emu_norm_half_ahead = 0;
     }
     call(&x, 0, 1, status, "with the case's positions");
     check_rows(&x, 0, bad);
@@ -507,8 +500,7 @@ static void run_case(const ncase *nc, int vi, int status)
     call(&x, 1, 1, status, "with the case's positions");
     check_rows(&x, 1, bad);
     if (nc->rows) { /* the register-row cases also with rows over warps, and over half-warps
-                       with three tokens in flight through shared memory, and two held in
-                       registers, their angles loaded when worked */
+                       with three tokens in flight through shared memory */
         fr_emu_norm_bwd_half = 0;
         call(&x, 1, 1, status, "with the case's positions, rows over warps");
         fr_emu_norm_bwd_half = -1;
@@ -516,12 +508,6 @@ static void run_case(const ncase *nc, int vi, int status)
         fr_emu_norm_bwd_pipe = 3;
         call(&x, 1, 1, status, "with the case's positions, three tokens through shared memory");
         fr_emu_norm_bwd_pipe = -1;
-        check_rows(&x, 1, bad);
-        fr_emu_norm_bwd_ahead = 2;
-        fr_emu_norm_bwd_late_angles = 1;
-        call(&x, 1, 1, status, "with the case's positions, two tokens held, angles when worked");
-        fr_emu_norm_bwd_ahead = 0;
-        fr_emu_norm_bwd_late_angles = -1;
         check_rows(&x, 1, bad);
     }
 
