@@ -7,10 +7,12 @@
  * memory model, no concurrency, no sanitizer (tests/test_cuda and
  * compute-sanitizer on a device do that).
  *
- * What it relies on: the kernels use no atomics, and a thread depends on no
- * other but through warp shuffles and static shared memory behind
- * __syncthreads, so running the threads in sequence gives what the device
- * gives (asynchronous copies to shared memory land when waited for, below); the fp16/bf16 conversion intrinsics of cuda_fp16.h and cuda_bf16.h
+ * What it relies on: a thread depends on no other but through warp
+ * shuffles and static shared memory behind __syncthreads, or a block on
+ * the others only where the last of a group to arrive (an atomic count)
+ * reads what all wrote (norm_dw_fold: what it computes is the same
+ * whichever block is last), so running the threads in sequence gives what
+ * the device gives (asynchronous copies to shared memory land when waited for, below); the fp16/bf16 conversion intrinsics of cuda_fp16.h and cuda_bf16.h
  * have host definitions.  A kernel that shuffles or synchronises is launched
  * with fr_emu_launch_lockstep (below): each block's threads run as fibers
  * that meet at every shuffle (a warp's lanes) and every __syncthreads (the
@@ -72,6 +74,17 @@
 #define __maxnreg__(n)
 
 template <typename T> static inline T __ldg(const T *p) { return *p; }
+template <typename T> static inline T __ldcg(const T *p) { return *p; }
+
+/* One thread runs at a time: an atomic is a plain update, and every write
+ * is seen by the threads after it. */
+static inline unsigned atomicAdd(unsigned *p, unsigned v)
+{
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+static inline void __threadfence() {}
 
 /* The built-in variables, per host thread (tests may call from several). */
 static thread_local uint3 threadIdx, blockIdx;

@@ -37,6 +37,8 @@ struct NIo {
                          (chunk, head)'s partial; NULL: none */
     float *terms;     /* backward with dw: [t1 - t0][heads][head_dim] scratch, g * n of the
                          rows of tokens t0..t1 as the row kernel found them; NULL: none */
+    float *cs;        /* backward with dw: [chunks of t0..t1][head_dim] scratch, each chunk's
+                         heads' partials added (norm_dw_fold) */
     int64_t heads, hd;
     int64_t in_ss, in_sb, in_sh, out_ss, out_sb, out_sh, x_ss, x_sb, x_sh;
 };
@@ -58,6 +60,10 @@ struct NParams {
      * step_b sequences and step_s positions */
     int64_t groups, groups_q, step_t, step_g, step_b, step_s;
     int64_t unit_tokens; /* norm_backward_heads: the tokens of a warp's unit */
+    /* backward with dw: norm_dw_fold's arrivals, a count a (tensor, group
+     * of its channels), zeroed by the segment's row kernels */
+    unsigned *fold_count;
+    int64_t fold_n;
     int interleaved, dt, wdt, weight, rounding, saved_y;
     float eps;
     int sms; /* host side: the device's SM count, for the launch shapes */

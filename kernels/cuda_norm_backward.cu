@@ -24,8 +24,9 @@
  * compiler builds it and kernels/cuda_emu.h runs the kernels on the CPU:
  * threads share nothing but the warp kernels' shuffles (the shared memory
  * of norm_backward_heads' asynchronous copies is each lane's own words)
- * and norm_dw_fold's shared memory (between barriers), so running them one
- * after another, a warp's lanes or a block's threads in lockstep for
+ * and norm_dw_fold's shared memory (between barriers) and chunk sums (read
+ * by the last of their blocks to arrive, whichever it is), so running them
+ * one after another, a warp's lanes or a block's threads in lockstep for
  * those kernels, gives what the device gives.
  */
 #include <limits.h>
@@ -143,11 +144,22 @@ __device__ __forceinline__ float sum_in_order(const float *p, int64_t n, int64_t
     return sum;
 }
 
+/* The arrival counts of the segment's norm_dw_fold zeroed, by the row
+ * kernels before it (stream order: the fold of the segment before has
+ * ended). */
+__device__ __forceinline__ void fold_counts_zero(const NParams &P)
+{
+    if (blockIdx.x == 0)
+        for (int64_t i = threadIdx.x; i < P.fold_n; i += blockDim.x)
+            P.fold_count[i] = 0;
+}
+
 /* (1) one thread per (tensor, chunk of tokens t0..t1, head, channel): the
  * head's terms of the chunk, its tokens in order, into the (chunk, head)
  * partial; t0 is a multiple of the chunk. */
 __global__ void norm_dw_chunks(const __grid_constant__ NParams P)
 {
+    fold_counts_zero(P);
     const int64_t C = FUSEDROPE_NORM_DW_CHUNK, nk = (P.t1 - P.t0 + C - 1) / C;
     const int64_t n0 = P.io[0].terms ? nk * P.io[0].heads * P.io[0].hd : 0;
     const int64_t n1 = P.io[1].terms ? nk * P.io[1].heads * P.io[1].hd : 0;
@@ -163,57 +175,88 @@ __global__ void norm_dw_chunks(const __grid_constant__ NParams P)
     }
 }
 
-/* (2) per segment t0..t1, a block of DW_THREADS per (tensor, DW_CH of its
- * channels), in rounds of DW_ROUND chunks: a thread a (chunk, channel) adds
- * the chunk's heads' partials in head order from 0 (the chunk's partial)
- * into shared memory; then a thread a channel adds those in chunk order
- * onto the channel's running sum (0 at the call's first segment, else dw
- * as the segment before left it), written to dw at the end.  So the
- * contract's order, in one launch a segment where a kernel a segment for
- * the heads and one a call for the chunks took 3.9 and 4.5 us at 4096
- * tokens on the H200 (ncu), each little more than a small launch's cost
- * (bench/RESULTS.md, 2026-11-29). */
+/* (2) per segment t0..t1, a block per (tensor, FOLD_LANES of its channels,
+ * FOLD_WARPS chunks): a warp a chunk, a lane a channel, adds the chunk's
+ * heads' partials in head order from 0 (its loads a line a warp) into the
+ * chunk's sum; the last block of a (tensor, channels) to arrive (an atomic
+ * count, its blocks' sums written and fenced first) then adds the
+ * segment's chunk sums in chunk order onto each channel's running sum (0
+ * at the call's first segment, else dw as the segment before left it),
+ * written to dw: its warps load a round of FOLD_WARPS * FOLD_RPW chunks'
+ * sums into shared memory together, its first warp adds them.  So the
+ * contract's order, whichever block is last.  The fold this replaced (a
+ * block per 2 channels adding every chunk's heads: 16 scattered sectors a
+ * warp's load) took 6.78 us at 4096 tokens on the H200, 3.36 at 64
+ * (bench/RESULTS.md, 2026-11-30). */
+constexpr int FOLD_LANES = 32;
 #ifdef FR_CUDA_EMULATE
-/* emulated, a warp of 16 channels in rounds of 2 chunks: the tests' calls
- * of a few chunks run several rounds, and the fibers are few */
-constexpr int DW_CH = 16, DW_THREADS = 32;
+/* emulated, 2 warps, 2 rows a round: the tests' calls of a few chunks run
+ * several blocks a group of channels and several rounds */
+constexpr int FOLD_WARPS = 2, FOLD_RPW = 2;
 #else
-constexpr int DW_CH = 2, DW_THREADS = 256;
+constexpr int FOLD_WARPS = 8, FOLD_RPW = 16;
 #endif
-constexpr int DW_ROUND = DW_THREADS / DW_CH;
+constexpr int FOLD_THREADS = 32 * FOLD_WARPS, FOLD_ROUND = FOLD_WARPS * FOLD_RPW;
 
-/* norm_dw_fold's blocks for tensor k (none where its dw is not asked for) */
-__host__ __device__ inline int64_t fold_blocks(const NIo &io)
+/* norm_dw_fold's groups of channels of hd, of tensor io (none where its dw
+ * is not asked for), and its blocks a group for nk chunks */
+__host__ __device__ inline int64_t lane_groups(int64_t hd)
 {
-    return io.hp != nullptr ? (io.hd + DW_CH - 1) / DW_CH : 0;
+    return (hd + FOLD_LANES - 1) / FOLD_LANES;
+}
+__host__ __device__ inline int64_t fold_groups(const NIo &io)
+{
+    return io.hp != nullptr ? lane_groups(io.hd) : 0;
+}
+__host__ __device__ inline int64_t fold_ranges(int64_t nk)
+{
+    return (nk + FOLD_WARPS - 1) / FOLD_WARPS;
 }
 
-__global__ void __launch_bounds__(DW_THREADS) norm_dw_fold(const __grid_constant__ NParams P)
+__global__ void __launch_bounds__(FOLD_THREADS) norm_dw_fold(const __grid_constant__ NParams P)
 {
-    __shared__ float part[DW_ROUND][DW_CH];
+    __shared__ float part[FOLD_ROUND][FOLD_LANES];
+    __shared__ int last;
     const int64_t C = FUSEDROPE_NORM_DW_CHUNK, nk = (P.t1 - P.t0 + C - 1) / C;
-    const int64_t b0 = fold_blocks(P.io[0]);
-    const int k = (int64_t)blockIdx.x >= b0;
+    const int64_t R = fold_ranges(nk), g0 = fold_groups(P.io[0]);
+    const int k = (int64_t)blockIdx.x >= g0 * R;
     const NIo &io = P.io[k];
-    const int64_t c0 = ((int64_t)blockIdx.x - (k ? b0 : 0)) * DW_CH;
-    const int i = (int)threadIdx.x / DW_CH, j = (int)threadIdx.x % DW_CH;
-    const bool adder = threadIdx.x < DW_CH && c0 + threadIdx.x < io.hd;
+    const int64_t b = (int64_t)blockIdx.x - (k ? g0 * R : 0), g = b / R, r = b % R;
+    const int lane = (int)(threadIdx.x % 32), w = (int)(threadIdx.x / 32);
+    const int64_t c = g * FOLD_LANES + lane, ch = r * FOLD_WARPS + w;
+    const bool on = c < io.hd;
+    if (ch < nk && on)
+        io.cs[ch * io.hd + c] = sum_in_order(io.hp + ch * io.heads * io.hd + c, io.heads, io.hd);
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd(&P.fold_count[(k ? g0 : 0) + g], 1u) == (unsigned)(R - 1);
+    __syncthreads();
+    if (!last)
+        return;
     float run = 0.0f;
-    if (adder && P.t0 > 0)
-        run = io.dw[c0 + threadIdx.x];
-    for (int64_t r = 0; r < nk; r += DW_ROUND) {
-        if (r + i < nk && c0 + j < io.hd)
-            part[i][j] = sum_in_order(io.hp + (r + i) * io.heads * io.hd + c0 + j, io.heads, io.hd);
+    if (w == 0 && on && P.t0 > 0)
+        run = io.dw[c];
+    for (int64_t r0 = 0; r0 < nk; r0 += FOLD_ROUND) {
+        float v[FOLD_RPW];
+#pragma unroll
+        for (int i = 0; i < FOLD_RPW; i++) { /* the other blocks' sums: from L2 */
+            const int64_t row = r0 + i * FOLD_WARPS + w;
+            v[i] = row < nk && on ? __ldcg(io.cs + row * io.hd + c) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < FOLD_RPW; i++)
+            part[i * FOLD_WARPS + w][lane] = v[i];
         __syncthreads();
-        if (adder) {
-            const int n = nk - r < DW_ROUND ? (int)(nk - r) : DW_ROUND;
+        if (w == 0 && on) {
+            const int n = nk - r0 < FOLD_ROUND ? (int)(nk - r0) : FOLD_ROUND;
             for (int q = 0; q < n; q++)
-                run = run + part[q][threadIdx.x];
+                run = run + part[q][lane];
         }
         __syncthreads();
     }
-    if (adder)
-        io.dw[c0 + threadIdx.x] = run;
+    if (w == 0 && on)
+        io.dw[c] = run;
 }
 
 /* (3) one thread per row: dx. */
@@ -522,6 +565,7 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
     static_assert(PIPE == 0 || HALF, "norm_backward_heads: the pipeline over half-warps only");
     using E = typename LaneWord<HALF>::T;
     check_cu_seqlens(P.pos, P.tokens, P.flag);
+    fold_counts_zero(P);
     constexpr int K = HD / 32;          /* the lane's words of a row */
     constexpr int C = HALF ? 2 * K : K; /* and its channels */
     constexpr int STEP = HALF ? 16 : 32; /* words from one of the lane's to the next */
@@ -984,8 +1028,10 @@ int64_t segment_tokens(int64_t tokens, int64_t floats_per_chunk)
 cudaError_t launch_fold(const NParams &P, cudaStream_t stream)
 {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(fold_blocks(P.io[0]) + fold_blocks(P.io[1])), 1, 1);
-    cfg.blockDim = dim3(DW_THREADS, 1, 1);
+    const int64_t C = FUSEDROPE_NORM_DW_CHUNK, nk = (P.t1 - P.t0 + C - 1) / C;
+    cfg.gridDim = dim3((unsigned)((fold_groups(P.io[0]) + fold_groups(P.io[1])) * fold_ranges(nk)),
+                       1, 1);
+    cfg.blockDim = dim3(FOLD_THREADS, 1, 1);
     cfg.stream = stream;
 #ifdef FR_CUDA_EMULATE
     return fr_emu_launch_lockstep(&cfg, norm_dw_fold, P);
@@ -1003,22 +1049,26 @@ cudaError_t launch_fold(const NParams &P, cudaStream_t stream)
 cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
 {
     const int64_t C = FUSEDROPE_NORM_DW_CHUNK, hd = rows_hd(P, count, true);
-    /* the scratch floats a chunk: each (chunk, head)'s partial, and the
-     * generic row kernel's terms */
-    int64_t hpf[2] = { 0, 0 }, tf[2] = { 0, 0 };
+    /* the scratch floats a chunk: each (chunk, head)'s partial, the
+     * generic row kernel's terms, and the chunk's sum (norm_dw_fold) */
+    int64_t hpf[2] = { 0, 0 }, tf[2] = { 0, 0 }, csf[2] = { 0, 0 };
     for (int k = 0; k < count; k++)
         if (P.io[k].dw != nullptr) {
             hpf[k] = P.io[k].heads * P.io[k].hd;
             tf[k] = hd == 0 ? C * hpf[k] : 0;
+            csf[k] = P.io[k].hd;
         }
     void *scratch = nullptr;
     cudaError_t err = cudaSuccess;
     if (hpf[0] + hpf[1] == 0)
         return hd != 0 ? launch_heads_all(P, hd, stream)
                        : launch(norm_dx, P.tokens * P.heads, P, stream);
-    const int64_t seg = segment_tokens(P.tokens, hpf[0] + hpf[1] + tf[0] + tf[1]), nks = seg / C;
-    const size_t floats = (size_t)(nks * (hpf[0] + hpf[1] + tf[0] + tf[1]));
-    if ((err = scratch_alloc(&scratch, floats * sizeof(float), stream)) != cudaSuccess)
+    const int64_t per_chunk = hpf[0] + hpf[1] + tf[0] + tf[1] + csf[0] + csf[1];
+    const int64_t seg = segment_tokens(P.tokens, per_chunk), nks = seg / C;
+    /* the floats, then the fold's counts (as many 32-bit words) */
+    const size_t floats = (size_t)(nks * per_chunk);
+    P.fold_n = (csf[0] ? lane_groups(csf[0]) : 0) + (csf[1] ? lane_groups(csf[1]) : 0);
+    if ((err = scratch_alloc(&scratch, (floats + (size_t)P.fold_n) * 4, stream)) != cudaSuccess)
         return err;
     float *f = (float *)scratch;
     for (int k = 0; k < 2; k++) {
@@ -1026,7 +1076,10 @@ cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
         f += nks * hpf[k];
         P.io[k].terms = tf[k] ? f : nullptr;
         f += nks * tf[k];
+        P.io[k].cs = csf[k] ? f : nullptr;
+        f += nks * csf[k];
     }
+    P.fold_count = (unsigned *)f;
     for (int64_t t0 = 0; t0 < P.tokens && err == cudaSuccess; t0 += seg) {
         P.t0 = t0;
         P.t1 = t0 + seg < P.tokens ? t0 + seg : P.tokens;
