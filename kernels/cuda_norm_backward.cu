@@ -227,10 +227,15 @@ __global__ void __launch_bounds__(FOLD_THREADS) norm_dw_fold(const __grid_consta
     const bool on = c < io.hd;
     if (ch < nk && on)
         io.cs[ch * io.hd + c] = sum_in_order(io.hp + ch * io.heads * io.hd + c, io.heads, io.hd);
-    __threadfence();
+    /* the block's sums ordered before its count by the barrier and one
+     * thread's fence (as cooperative groups' grid barrier), and the other
+     * blocks' sums seen after the count by the fence after it */
     __syncthreads();
-    if (threadIdx.x == 0)
+    if (threadIdx.x == 0) {
+        __threadfence();
         last = atomicAdd(&P.fold_count[(k ? g0 : 0) + g], 1u) == (unsigned)(R - 1);
+        __threadfence();
+    }
     __syncthreads();
     if (!last)
         return;
