@@ -154,13 +154,20 @@ __device__ __forceinline__ void fold_counts_zero(const NParams &P)
             P.fold_count[i] = 0;
 }
 
+/* The chunks of the segment P.t0..P.t1 (t0 a multiple of the chunk). */
+__host__ __device__ inline int64_t seg_chunks(const NParams &P)
+{
+    const int64_t C = FUSEDROPE_NORM_DW_CHUNK;
+    return (P.t1 - P.t0 + C - 1) / C;
+}
+
 /* (1) one thread per (tensor, chunk of tokens t0..t1, head, channel): the
  * head's terms of the chunk, its tokens in order, into the (chunk, head)
  * partial; t0 is a multiple of the chunk. */
 __global__ void norm_dw_chunks(const __grid_constant__ NParams P)
 {
     fold_counts_zero(P);
-    const int64_t C = FUSEDROPE_NORM_DW_CHUNK, nk = (P.t1 - P.t0 + C - 1) / C;
+    const int64_t C = FUSEDROPE_NORM_DW_CHUNK, nk = seg_chunks(P);
     const int64_t n0 = P.io[0].terms ? nk * P.io[0].heads * P.io[0].hd : 0;
     const int64_t n1 = P.io[1].terms ? nk * P.io[1].heads * P.io[1].hd : 0;
     for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < n0 + n1;
@@ -198,15 +205,11 @@ constexpr int FOLD_WARPS = 8, FOLD_RPW = 16;
 #endif
 constexpr int FOLD_THREADS = 32 * FOLD_WARPS, FOLD_ROUND = FOLD_WARPS * FOLD_RPW;
 
-/* norm_dw_fold's groups of channels of hd, of tensor io (none where its dw
- * is not asked for), and its blocks a group for nk chunks */
-__host__ __device__ inline int64_t lane_groups(int64_t hd)
-{
-    return (hd + FOLD_LANES - 1) / FOLD_LANES;
-}
+/* norm_dw_fold's groups of channels of tensor io (none where its dw is not
+ * asked for), and its blocks a group for nk chunks */
 __host__ __device__ inline int64_t fold_groups(const NIo &io)
 {
-    return io.hp != nullptr ? lane_groups(io.hd) : 0;
+    return io.dw != nullptr ? (io.hd + FOLD_LANES - 1) / FOLD_LANES : 0;
 }
 __host__ __device__ inline int64_t fold_ranges(int64_t nk)
 {
@@ -217,7 +220,7 @@ __global__ void __launch_bounds__(FOLD_THREADS) norm_dw_fold(const __grid_consta
 {
     __shared__ float part[FOLD_ROUND][FOLD_LANES];
     __shared__ int last;
-    const int64_t C = FUSEDROPE_NORM_DW_CHUNK, nk = (P.t1 - P.t0 + C - 1) / C;
+    const int64_t nk = seg_chunks(P);
     const int64_t R = fold_ranges(nk), g0 = fold_groups(P.io[0]);
     const int k = (int64_t)blockIdx.x >= g0 * R;
     const NIo &io = P.io[k];
@@ -1033,9 +1036,8 @@ int64_t segment_tokens(int64_t tokens, int64_t floats_per_chunk)
 cudaError_t launch_fold(const NParams &P, cudaStream_t stream)
 {
     cudaLaunchConfig_t cfg = {};
-    const int64_t C = FUSEDROPE_NORM_DW_CHUNK, nk = (P.t1 - P.t0 + C - 1) / C;
-    cfg.gridDim = dim3((unsigned)((fold_groups(P.io[0]) + fold_groups(P.io[1])) * fold_ranges(nk)),
-                       1, 1);
+    cfg.gridDim = dim3(
+        (unsigned)((fold_groups(P.io[0]) + fold_groups(P.io[1])) * fold_ranges(seg_chunks(P))), 1, 1);
     cfg.blockDim = dim3(FOLD_THREADS, 1, 1);
     cfg.stream = stream;
 #ifdef FR_CUDA_EMULATE
@@ -1072,7 +1074,7 @@ cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
     const int64_t seg = segment_tokens(P.tokens, per_chunk), nks = seg / C;
     /* the floats, then the fold's counts (as many 32-bit words) */
     const size_t floats = (size_t)(nks * per_chunk);
-    P.fold_n = (csf[0] ? lane_groups(csf[0]) : 0) + (csf[1] ? lane_groups(csf[1]) : 0);
+    P.fold_n = fold_groups(P.io[0]) + fold_groups(P.io[1]);
     if ((err = scratch_alloc(&scratch, (floats + (size_t)P.fold_n) * 4, stream)) != cudaSuccess)
         return err;
     float *f = (float *)scratch;
@@ -1088,13 +1090,12 @@ cudaError_t backward_launches(NParams &P, int count, cudaStream_t stream)
     for (int64_t t0 = 0; t0 < P.tokens && err == cudaSuccess; t0 += seg) {
         P.t0 = t0;
         P.t1 = t0 + seg < P.tokens ? t0 + seg : P.tokens;
-        const int64_t nk = (P.t1 - t0 + C - 1) / C;
         if (hd != 0) {
             err = launch_heads_all(P, hd, stream);
         } else {
             err = launch(norm_dx, (P.t1 - P.t0) * P.heads, P, stream);
             if (err == cudaSuccess)
-                err = launch(norm_dw_chunks, nk * (hpf[0] + hpf[1]), P, stream);
+                err = launch(norm_dw_chunks, seg_chunks(P) * (hpf[0] + hpf[1]), P, stream);
         }
         if (err == cudaSuccess)
             err = launch_fold(P, stream);
