@@ -23,8 +23,8 @@ FRTEST_LIBS = tests/libfrtest.a
 EMU_CPPFLAGS = $(AM_CPPFLAGS) $(CUDA_EMU_CPPFLAGS) -I$(srcdir)/kernels
 EMU_CXXFLAGS = -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wextra \
 	-Wno-unknown-pragmas
-# TU_EMULATED: a suite built again around the emulated kernels (test_axes_emu,
-# test_norm_emu), which leaves out under valgrind what only the CPU backend
+# TU_EMULATED: a suite built again around the emulated kernels (test_apply_emu,
+# test_axes_emu, test_norm_emu), which leaves out under valgrind what only the CPU backend
 # does differently (streamed outputs, its vector paths).
 
 # Those kernels (kernels/cuda_apply_emu.cc, kernels/cuda_norm_*_emu.cc) are
@@ -139,7 +139,7 @@ if HAVE_CUDA_EMU
 check_PROGRAMS += tests/test_apply_emu
 TESTS += tests/test_apply_emu
 tests_test_apply_emu_SOURCES = tests/test_apply.c tests/cuda_emu_wrap.c
-tests_test_apply_emu_CPPFLAGS = $(EMU_CPPFLAGS)
+tests_test_apply_emu_CPPFLAGS = $(EMU_CPPFLAGS) -DTU_EMULATED
 tests_test_apply_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
 tests_test_apply_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
 tests_test_apply_emu_LDADD = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)

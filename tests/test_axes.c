@@ -44,15 +44,6 @@
 static const fusedrope_dtype dtypes[3] = {FUSEDROPE_FLOAT32, FUSEDROPE_FLOAT16,
                                           FUSEDROPE_BFLOAT16};
 
-#define GROUPED_TEST(name, k)                                                             \
-    START_TEST(name)                                                                      \
-    {                                                                                     \
-        int v_;                                                                           \
-        for (v_ = 0; v_ < (k); v_++)                                                      \
-            name##_body(_i * (k) + v_);                                                   \
-    }                                                                                     \
-    END_TEST
-
 /* ----------------------------------------------------------------- layouts */
 
 /* CUSTOM maps: a 4-axis one with repeated and permuted columns, a 2-axis one
@@ -623,7 +614,7 @@ static void test_equal_axes_1d_body(int _i)
     }
     end_test();
 }
-GROUPED_TEST(test_equal_axes_1d, 2)
+TU_GROUPED_TEST(test_equal_axes_1d, 2)
 
 /* --------------------------------------------- additivity and round trips */
 
@@ -697,7 +688,7 @@ static void test_additivity_body(int _i)
     close_enough(what, &x, &y2, &z, sp->rot, 1, 3);
     end_test();
 }
-GROUPED_TEST(test_additivity, 2)
+TU_GROUPED_TEST(test_additivity, 2)
 
 /* backward(forward(x)) = x, every dtype, table and table-less */
 static void test_round_trip_body(int _i)
@@ -732,7 +723,7 @@ static void test_round_trip_body(int _i)
     close_enough(what, &x, &z, &x, sp->rot, 1, 3);
     end_test();
 }
-GROUPED_TEST(test_round_trip, 2)
+TU_GROUPED_TEST(test_round_trip, 2)
 
 /* ---------------------------------------------------- proportional columns */
 

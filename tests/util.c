@@ -3,6 +3,7 @@
  */
 #include "util.h"
 #include "run_seed.h"
+#include "internal.h"
 
 #include <ctype.h>
 #include <inttypes.h>
@@ -374,4 +375,9 @@ int tu_contains(const char *hay, const char *needle)
             return 1;
     }
     return n == 0;
+}
+
+int tu_skip_default_path(void)
+{
+    return tu_under_valgrind() && !fr_avx512_usable();
 }

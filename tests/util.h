@@ -130,7 +130,23 @@ size_t tu_changed(const tu_buf *buf, const tu_buf *snap, size_t *first);
 /* Positions for a case, filled by ref_positions. */
 int64_t *tu_positions(const fusedrope_positions *pos, int64_t seq_len, int64_t batch);
 
+/* One forked test running name##_body(_i * k + v) for v < k: forks are the
+ * costly part of a test under valgrind and the sanitizers. */
+#define TU_GROUPED_TEST(name, k)                                                          \
+    START_TEST(name)                                                                      \
+    {                                                                                     \
+        for (int v_ = 0; v_ < (k); v_++)                                                  \
+            name##_body(_i * (k) + v_);                                                   \
+    }                                                                                     \
+    END_TEST
+
 /* Case-insensitive substring test. */
 int tu_contains(const char *hay, const char *needle);
+
+/* Whether a test comparing the CPU backend's paths (the library's choice,
+ * AVX2 alone, portable) may leave the first out: under valgrind, which
+ * hides AVX-512 from the CPU-feature check, the library's choice is the
+ * AVX2 path, which the test runs anyway. */
+int tu_skip_default_path(void);
 
 #endif /* FUSEDROPE_TEST_UTIL_H */
