@@ -93,7 +93,7 @@ quiet_host() {
   vpid=()
 }
 normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:16:1:7:0:2 1000000000:1:16:1:7:7:2}
-normbwd_variants=${NORMBWD_VARIANTS:-1:1:6:36:1:0}
+normbwd_variants=${NORMBWD_VARIANTS:-1:1:6:36:1:0 1:1:0:36:1:0:1}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
     prebuild normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW FR_CUDA_NORM_WARP_HEADS \
@@ -103,7 +103,7 @@ esac
 case " $sections " in *" normbwd "*)
   for v in $normbwd_variants; do
     prebuild normbwd $v FR_CUDA_NORM_BWD_HEADS FR_CUDA_NORM_BWD_AHEAD FR_CUDA_NORM_BWD_MINB \
-      FR_CUDA_NORM_BWD_WAVE FR_CUDA_NORM_BWD_HALF FR_CUDA_NORM_BWD_PIPE
+      FR_CUDA_NORM_BWD_WAVE FR_CUDA_NORM_BWD_HALF FR_CUDA_NORM_BWD_PIPE FR_CUDA_NORM_BWD_PDL
   done ;;
 esac
 
@@ -284,11 +284,12 @@ section_cpunorm() {
 
 section_normbwd() {
   # the norm backward's row kernel (norm_backward_heads) in each shape of
-  # FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE (heads a warp takes at
+  # FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE:PDL (heads a warp takes at
   # a token where the call has more one-head units than WAVE warps an SM,
   # 0: always; tokens loaded or in flight in registers; blocks of 128 an SM
   # asked of ptxas; rows over half-warps, 1, or over warps, 0; over
-  # half-warps, tokens in flight through shared memory, 0: in registers; a
+  # half-warps, tokens in flight through shared memory, 0: in registers;
+  # 1: the row kernel and the fold launched as programmatic dependents; a
   # value left off keeps the default; ptxas's registers for bf16 NeoX 128
   # from x (nvcc 13.0, sm_90): the default 1:1:0:36:1:0 96 and 8 bytes
   # spilled (0.634 of a copy at 4096 tokens on the 2026-11-30 lease, where
@@ -302,7 +303,7 @@ section_normbwd() {
   for v in default $normbwd_variants; do
     variant_tree normbwd $v || continue
     b=$vt/tools/fusedrope-bench
-    { echo "== FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE=$v"
+    { echo "== FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE:PDL=$v"
       for tokens in 1024 4096 16384; do
         $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_bwd|FAIL)'
       done

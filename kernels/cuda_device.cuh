@@ -8,6 +8,8 @@
 #ifndef FUSEDROPE_CUDA_DEVICE_CUH
 #define FUSEDROPE_CUDA_DEVICE_CUH
 
+#include <string.h>
+
 #include "internal.h"
 
 /* The build's choice `build`, or where emulated a test's `emu` (-1: the
@@ -54,6 +56,62 @@ static inline int fr_cuda_sm_count(int dev)
         __atomic_store_n(&cached[dev], n, __ATOMIC_RELAXED);
     return n;
 #endif
+}
+
+/* The compute capability's major number of device dev, asked once per
+ * device and kept as fr_cuda_sm_count's count; 0 when the query fails (no
+ * feature of a later architecture is then used).  The emulation's is 9. */
+static inline int fr_cuda_cc_major(int dev)
+{
+#ifdef FR_CUDA_EMULATE
+    (void)dev;
+    return 9;
+#else
+    static int cached[64];
+    int n = 0;
+    if (dev >= 0 && dev < 64 && (n = __atomic_load_n(&cached[dev], __ATOMIC_RELAXED)) > 0)
+        return n;
+    const cudaError_t err = cudaDeviceGetAttribute(&n, cudaDevAttrComputeCapabilityMajor, dev);
+    if (err != cudaSuccess || n <= 0) {
+        fr_cuda_forget(err);
+        return 0;
+    }
+    if (dev >= 0 && dev < 64)
+        __atomic_store_n(&cached[dev], n, __ATOMIC_RELAXED);
+    return n;
+#endif
+}
+
+/* Programmatic dependent launch (compute capability 9.0 and later): a
+ * kernel launched with fr_cuda_pdl_attr's attribute may start while the
+ * kernel before it in the stream ends, so before its first read of global
+ * memory it waits (fr_pdl_wait) for that kernel's end and writes; the
+ * kernel before it may let it launch early (fr_pdl_launch_dependents).
+ * Without the attribute, or before sm_90, or emulated (one launch after
+ * another), both are nothing. */
+static __device__ __forceinline__ void fr_pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void fr_pdl_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+/* cfg's attributes: the one in *a, allowing a programmatic dependent
+ * launch, where on (else none). */
+static inline void fr_cuda_pdl_attr(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *a, bool on)
+{
+    if (!on)
+        return;
+    memset(a, 0, sizeof *a);
+    a->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a->val.programmaticStreamSerializationAllowed = 1;
+    cfg->attrs = a;
+    cfg->numAttrs = 1;
 }
 
 /* A call's launches go to the current device, while the cache's memory is on

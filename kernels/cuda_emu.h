@@ -103,14 +103,19 @@ extern "C" int fr_emu_sms;
  * device's launch does (the code is cudaErrorInvalidConfiguration here
  * whatever the reason; a device may name some reasons otherwise).  Dynamic
  * shared memory and launch attributes are not emulated: a launch with them
- * is refused too.  The stream is ignored. */
+ * is refused too, but for the one that allows a programmatic dependent
+ * launch, which running each launch to its end before the next honours.
+ * The stream is ignored. */
 static bool fr_emu_refused(const cudaLaunchConfig_t *config)
 {
     const dim3 grid = config->gridDim, block = config->blockDim;
     const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    bool attrs_ok = config->numAttrs == 0 || config->attrs != nullptr;
+    for (unsigned i = 0; attrs_ok && i < config->numAttrs; i++)
+        attrs_ok = config->attrs[i].id == cudaLaunchAttributeProgrammaticStreamSerialization;
     if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 512 ||
         block.z > 64 || grid.y > 65535 || grid.z > 65535 || grid.x > 2147483647u ||
-        config->dynamicSmemBytes != 0 || config->numAttrs != 0) {
+        config->dynamicSmemBytes != 0 || !attrs_ok) {
         fprintf(stderr, "cuda_emu: a launch the device would refuse: grid (%u, %u, %u), block "
                         "(%u, %u, %u)\n", grid.x, grid.y, grid.z, block.x, block.y, block.z);
         return true;

@@ -67,6 +67,7 @@ struct NParams {
     int interleaved, dt, wdt, weight, rounding, saved_y;
     float eps;
     int sms; /* host side: the device's SM count, for the launch shapes */
+    bool pdl; /* host side: launch the backward's kernels as programmatic dependents */
 };
 
 __device__ __forceinline__ float load_f(const void *p, int dt, int64_t i)

@@ -55,13 +55,16 @@
  * decides; 1 to 4 are built) and layout (1: half-warps, 0: warps, -1:
  * FR_CUDA_NORM_BWD_HALF decides) and, over half-warps, its tokens in
  * flight through shared memory (0, 1, 3; -1: FR_CUDA_NORM_BWD_PIPE);
- * with tokens in registers, how many (FR_CUDA_NORM_BWD_AHEAD). */
+ * with tokens in registers, how many (FR_CUDA_NORM_BWD_AHEAD); and
+ * whether the launches carry the programmatic-dependent attribute
+ * (FR_CUDA_NORM_BWD_PDL). */
 extern "C" {
 int fr_emu_norm_seg_chunks = 0;
 int fr_emu_norm_bwd_heads = 0;
 int fr_emu_norm_bwd_half = -1;
 int fr_emu_norm_bwd_pipe = -1;
 int fr_emu_norm_bwd_ahead = 0; /* 1 to 4, 0: FR_CUDA_NORM_BWD_AHEAD */
+int fr_emu_norm_bwd_pdl = -1;  /* 0, 1; -1: FR_CUDA_NORM_BWD_PDL */
 }
 #endif
 
@@ -144,6 +147,18 @@ __device__ __forceinline__ float sum_in_order(const float *p, int64_t n, int64_t
     return sum;
 }
 
+/* 1: norm_backward_heads and norm_dw_fold launched as programmatic
+ * dependents on devices of compute capability 9.0 and later
+ * (fr_cuda_pdl_attr): each waits at its start for the kernel before it
+ * (fr_pdl_wait, before any read), and the row kernel's blocks let the fold
+ * launch as they start, so the fold's launch and blocks are placed while
+ * the row kernel's last blocks run.  On the H200 a call at 4096 tokens
+ * took 5.3 us outside its two kernels (ncu against the event-timed call;
+ * bench/RESULTS.md, 2026-11-30).  0 until measured. */
+#ifndef FR_CUDA_NORM_BWD_PDL
+#define FR_CUDA_NORM_BWD_PDL 0
+#endif
+
 /* The arrival counts of the segment's norm_dw_fold zeroed, by the row
  * kernels before it (stream order: the fold of the segment before has
  * ended). */
@@ -220,6 +235,8 @@ __global__ void __launch_bounds__(FOLD_THREADS) norm_dw_fold(const __grid_consta
 {
     __shared__ float part[FOLD_ROUND][FOLD_LANES];
     __shared__ int last;
+    if constexpr (FR_CUDA_NORM_BWD_PDL != 0)
+        fr_pdl_wait(); /* the row kernel's partials and counts */
     const int64_t nk = seg_chunks(P);
     const int64_t R = fold_ranges(nk), g0 = fold_groups(P.io[0]);
     const int k = (int64_t)blockIdx.x >= g0 * R;
@@ -572,6 +589,10 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
     static_assert(!HALF || G == 1, "norm_backward_heads: one row a half-warp");
     static_assert(PIPE == 0 || HALF, "norm_backward_heads: the pipeline over half-warps only");
     using E = typename LaneWord<HALF>::T;
+    if constexpr (FR_CUDA_NORM_BWD_PDL != 0) {
+        fr_pdl_wait(); /* before every read: the kernel before may write what this reads */
+        fr_pdl_launch_dependents();
+    }
     check_cu_seqlens(P.pos, P.tokens, P.flag);
     fold_counts_zero(P);
     constexpr int K = HD / 32;          /* the lane's words of a row */
@@ -966,7 +987,9 @@ cudaError_t launch_heads(const NParams &P, int g, cudaStream_t stream)
     const int64_t units = nu * ((P.io[0].heads + ru - 1) / ru + (P.io[1].heads + ru - 1) / ru);
     if (units == 0)
         return cudaSuccess;
-    const cudaLaunchConfig_t cfg = grid_of(32 * units, FR_CUDA_NORM_BWD_GRID, P.sms, stream);
+    cudaLaunchConfig_t cfg = grid_of(32 * units, FR_CUDA_NORM_BWD_GRID, P.sms, stream);
+    cudaLaunchAttribute attr;
+    fr_cuda_pdl_attr(&cfg, &attr, P.pdl);
 #ifdef FR_CUDA_EMULATE
     if (g == 0)
         return launch_half<DT, HD>(cfg, P);
@@ -1040,6 +1063,8 @@ cudaError_t launch_fold(const NParams &P, cudaStream_t stream)
         (unsigned)((fold_groups(P.io[0]) + fold_groups(P.io[1])) * fold_ranges(seg_chunks(P))), 1, 1);
     cfg.blockDim = dim3(FOLD_THREADS, 1, 1);
     cfg.stream = stream;
+    cudaLaunchAttribute attr;
+    fr_cuda_pdl_attr(&cfg, &attr, P.pdl);
 #ifdef FR_CUDA_EMULATE
     return fr_emu_launch_lockstep(&cfg, norm_dw_fold, P);
 #else
@@ -1123,6 +1148,7 @@ extern "C" fusedrope_status fr_cuda_norm_backward(const fr_norm_args *na)
         return FUSEDROPE_OK;
     params(na, &P);
     P.sms = fr_cuda_sm_count(dev);
+    P.pdl = FR_CHOICE(fr_emu_norm_bwd_pdl, FR_CUDA_NORM_BWD_PDL) != 0 && fr_cuda_cc_major(dev) >= 9;
     if (P.cos == nullptr && P.inv_freq == nullptr)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "fr_cuda_norm_backward: the cache has neither a device table nor frequencies");

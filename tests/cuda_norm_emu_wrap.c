@@ -19,7 +19,8 @@
  * decides in the first three and the last (one a token with 132 SMs,
  * FR_CUDA_NORM_BWD_HEADS with fewer), 3 a token in the fourth and 1 in the
  * fifth (norm_backward_heads; the last two holding two tokens in
- * registers), from the same starting bytes, which must give the same
+ * registers), the second and fifth launching the backward's kernels with
+ * the programmatic-dependent attribute, from the same starting bytes, which must give the same
  * output bytes (y and rstd; dx and dw); then the real OpenMP backend
  * runs from the same bytes, and its output must be the kernels' to the bit
  * (a NaN need only be NaN).  The kernels' output stays.  The CPU cache
@@ -48,7 +49,7 @@ int fr_emu_sms = 132;
 /* kernels/cuda_norm_forward.cu and _backward.cu, emulated */
 extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp, fr_emu_norm_warp_rpw, fr_emu_norm_warp_heads,
     fr_emu_norm_bwd_heads, fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe,
-    fr_emu_norm_bwd_ahead;
+    fr_emu_norm_bwd_ahead, fr_emu_norm_bwd_pdl;
 
 /* The call's outputs as (pointer, bytes, element size) pieces. */
 typedef struct { unsigned char *p; size_t n, es; } piece;
@@ -113,7 +114,8 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
                      warp[] = { 0, 0, 0, 1, 1, 1 }, warp_rpw[] = { 0, 0, 0, 3, 0, 0 },
                      warp_heads[] = { 0, 0, 0, 4, 0, 4 }, bwd_heads[] = { 0, 0, 0, 3, 1, 0 },
                      warp_half[] = { -1, -1, -1, 0, 1, 2 }, bwd_half[] = { -1, -1, -1, 0, 0, -1 },
-                     bwd_pipe[] = { -1, 1, 3, -1, -1, -1 }, bwd_ahead[] = { 0, 0, 0, 0, 2, 2 };
+                     bwd_pipe[] = { -1, 1, 3, -1, -1, -1 }, bwd_ahead[] = { 0, 0, 0, 0, 2, 2 },
+                     bwd_pdl[] = { -1, 1, 0, 0, 1, 0 };
     const int max = 4 + 2 * (int)(na->a.seq_len * na->a.batch *
                                   (na->a.io[0].heads + (na->a.count > 1 ? na->a.io[1].heads : 0)));
     piece *pc = malloc(sizeof *pc * (size_t)max);
@@ -155,6 +157,7 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         fr_emu_norm_bwd_half = bwd_half[i];
         fr_emu_norm_bwd_pipe = bwd_pipe[i];
         fr_emu_norm_bwd_ahead = bwd_ahead[i];
+        fr_emu_norm_bwd_pdl = bwd_pdl[i];
         st = backward ? fr_emu_cuda_norm_backward(&e) : fr_emu_cuda_norm_forward(&e);
         if (st != FUSEDROPE_OK || flag) {
             fprintf(stderr, "emulated CUDA norm %s, %d SMs: status %d, flag %d (%s)\n",
