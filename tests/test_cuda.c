@@ -1712,6 +1712,171 @@ START_TEST(test_graph_replay)
 }
 END_TEST
 
+/* The norm graph test's two calls on the stream: fusedrope_norm_forward_qk
+ * (q, k) -> (qo, ko) with rstd, then fusedrope_norm_backward_qk from the
+ * saved inputs, (dq, dk) -> (dxq, dxk) with both weights' gradients, Qwen3's
+ * rule (weight w, the LLAMA rounding) in bf16 at the ids of pos.  b[]: q, k,
+ * dq, dk, wq, wk, then the outputs qo, ko, rstd q, rstd k, dxq, dxk, dwq,
+ * dwk; pointers of the cache's device (host buffers for a CPU cache).
+ * Returns the first failure's status, its message in err. */
+static fusedrope_status norm_graph_calls(const fusedrope_cache *c, const fusedrope_positions *pos,
+                                         void *const *b, int64_t S, int64_t B, int64_t HQ,
+                                         int64_t HK, int64_t D, cudaStream_t st, char *err,
+                                         size_t nerr)
+{
+    const fusedrope_dtype dt = FUSEDROPE_BFLOAT16;
+    fusedrope_tensor q = fusedrope_tensor_sbhd(b[0], dt, S, B, HQ, D);
+    fusedrope_tensor k = fusedrope_tensor_sbhd(b[1], dt, S, B, HK, D);
+    fusedrope_tensor dq = fusedrope_tensor_sbhd(b[2], dt, S, B, HQ, D);
+    fusedrope_tensor dk = fusedrope_tensor_sbhd(b[3], dt, S, B, HK, D);
+    fusedrope_tensor qo = fusedrope_tensor_sbhd(b[6], dt, S, B, HQ, D);
+    fusedrope_tensor ko = fusedrope_tensor_sbhd(b[7], dt, S, B, HK, D);
+    fusedrope_tensor dxq = fusedrope_tensor_sbhd(b[10], dt, S, B, HQ, D);
+    fusedrope_tensor dxk = fusedrope_tensor_sbhd(b[11], dt, S, B, HK, D);
+    fusedrope_norm nm;
+    fusedrope_status s;
+    const char *which = "fusedrope_norm_forward_qk";
+    fusedrope_norm_init(&nm);
+    nm.weight = FUSEDROPE_NORM_WEIGHT;
+    nm.rounding = FUSEDROPE_NORM_ROUND_LLAMA;
+    nm.weight_dtype = dt;
+    nm.q_weight = b[4];
+    nm.k_weight = b[5];
+    nm.q_rstd = b[8];
+    nm.k_rstd = b[9];
+    s = fusedrope_norm_forward_qk(c, FUSEDROPE_NEOX, pos, &nm, &q, &qo, &k, &ko, st);
+    if (s == FUSEDROPE_OK) {
+        nm.dq_weight = b[12];
+        nm.dk_weight = b[13];
+        s = fusedrope_norm_backward_qk(c, FUSEDROPE_NEOX, pos, &nm, &q, &dq, &dxq, &k, &dk, &dxk,
+                                       st);
+        which = "fusedrope_norm_backward_qk";
+    }
+    if (s != FUSEDROPE_OK)
+        snprintf(err, nerr, "%s: %s (%s)", which, fusedrope_status_string(s),
+                 fusedrope_last_error());
+    return s;
+}
+
+/* The fused norm's forward and backward (whose dw takes a scratch
+ * allocation and two kernels a call) captured in a CUDA graph: the direct
+ * calls' bytes are the CPU backend's, and 1000 replays, their outputs
+ * poisoned between checks, give the direct calls' bytes. */
+START_TEST(test_norm_graph_replay)
+{
+    const int64_t S = 160, B = 2, HQ = 8, HK = 2, D = 128, T = S * B;
+    const size_t nq = (size_t)(T * HQ * D) * 2, nk = (size_t)(T * HK * D) * 2;
+    static const char *const names[14] = { "q", "k", "dq", "dk", "q's weight", "k's weight",
+                                           "forward's q out", "forward's k out", "q's rstd",
+                                           "k's rstd", "backward's dq in", "backward's dk in",
+                                           "q's weight gradient", "k's weight gradient" };
+    const size_t bytes[14] = { nq, nk, nq, nk, (size_t)D * 2, (size_t)D * 2, nq, nk,
+                               (size_t)(T * HQ) * 4, (size_t)(T * HK) * 4, nq, nk,
+                               (size_t)D * 4, (size_t)D * 4 };
+    fusedrope_cache *gpu = make_cache(FUSEDROPE_ROPE_DEFAULT, 128, 1024, FUSEDROPE_DEVICE_CUDA);
+    fusedrope_cache *cpu = make_cache(FUSEDROPE_ROPE_DEFAULT, 128, 1024, FUSEDROPE_DEVICE_CPU);
+    int64_t *ids = malloc((size_t)T * sizeof *ids);
+    gbuf b[14];
+    void *dev[14], *host[14];
+    void *d_ids;
+    fusedrope_positions pos, ph;
+    cudaStream_t st;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t cerr;
+    fusedrope_status s;
+    char err[1024] = "";
+    tu_rng r;
+
+    ck_assert(ids != NULL);
+    tu_rng_init(&r, 9292);
+    memset(b, 0, sizeof b);
+    for (int i = 0; i < 14; i++) {
+        if (i < 6)
+            gbuf_input(&b[i], bytes[i], &r);
+        else
+            gbuf_output(&b[i], bytes[i]);
+        dev[i] = b[i].dev;
+    }
+    for (int64_t i = 0; i < T; i++)
+        ids[i] = tu_int(&r, 0, 1023);
+    d_ids = to_device(ids, (size_t)T * sizeof *ids);
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CUDA_OK(cudaDeviceSynchronize());
+    fusedrope_positions_init(&pos);
+    pos.ids = d_ids;
+
+    /* the direct calls: the reference bytes */
+    s = norm_graph_calls(gpu, &pos, dev, S, B, HQ, HK, D, st, err, sizeof err);
+    ck_assert_msg(s == FUSEDROPE_OK, "direct calls: %s", err);
+    CUDA_OK(cudaStreamSynchronize(st));
+    for (int i = 6; i < 14; i++)
+        CUDA_OK(cudaMemcpy(b[i].host, b[i].dev, b[i].bytes, cudaMemcpyDeviceToHost));
+    FR_OK(fusedrope_cache_check(gpu, st));
+
+    /* ... which are the CPU backend's */
+    for (int i = 0; i < 14; i++) {
+        host[i] = i < 6 ? (void *)b[i].host : malloc(bytes[i]);
+        ck_assert(host[i] != NULL);
+    }
+    fusedrope_positions_init(&ph);
+    ph.ids = ids;
+    s = norm_graph_calls(cpu, &ph, host, S, B, HQ, HK, D, NULL, err, sizeof err);
+    ck_assert_msg(s == FUSEDROPE_OK, "CPU calls: %s", err);
+    for (int i = 6; i < 14; i++) {
+        ck_assert_msg(memcmp(host[i], b[i].host, bytes[i]) == 0, "%s: GPU and CPU differ",
+                      names[i]);
+        free(host[i]);
+    }
+
+    /* capture: the poisoned outputs must be written by the graph alone */
+    for (int i = 6; i < 14; i++)
+        CUDA_OK(cudaMemsetAsync(b[i].dev, 0xa5, b[i].bytes, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    s = norm_graph_calls(gpu, &pos, dev, S, B, HQ, HK, D, st, err, sizeof err);
+    cerr = cudaStreamEndCapture(st, &graph); /* ended whatever happened inside */
+    ck_assert_msg(s == FUSEDROPE_OK, "under capture: %s", err);
+    ck_assert_msg(cerr == cudaSuccess, "cudaStreamEndCapture: %s", cudaGetErrorString(cerr));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+    for (int rep = 1; rep <= GRAPH_REPLAYS; rep++) {
+        CUDA_OK(cudaGraphLaunch(exec, st));
+        if (rep % GRAPH_CHECK_EVERY != 0)
+            continue;
+        CUDA_OK(cudaStreamSynchronize(st));
+        for (int i = 6; i < 14; i++) {
+            unsigned char *got = malloc(b[i].bytes);
+            ck_assert(got != NULL);
+            CUDA_OK(cudaMemcpy(got, b[i].dev, b[i].bytes, cudaMemcpyDeviceToHost));
+            if (memcmp(got, b[i].host, b[i].bytes) != 0) {
+                size_t k = 0;
+                while (got[k] == b[i].host[k])
+                    k++;
+                free(got);
+                ck_abort_msg("replay %d: %s differs from the direct call's at byte %zu", rep,
+                             names[i], k);
+            }
+            free(got);
+            /* poisoned again: the next replays must write every byte */
+            CUDA_OK(cudaMemsetAsync(b[i].dev, 0xa5, b[i].bytes, st));
+        }
+    }
+    CUDA_OK(cudaStreamSynchronize(st));
+    FR_OK(fusedrope_cache_check(gpu, st));
+
+    CUDA_OK(cudaGraphExecDestroy(exec));
+    CUDA_OK(cudaGraphDestroy(graph));
+    CUDA_OK(cudaStreamDestroy(st));
+    for (int i = 0; i < 14; i++)
+        gbuf_free(&b[i]);
+    cudaFree(d_ids);
+    free(ids);
+    fusedrope_cache_destroy(gpu);
+    fusedrope_cache_destroy(cpu);
+}
+END_TEST
+
 /* ------------------------------------------------ offsets past 2^31, 2^32 */
 
 /*
@@ -1852,6 +2017,7 @@ int main(void)
     tcase_add_test(tc, test_extreme_values);
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_graph_replay);
+    tcase_add_test(tc, test_norm_graph_replay);
     tcase_add_test(tc, test_offsets_past_2_32);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
