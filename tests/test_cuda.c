@@ -1454,6 +1454,44 @@ static void gbuf_free(gbuf *g)
     free(g->host);
 }
 
+/* The n outputs o[] poisoned on stream st: what a graph leaves there, it wrote. */
+static void gbuf_poison(gbuf *const *o, int n, cudaStream_t st)
+{
+    for (int i = 0; i < n; i++)
+        CUDA_OK(cudaMemsetAsync(o[i]->dev, 0xa5, o[i]->bytes, st));
+}
+
+/* GRAPH_REPLAYS launches of exec on st; after every GRAPH_CHECK_EVERY-th,
+ * each of the n outputs o[j] (named names[j]) must hold the direct calls'
+ * bytes (o[j]->host), and is poisoned again, so that the next replays must
+ * write every byte.  Returns with the stream synchronised. */
+static void graph_replays_check(cudaGraphExec_t exec, cudaStream_t st, gbuf *const *o,
+                                const char *const *names, int n)
+{
+    for (int rep = 1; rep <= GRAPH_REPLAYS; rep++) {
+        CUDA_OK(cudaGraphLaunch(exec, st));
+        if (rep % GRAPH_CHECK_EVERY != 0)
+            continue;
+        CUDA_OK(cudaStreamSynchronize(st));
+        for (int j = 0; j < n; j++) {
+            unsigned char *got = malloc(o[j]->bytes);
+            ck_assert(got != NULL);
+            CUDA_OK(cudaMemcpy(got, o[j]->dev, o[j]->bytes, cudaMemcpyDeviceToHost));
+            if (memcmp(got, o[j]->host, o[j]->bytes) != 0) {
+                size_t k = 0;
+                while (got[k] == o[j]->host[k])
+                    k++;
+                free(got);
+                ck_abort_msg("replay %d: %s differs from the direct call's at byte %zu", rep,
+                             names[j], k);
+            }
+            free(got);
+        }
+        gbuf_poison(o, n, st);
+    }
+    CUDA_OK(cudaStreamSynchronize(st));
+}
+
 /* The graph's three calls on the stream: forward x -> y, backward dy -> dx,
  * forward_qk (q, k) -> (qo, ko), all out of place, at the device ids, with
  * the device word range_status.  Returns the first failure's status, and
@@ -1582,7 +1620,7 @@ START_TEST(test_graph_replay)
     static const int outs[4] = { 1, 3, 6, 7 };
     static const char *const out_names[4] = { "forward's y", "backward's dx",
                                               "forward_qk's q out", "forward_qk's k out" };
-    gbuf b[8];
+    gbuf b[8], *ob[4];
     void *d_ids;
     int32_t *dword, word = -1;
     fusedrope_positions pos;
@@ -1662,7 +1700,8 @@ START_TEST(test_graph_replay)
 
     /* capture: the poisoned outputs must be written by the graph alone */
     for (int j = 0; j < 4; j++)
-        CUDA_OK(cudaMemsetAsync(b[outs[j]].dev, 0xa5, b[outs[j]].bytes, st));
+        ob[j] = &b[outs[j]];
+    gbuf_poison(ob, 4, st);
     CUDA_OK(cudaStreamSynchronize(st));
     CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     s = graph_calls(gpu, &pos, b, S, B, HQ, HK, D, st, err, sizeof err);
@@ -1671,30 +1710,7 @@ START_TEST(test_graph_replay)
     ck_assert_msg(cerr == cudaSuccess, "cudaStreamEndCapture: %s", cudaGetErrorString(cerr));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
 
-    for (int rep = 1; rep <= GRAPH_REPLAYS; rep++) {
-        CUDA_OK(cudaGraphLaunch(exec, st));
-        if (rep % GRAPH_CHECK_EVERY != 0)
-            continue;
-        CUDA_OK(cudaStreamSynchronize(st));
-        for (int j = 0; j < 4; j++) {
-            const gbuf *o = &b[outs[j]];
-            unsigned char *got = malloc(o->bytes);
-            ck_assert(got != NULL);
-            CUDA_OK(cudaMemcpy(got, o->dev, o->bytes, cudaMemcpyDeviceToHost));
-            if (memcmp(got, o->host, o->bytes) != 0) {
-                size_t k = 0;
-                while (got[k] == o->host[k])
-                    k++;
-                free(got);
-                ck_abort_msg("replay %d: %s differs from the direct call's at byte %zu", rep,
-                             out_names[j], k);
-            }
-            free(got);
-            /* poisoned again: the next replays must write every byte */
-            CUDA_OK(cudaMemsetAsync(o->dev, 0xa5, o->bytes, st));
-        }
-    }
-    CUDA_OK(cudaStreamSynchronize(st));
+    graph_replays_check(exec, st, ob, out_names, 4);
     CUDA_OK(cudaMemcpy(&word, dword, sizeof word, cudaMemcpyDeviceToHost));
     ck_assert_msg(word == 0, "range_status raised (%d) by in-table ids", word);
     FR_OK(fusedrope_cache_check(gpu, st)); /* the cache's own flag: never given, never raised */
@@ -1776,7 +1792,7 @@ START_TEST(test_norm_graph_replay)
     fusedrope_cache *gpu = make_cache(FUSEDROPE_ROPE_DEFAULT, 128, 1024, FUSEDROPE_DEVICE_CUDA);
     fusedrope_cache *cpu = make_cache(FUSEDROPE_ROPE_DEFAULT, 128, 1024, FUSEDROPE_DEVICE_CPU);
     int64_t *ids = malloc((size_t)T * sizeof *ids);
-    gbuf b[14];
+    gbuf b[14], *ob[8];
     void *dev[14], *host[14];
     void *d_ids;
     fusedrope_positions pos, ph;
@@ -1831,7 +1847,8 @@ START_TEST(test_norm_graph_replay)
 
     /* capture: the poisoned outputs must be written by the graph alone */
     for (int i = 6; i < 14; i++)
-        CUDA_OK(cudaMemsetAsync(b[i].dev, 0xa5, b[i].bytes, st));
+        ob[i - 6] = &b[i];
+    gbuf_poison(ob, 8, st);
     CUDA_OK(cudaStreamSynchronize(st));
     CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     s = norm_graph_calls(gpu, &pos, dev, S, B, HQ, HK, D, st, err, sizeof err);
@@ -1840,29 +1857,7 @@ START_TEST(test_norm_graph_replay)
     ck_assert_msg(cerr == cudaSuccess, "cudaStreamEndCapture: %s", cudaGetErrorString(cerr));
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
 
-    for (int rep = 1; rep <= GRAPH_REPLAYS; rep++) {
-        CUDA_OK(cudaGraphLaunch(exec, st));
-        if (rep % GRAPH_CHECK_EVERY != 0)
-            continue;
-        CUDA_OK(cudaStreamSynchronize(st));
-        for (int i = 6; i < 14; i++) {
-            unsigned char *got = malloc(b[i].bytes);
-            ck_assert(got != NULL);
-            CUDA_OK(cudaMemcpy(got, b[i].dev, b[i].bytes, cudaMemcpyDeviceToHost));
-            if (memcmp(got, b[i].host, b[i].bytes) != 0) {
-                size_t k = 0;
-                while (got[k] == b[i].host[k])
-                    k++;
-                free(got);
-                ck_abort_msg("replay %d: %s differs from the direct call's at byte %zu", rep,
-                             names[i], k);
-            }
-            free(got);
-            /* poisoned again: the next replays must write every byte */
-            CUDA_OK(cudaMemsetAsync(b[i].dev, 0xa5, b[i].bytes, st));
-        }
-    }
-    CUDA_OK(cudaStreamSynchronize(st));
+    graph_replays_check(exec, st, ob, names + 6, 8);
     FR_OK(fusedrope_cache_check(gpu, st));
 
     CUDA_OK(cudaGraphExecDestroy(exec));
