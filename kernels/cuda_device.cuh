@@ -33,52 +33,51 @@ static inline cudaError_t fr_cuda_current_device(int *dev)
 #endif
 }
 
+#ifndef FR_CUDA_EMULATE
+/* Device attribute attr of device dev (> 0), asked of the runtime once per
+ * device and kept in kept[64] (each kernel file keeps its own copies, which
+ * is harmless: the same answers); `otherwise` when the query fails. */
+static inline int fr_cuda_attribute_kept(int dev, cudaDeviceAttr attr, int *kept, int otherwise)
+{
+    int n = 0;
+    if (dev >= 0 && dev < 64 && (n = __atomic_load_n(&kept[dev], __ATOMIC_RELAXED)) > 0)
+        return n;
+    const cudaError_t err = cudaDeviceGetAttribute(&n, attr, dev);
+    if (err != cudaSuccess || n <= 0) {
+        fr_cuda_forget(err);
+        return otherwise;
+    }
+    if (dev >= 0 && dev < 64)
+        __atomic_store_n(&kept[dev], n, __ATOMIC_RELAXED);
+    return n;
+}
+#endif
+
 /* Streaming multiprocessors of device dev, which pick launch shapes (never
- * results): asked of the runtime once per device and kept (each kernel file
- * keeps its own copy, which is harmless: the same answer); 132 (an H100)
- * when the query fails.  The emulation's count is the tests' fr_emu_sms. */
+ * results); 132 (an H100) when the query fails.  The emulation's count is
+ * the tests' fr_emu_sms. */
 static inline int fr_cuda_sm_count(int dev)
 {
 #ifdef FR_CUDA_EMULATE
     (void)dev;
     return fr_emu_sms;
 #else
-    static int cached[64];
-    int n = 0;
-    if (dev >= 0 && dev < 64 && (n = __atomic_load_n(&cached[dev], __ATOMIC_RELAXED)) > 0)
-        return n;
-    const cudaError_t err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    if (err != cudaSuccess || n <= 0) {
-        fr_cuda_forget(err);
-        return 132;
-    }
-    if (dev >= 0 && dev < 64)
-        __atomic_store_n(&cached[dev], n, __ATOMIC_RELAXED);
-    return n;
+    static int kept[64];
+    return fr_cuda_attribute_kept(dev, cudaDevAttrMultiProcessorCount, kept, 132);
 #endif
 }
 
-/* The compute capability's major number of device dev, asked once per
- * device and kept as fr_cuda_sm_count's count; 0 when the query fails (no
- * feature of a later architecture is then used).  The emulation's is 9. */
+/* The compute capability's major number of device dev; 0 when the query
+ * fails (no feature of a later architecture is then used).  The
+ * emulation's is 9. */
 static inline int fr_cuda_cc_major(int dev)
 {
 #ifdef FR_CUDA_EMULATE
     (void)dev;
     return 9;
 #else
-    static int cached[64];
-    int n = 0;
-    if (dev >= 0 && dev < 64 && (n = __atomic_load_n(&cached[dev], __ATOMIC_RELAXED)) > 0)
-        return n;
-    const cudaError_t err = cudaDeviceGetAttribute(&n, cudaDevAttrComputeCapabilityMajor, dev);
-    if (err != cudaSuccess || n <= 0) {
-        fr_cuda_forget(err);
-        return 0;
-    }
-    if (dev >= 0 && dev < 64)
-        __atomic_store_n(&cached[dev], n, __ATOMIC_RELAXED);
-    return n;
+    static int kept[64];
+    return fr_cuda_attribute_kept(dev, cudaDevAttrComputeCapabilityMajor, kept, 0);
 #endif
 }
 
