@@ -1493,23 +1493,24 @@ static void graph_replays_check(cudaGraphExec_t exec, cudaStream_t st, gbuf *con
 }
 
 /* The graph's three calls on the stream: forward x -> y, backward dy -> dx,
- * forward_qk (q, k) -> (qo, ko), all out of place, at the device ids, with
- * the device word range_status.  Returns the first failure's status, and
- * its message in err (the calls may be under capture, where the test must
- * not stop before the capture ends). */
+ * forward_qk (q, k) -> (qo, ko), all out of place, bf16 at b[] (x, y, dy,
+ * dx, q, k, qo, ko: pointers on the cache's device) and the positions pos.
+ * Returns the first failure's status, and its message in err (the calls
+ * may be under capture, where the test must not stop before the capture
+ * ends). */
 static fusedrope_status graph_calls(const fusedrope_cache *c, const fusedrope_positions *pos,
-                                    gbuf *b, int64_t S, int64_t B, int64_t HQ, int64_t HK,
+                                    void *const *b, int64_t S, int64_t B, int64_t HQ, int64_t HK,
                                     int64_t D, cudaStream_t st, char *err, size_t nerr)
 {
     const fusedrope_dtype dt = FUSEDROPE_BFLOAT16;
-    fusedrope_tensor x = fusedrope_tensor_sbhd(b[0].dev, dt, S, B, HQ, D);
-    fusedrope_tensor y = fusedrope_tensor_sbhd(b[1].dev, dt, S, B, HQ, D);
-    fusedrope_tensor dy = fusedrope_tensor_sbhd(b[2].dev, dt, S, B, HQ, D);
-    fusedrope_tensor dx = fusedrope_tensor_sbhd(b[3].dev, dt, S, B, HQ, D);
-    fusedrope_tensor q = fusedrope_tensor_sbhd(b[4].dev, dt, S, B, HQ, D);
-    fusedrope_tensor k = fusedrope_tensor_sbhd(b[5].dev, dt, S, B, HK, D);
-    fusedrope_tensor qo = fusedrope_tensor_sbhd(b[6].dev, dt, S, B, HQ, D);
-    fusedrope_tensor ko = fusedrope_tensor_sbhd(b[7].dev, dt, S, B, HK, D);
+    fusedrope_tensor x = fusedrope_tensor_sbhd(b[0], dt, S, B, HQ, D);
+    fusedrope_tensor y = fusedrope_tensor_sbhd(b[1], dt, S, B, HQ, D);
+    fusedrope_tensor dy = fusedrope_tensor_sbhd(b[2], dt, S, B, HQ, D);
+    fusedrope_tensor dx = fusedrope_tensor_sbhd(b[3], dt, S, B, HQ, D);
+    fusedrope_tensor q = fusedrope_tensor_sbhd(b[4], dt, S, B, HQ, D);
+    fusedrope_tensor k = fusedrope_tensor_sbhd(b[5], dt, S, B, HK, D);
+    fusedrope_tensor qo = fusedrope_tensor_sbhd(b[6], dt, S, B, HQ, D);
+    fusedrope_tensor ko = fusedrope_tensor_sbhd(b[7], dt, S, B, HK, D);
     fusedrope_status s = fusedrope_forward(c, FUSEDROPE_NEOX, pos, &x, &y, st);
     const char *which = "fusedrope_forward";
     if (s == FUSEDROPE_OK) {
@@ -1598,6 +1599,81 @@ START_TEST(test_device_restore_fails)
 }
 END_TEST
 
+/* A graph test's calls (graph_calls, norm_graph_calls): on cache c at
+ * positions pos, the tensors' pointers b[], the shape, the stream; the
+ * first failure's message in err. */
+typedef fusedrope_status (*graph_calls_fn)(const fusedrope_cache *c, const fusedrope_positions *pos,
+                                           void *const *b, int64_t S, int64_t B, int64_t HQ,
+                                           int64_t HK, int64_t D, cudaStream_t st, char *err,
+                                           size_t nerr);
+
+/* The graph tests' direct calls: run on gpu at dpos over the buffers b[0
+ * .. nb) (inputs with their host bytes, outputs, the n outputs also in o[],
+ * named names[]), each output's bytes copied to its host side; the same
+ * calls on cpu at hpos over host copies must give the same bytes. */
+static void direct_calls_match_cpu(graph_calls_fn calls, const fusedrope_cache *gpu,
+                                   const fusedrope_cache *cpu, const fusedrope_positions *dpos,
+                                   const fusedrope_positions *hpos, gbuf *b, int nb,
+                                   gbuf *const *o, const char *const *names, int n,
+                                   const int64_t *shape, cudaStream_t st)
+{
+    void *dev[16], *host[16];
+    char err[1024] = "";
+    fusedrope_status s;
+    ck_assert(nb <= 16);
+    for (int i = 0; i < nb; i++) {
+        dev[i] = b[i].dev;
+        host[i] = b[i].host;
+    }
+    s = calls(gpu, dpos, dev, shape[0], shape[1], shape[2], shape[3], shape[4], st, err,
+              sizeof err);
+    ck_assert_msg(s == FUSEDROPE_OK, "direct calls: %s", err);
+    CUDA_OK(cudaStreamSynchronize(st));
+    for (int j = 0; j < n; j++)
+        CUDA_OK(cudaMemcpy(o[j]->host, o[j]->dev, o[j]->bytes, cudaMemcpyDeviceToHost));
+    /* the CPU's outputs in buffers of their own (the host sides keep the GPU's) */
+    for (int j = 0; j < n; j++) {
+        host[o[j] - b] = malloc(o[j]->bytes);
+        ck_assert(host[o[j] - b] != NULL);
+    }
+    s = calls(cpu, hpos, host, shape[0], shape[1], shape[2], shape[3], shape[4], NULL, err,
+              sizeof err);
+    ck_assert_msg(s == FUSEDROPE_OK, "CPU calls: %s", err);
+    for (int j = 0; j < n; j++) {
+        ck_assert_msg(memcmp(host[o[j] - b], o[j]->host, o[j]->bytes) == 0,
+                      "%s: GPU and CPU differ", names[j]);
+        free(host[o[j] - b]);
+    }
+}
+
+/* The calls captured on st into a graph and instantiated, the n outputs
+ * o[] poisoned first, so that what a replay leaves there it wrote. */
+static cudaGraphExec_t graph_capture(graph_calls_fn calls, const fusedrope_cache *gpu,
+                                     const fusedrope_positions *pos, gbuf *b, int nb,
+                                     gbuf *const *o, int n, const int64_t *shape, cudaStream_t st)
+{
+    void *dev[16];
+    char err[1024] = "";
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t cerr;
+    fusedrope_status s;
+    ck_assert(nb <= 16);
+    for (int i = 0; i < nb; i++)
+        dev[i] = b[i].dev;
+    gbuf_poison(o, n, st);
+    CUDA_OK(cudaStreamSynchronize(st));
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    s = calls(gpu, pos, dev, shape[0], shape[1], shape[2], shape[3], shape[4], st, err,
+              sizeof err);
+    cerr = cudaStreamEndCapture(st, &graph); /* ended whatever happened inside */
+    ck_assert_msg(s == FUSEDROPE_OK, "under capture: %s", err);
+    ck_assert_msg(cerr == cudaSuccess, "cudaStreamEndCapture: %s", cudaGetErrorString(cerr));
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_OK(cudaGraphDestroy(graph));
+    return exec;
+}
+
 /*
  * forward, backward and forward_qk (bf16, out of place, 384 tokens, device
  * ids, a table cache) captured on a non-blocking stream into one CUDA graph
@@ -1612,6 +1688,7 @@ END_TEST
 START_TEST(test_graph_replay)
 {
     const int64_t S = 192, B = 2, HQ = 8, HK = 2, D = 128, T = S * B;
+    const int64_t shape[5] = { S, B, HQ, HK, D };
     const size_t nq = (size_t)(T * HQ * D) * 2, nk = (size_t)(T * HK * D) * 2;
     fusedrope_cache *gpu = make_cache(FUSEDROPE_ROPE_LLAMA3, 128, 4096, FUSEDROPE_DEVICE_CUDA);
     fusedrope_cache *cpu = make_cache(FUSEDROPE_ROPE_LLAMA3, 128, 4096, FUSEDROPE_DEVICE_CPU);
@@ -1623,13 +1700,9 @@ START_TEST(test_graph_replay)
     gbuf b[8], *ob[4];
     void *d_ids;
     int32_t *dword, word = -1;
-    fusedrope_positions pos;
+    fusedrope_positions pos, ph;
     cudaStream_t st;
-    cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    cudaError_t cerr;
-    fusedrope_status s;
-    char err[1024] = "";
+    cudaGraphExec_t exec;
     tu_rng r;
 
     ck_assert(ids != NULL);
@@ -1643,6 +1716,8 @@ START_TEST(test_graph_replay)
     gbuf_input(&b[5], nk, &r); /* k */
     gbuf_output(&b[6], nq);    /* q out */
     gbuf_output(&b[7], nk);    /* k out */
+    for (int j = 0; j < 4; j++)
+        ob[j] = &b[outs[j]];
     for (int64_t i = 0; i < T; i++)
         ids[i] = tu_int(&r, 0, 4095);
     ids[0] = 4095; /* the table's last row */
@@ -1654,69 +1729,24 @@ START_TEST(test_graph_replay)
     fusedrope_positions_init(&pos);
     pos.ids = d_ids;
     pos.range_status = dword;
+    fusedrope_positions_init(&ph);
+    ph.ids = ids;
 
-    /* the direct calls: their bytes are the reference (and load the
-     * kernels, so that the capture records only launches) */
-    s = graph_calls(gpu, &pos, b, S, B, HQ, HK, D, st, err, sizeof err);
-    ck_assert_msg(s == FUSEDROPE_OK, "direct calls: %s", err);
-    CUDA_OK(cudaStreamSynchronize(st));
-    for (int j = 0; j < 4; j++)
-        CUDA_OK(cudaMemcpy(b[outs[j]].host, b[outs[j]].dev, b[outs[j]].bytes,
-                           cudaMemcpyDeviceToHost));
+    /* the direct calls: their bytes are the reference, and the CPU
+     * backend's (they also load the kernels, so that the capture records
+     * only launches) */
+    direct_calls_match_cpu(graph_calls, gpu, cpu, &pos, &ph, b, 8, ob, out_names, 4, shape, st);
     CUDA_OK(cudaMemcpy(&word, dword, sizeof word, cudaMemcpyDeviceToHost));
     ck_assert_int_eq(word, 0);
     FR_OK(fusedrope_cache_check(gpu, st));
 
-    /* ... which are the CPU backend's */
-    {
-        fusedrope_positions ph;
-        fusedrope_tensor x, y, dy, dx, q, k, qo, ko;
-        unsigned char *o[4];
-        const fusedrope_dtype dt = FUSEDROPE_BFLOAT16;
-        for (int i = 0; i < 4; i++) {
-            o[i] = malloc(i == 3 ? nk : nq);
-            ck_assert(o[i] != NULL);
-        }
-        fusedrope_positions_init(&ph);
-        ph.ids = ids;
-        x = fusedrope_tensor_sbhd(b[0].host, dt, S, B, HQ, D);
-        y = fusedrope_tensor_sbhd(o[0], dt, S, B, HQ, D);
-        dy = fusedrope_tensor_sbhd(b[2].host, dt, S, B, HQ, D);
-        dx = fusedrope_tensor_sbhd(o[1], dt, S, B, HQ, D);
-        q = fusedrope_tensor_sbhd(b[4].host, dt, S, B, HQ, D);
-        k = fusedrope_tensor_sbhd(b[5].host, dt, S, B, HK, D);
-        qo = fusedrope_tensor_sbhd(o[2], dt, S, B, HQ, D);
-        ko = fusedrope_tensor_sbhd(o[3], dt, S, B, HK, D);
-        FR_OK(fusedrope_forward(cpu, FUSEDROPE_NEOX, &ph, &x, &y, NULL));
-        FR_OK(fusedrope_backward(cpu, FUSEDROPE_NEOX, &ph, &dy, &dx, NULL));
-        FR_OK(fusedrope_forward_qk(cpu, FUSEDROPE_NEOX, &ph, &q, &qo, &k, &ko, NULL));
-        ck_assert_msg(memcmp(o[0], b[1].host, nq) == 0, "forward: GPU and CPU differ");
-        ck_assert_msg(memcmp(o[1], b[3].host, nq) == 0, "backward: GPU and CPU differ");
-        ck_assert_msg(memcmp(o[2], b[6].host, nq) == 0, "forward_qk q: GPU and CPU differ");
-        ck_assert_msg(memcmp(o[3], b[7].host, nk) == 0, "forward_qk k: GPU and CPU differ");
-        for (int i = 0; i < 4; i++)
-            free(o[i]);
-    }
-
-    /* capture: the poisoned outputs must be written by the graph alone */
-    for (int j = 0; j < 4; j++)
-        ob[j] = &b[outs[j]];
-    gbuf_poison(ob, 4, st);
-    CUDA_OK(cudaStreamSynchronize(st));
-    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    s = graph_calls(gpu, &pos, b, S, B, HQ, HK, D, st, err, sizeof err);
-    cerr = cudaStreamEndCapture(st, &graph); /* ended whatever happened inside */
-    ck_assert_msg(s == FUSEDROPE_OK, "under capture: %s", err);
-    ck_assert_msg(cerr == cudaSuccess, "cudaStreamEndCapture: %s", cudaGetErrorString(cerr));
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-
+    exec = graph_capture(graph_calls, gpu, &pos, b, 8, ob, 4, shape, st);
     graph_replays_check(exec, st, ob, out_names, 4);
     CUDA_OK(cudaMemcpy(&word, dword, sizeof word, cudaMemcpyDeviceToHost));
     ck_assert_msg(word == 0, "range_status raised (%d) by in-table ids", word);
     FR_OK(fusedrope_cache_check(gpu, st)); /* the cache's own flag: never given, never raised */
 
     CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
     CUDA_OK(cudaStreamDestroy(st));
     for (int i = 0; i < 8; i++)
         gbuf_free(&b[i]);
@@ -1731,10 +1761,10 @@ END_TEST
 /* The norm graph test's two calls on the stream: fusedrope_norm_forward_qk
  * (q, k) -> (qo, ko) with rstd, then fusedrope_norm_backward_qk from the
  * saved inputs, (dq, dk) -> (dxq, dxk) with both weights' gradients, Qwen3's
- * rule (weight w, the LLAMA rounding) in bf16 at the ids of pos.  b[]: q, k,
- * dq, dk, wq, wk, then the outputs qo, ko, rstd q, rstd k, dxq, dxk, dwq,
- * dwk; pointers of the cache's device (host buffers for a CPU cache).
- * Returns the first failure's status, its message in err. */
+ * rule (weight w, the LLAMA rounding) in bf16 at the positions pos.  b[]:
+ * q, k, dq, dk, wq, wk, then the outputs qo, ko, rstd q, rstd k, dxq, dxk,
+ * dwq, dwk; pointers on the cache's device.  Returns the first failure's
+ * status, its message in err. */
 static fusedrope_status norm_graph_calls(const fusedrope_cache *c, const fusedrope_positions *pos,
                                          void *const *b, int64_t S, int64_t B, int64_t HQ,
                                          int64_t HK, int64_t D, cudaStream_t st, char *err,
@@ -1775,17 +1805,19 @@ static fusedrope_status norm_graph_calls(const fusedrope_cache *c, const fusedro
 }
 
 /* The fused norm's forward and backward (whose dw takes a scratch
- * allocation and two kernels a call) captured in a CUDA graph: the direct
- * calls' bytes are the CPU backend's, and 1000 replays, their outputs
- * poisoned between checks, give the direct calls' bytes. */
+ * allocation and two kernels a call) captured in a CUDA graph, as
+ * test_graph_replay: the direct calls' bytes are the CPU backend's, and
+ * 1000 replays, their outputs poisoned between checks, give them. */
 START_TEST(test_norm_graph_replay)
 {
     const int64_t S = 160, B = 2, HQ = 8, HK = 2, D = 128, T = S * B;
+    const int64_t shape[5] = { S, B, HQ, HK, D };
     const size_t nq = (size_t)(T * HQ * D) * 2, nk = (size_t)(T * HK * D) * 2;
-    static const char *const names[14] = { "q", "k", "dq", "dk", "q's weight", "k's weight",
-                                           "forward's q out", "forward's k out", "q's rstd",
-                                           "k's rstd", "backward's dq in", "backward's dk in",
-                                           "q's weight gradient", "k's weight gradient" };
+    static const char *const names[8] = { "forward's q out",    "forward's k out",
+                                          "q's rstd",           "k's rstd",
+                                          "backward's dq in",   "backward's dk in",
+                                          "q's weight gradient", "k's weight gradient" };
+    /* b[]: q, k, dq, dk, wq, wk (inputs), then the 8 outputs */
     const size_t bytes[14] = { nq, nk, nq, nk, (size_t)D * 2, (size_t)D * 2, nq, nk,
                                (size_t)(T * HQ) * 4, (size_t)(T * HK) * 4, nq, nk,
                                (size_t)D * 4, (size_t)D * 4 };
@@ -1793,15 +1825,10 @@ START_TEST(test_norm_graph_replay)
     fusedrope_cache *cpu = make_cache(FUSEDROPE_ROPE_DEFAULT, 128, 1024, FUSEDROPE_DEVICE_CPU);
     int64_t *ids = malloc((size_t)T * sizeof *ids);
     gbuf b[14], *ob[8];
-    void *dev[14], *host[14];
     void *d_ids;
     fusedrope_positions pos, ph;
     cudaStream_t st;
-    cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    cudaError_t cerr;
-    fusedrope_status s;
-    char err[1024] = "";
+    cudaGraphExec_t exec;
     tu_rng r;
 
     ck_assert(ids != NULL);
@@ -1812,8 +1839,9 @@ START_TEST(test_norm_graph_replay)
             gbuf_input(&b[i], bytes[i], &r);
         else
             gbuf_output(&b[i], bytes[i]);
-        dev[i] = b[i].dev;
     }
+    for (int j = 0; j < 8; j++)
+        ob[j] = &b[6 + j];
     for (int64_t i = 0; i < T; i++)
         ids[i] = tu_int(&r, 0, 1023);
     d_ids = to_device(ids, (size_t)T * sizeof *ids);
@@ -1821,47 +1849,16 @@ START_TEST(test_norm_graph_replay)
     CUDA_OK(cudaDeviceSynchronize());
     fusedrope_positions_init(&pos);
     pos.ids = d_ids;
-
-    /* the direct calls: the reference bytes */
-    s = norm_graph_calls(gpu, &pos, dev, S, B, HQ, HK, D, st, err, sizeof err);
-    ck_assert_msg(s == FUSEDROPE_OK, "direct calls: %s", err);
-    CUDA_OK(cudaStreamSynchronize(st));
-    for (int i = 6; i < 14; i++)
-        CUDA_OK(cudaMemcpy(b[i].host, b[i].dev, b[i].bytes, cudaMemcpyDeviceToHost));
-    FR_OK(fusedrope_cache_check(gpu, st));
-
-    /* ... which are the CPU backend's */
-    for (int i = 0; i < 14; i++) {
-        host[i] = i < 6 ? (void *)b[i].host : malloc(bytes[i]);
-        ck_assert(host[i] != NULL);
-    }
     fusedrope_positions_init(&ph);
     ph.ids = ids;
-    s = norm_graph_calls(cpu, &ph, host, S, B, HQ, HK, D, NULL, err, sizeof err);
-    ck_assert_msg(s == FUSEDROPE_OK, "CPU calls: %s", err);
-    for (int i = 6; i < 14; i++) {
-        ck_assert_msg(memcmp(host[i], b[i].host, bytes[i]) == 0, "%s: GPU and CPU differ",
-                      names[i]);
-        free(host[i]);
-    }
 
-    /* capture: the poisoned outputs must be written by the graph alone */
-    for (int i = 6; i < 14; i++)
-        ob[i - 6] = &b[i];
-    gbuf_poison(ob, 8, st);
-    CUDA_OK(cudaStreamSynchronize(st));
-    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    s = norm_graph_calls(gpu, &pos, dev, S, B, HQ, HK, D, st, err, sizeof err);
-    cerr = cudaStreamEndCapture(st, &graph); /* ended whatever happened inside */
-    ck_assert_msg(s == FUSEDROPE_OK, "under capture: %s", err);
-    ck_assert_msg(cerr == cudaSuccess, "cudaStreamEndCapture: %s", cudaGetErrorString(cerr));
-    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-
-    graph_replays_check(exec, st, ob, names + 6, 8);
+    direct_calls_match_cpu(norm_graph_calls, gpu, cpu, &pos, &ph, b, 14, ob, names, 8, shape, st);
+    FR_OK(fusedrope_cache_check(gpu, st));
+    exec = graph_capture(norm_graph_calls, gpu, &pos, b, 14, ob, 8, shape, st);
+    graph_replays_check(exec, st, ob, names, 8);
     FR_OK(fusedrope_cache_check(gpu, st));
 
     CUDA_OK(cudaGraphExecDestroy(exec));
-    CUDA_OK(cudaGraphDestroy(graph));
     CUDA_OK(cudaStreamDestroy(st));
     for (int i = 0; i < 14; i++)
         gbuf_free(&b[i]);
