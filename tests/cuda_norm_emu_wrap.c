@@ -20,10 +20,10 @@
  * FR_CUDA_NORM_BWD_HEADS with fewer), 3 a token in the fourth and 1 in the
  * fifth (norm_backward_heads; the last two holding two tokens in
  * registers), the second and fifth launching the backward's kernels with
- * the programmatic-dependent attribute, from the same starting bytes, which must give the same
- * output bytes (y and rstd; dx and dw); then the real OpenMP backend
- * runs from the same bytes, and its output must be the kernels' to the bit
- * (a NaN need only be NaN).  The kernels' output stays.  The CPU cache
+ * the programmatic-dependent attribute, from the same starting bytes,
+ * which must give the same output bytes (y and rstd; dx and dw); then the
+ * real OpenMP backend runs from the same bytes, and its output must be the
+ * kernels' to the bit (a NaN need only be NaN).  The kernels' output stays.  The CPU cache
  * serves as the device's, as in cuda_emu_wrap.c.  Under valgrind or a
  * sanitizer a call runs one of the six configurations, in turn
  * (tests/emu_config.h).
