@@ -12,8 +12,9 @@
  * the others only where the last of a group to arrive (an atomic count)
  * reads what all wrote (norm_dw_fold: what it computes is the same
  * whichever block is last), so running the threads in sequence gives what
- * the device gives (asynchronous copies to shared memory land when waited for, below); the fp16/bf16 conversion intrinsics of cuda_fp16.h and cuda_bf16.h
- * have host definitions.  A kernel that shuffles or synchronises is launched
+ * the device gives (asynchronous copies to shared memory land when waited
+ * for, below); the fp16/bf16 conversion intrinsics of cuda_fp16.h and
+ * cuda_bf16.h have host definitions.  A kernel that shuffles or synchronises is launched
  * with fr_emu_launch_lockstep (below): each block's threads run as fibers
  * that meet at every shuffle (a warp's lanes) and every __syncthreads (the
  * block's threads), so each reads what its partner had there, as on the

@@ -1054,13 +1054,13 @@ int64_t segment_tokens(int64_t tokens, int64_t floats_per_chunk)
     return seg < tokens ? seg : (tokens + C - 1) / C * C;
 }
 
-/* norm_dw_fold over the segment P.t0..P.t1: its blocks meet at barriers
+/* norm_dw_fold over the segment P.t0..P.t1, its blocks fold_ranges a
+ * group of the P.fold_n groups of channels: they meet at barriers
  * (emulated, as fibers in lockstep) */
 cudaError_t launch_fold(const NParams &P, cudaStream_t stream)
 {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(
-        (unsigned)((fold_groups(P.io[0]) + fold_groups(P.io[1])) * fold_ranges(seg_chunks(P))), 1, 1);
+    cfg.gridDim = dim3((unsigned)(P.fold_n * fold_ranges(seg_chunks(P))), 1, 1);
     cfg.blockDim = dim3(FOLD_THREADS, 1, 1);
     cfg.stream = stream;
     cudaLaunchAttribute attr;

@@ -23,10 +23,10 @@
  * the programmatic-dependent attribute, from the same starting bytes,
  * which must give the same output bytes (y and rstd; dx and dw); then the
  * real OpenMP backend runs from the same bytes, and its output must be the
- * kernels' to the bit (a NaN need only be NaN).  The kernels' output stays.  The CPU cache
- * serves as the device's, as in cuda_emu_wrap.c.  Under valgrind or a
- * sanitizer a call runs one of the six configurations, in turn
- * (tests/emu_config.h).
+ * kernels' to the bit (a NaN need only be NaN).  The kernels' output
+ * stays.  The CPU cache serves as the device's, as in cuda_emu_wrap.c.
+ * Under valgrind or a sanitizer a call runs one of the six
+ * configurations, in turn (tests/emu_config.h).
  */
 #include <math.h>
 #include <stdint.h>
