@@ -92,18 +92,20 @@ quiet_host() {
   [ $n -gt 0 ] && note "quiet host: the $n variant builds done"
   vpid=()
 }
-normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:16:1:7:0:2 1000000000:1:16:1:7:7:2}
-normbwd_variants=${NORMBWD_VARIANTS:-1:1:6:36:1:0 1:1:0:36:1:0:1}
+normwarp_variants=${NORMWARP_VARIANTS:-1000000000:1:16:1:7:0:2 1000000000:1:16:1:7:7:2 1000000000:1:16:1:7:16:2:1}
+normbwd_variants=${NORMBWD_VARIANTS:-1:1:6:36:1:0 1:1:0:36:1:0:1 1:1:5:36:1:0:0:3 1:1:5:36:1:0:1:3}
 case " $sections " in *" normwarp "*)
   for v in $normwarp_variants; do
     prebuild normwarp $v FR_CUDA_NORM_WARP_ROWS FR_CUDA_NORM_WARP_RPW FR_CUDA_NORM_WARP_HEADS \
-      FR_CUDA_NORM_WARP_AHEAD FR_CUDA_NORM_WARP_MINB FR_CUDA_NORM_WARP_GRID FR_CUDA_NORM_WARP_HALF
+      FR_CUDA_NORM_WARP_AHEAD FR_CUDA_NORM_WARP_MINB FR_CUDA_NORM_WARP_GRID FR_CUDA_NORM_WARP_HALF \
+      FR_CUDA_NORM_WARP_PREFETCH
   done ;;
 esac
 case " $sections " in *" normbwd "*)
   for v in $normbwd_variants; do
     prebuild normbwd $v FR_CUDA_NORM_BWD_HEADS FR_CUDA_NORM_BWD_AHEAD FR_CUDA_NORM_BWD_MINB \
-      FR_CUDA_NORM_BWD_WAVE FR_CUDA_NORM_BWD_HALF FR_CUDA_NORM_BWD_PIPE FR_CUDA_NORM_BWD_PDL
+      FR_CUDA_NORM_BWD_WAVE FR_CUDA_NORM_BWD_HALF FR_CUDA_NORM_BWD_PIPE FR_CUDA_NORM_BWD_PDL \
+      FR_CUDA_NORM_BWD_PREFETCH
   done ;;
 esac
 
@@ -230,21 +232,23 @@ section_normwarp() {
   # RPW rows' loads AHEAD or not, MINB blocks an SM asked of ptxas or 0,
   # GRID the grid's blocks an SM or 0: a warp an item, HALF 1 or 2 for
   # norm_forward_half (two rows a warp in 32-bit words, one or two pairs of
-  # rows a step; RPW and AHEAD are norm_forward_warp's); a value left off
+  # rows a step; RPW and AHEAD are norm_forward_warp's); PREFETCH 1: the
+  # half-warp kernel's items' rows prefetched into L2; a value left off
   # keeps the default), test_norm_gpu
   # on each, then the same norm lines on the default build first and on
-  # each (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF; by
+  # each (NORMWARP_VARIANTS chooses ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF:PREFETCH; by
   # default, around the default the 2026-11-29 lease chose (two pairs of
   # rows a step, items of 16 rows, 7 blocks asked: 72 registers, 24 bytes
   # spilled; 0.797 of a copy at 4096 tokens, again on the 2026-11-30 lease,
   # where items of 32 rows measured alike and two steps in flight lost):
-  # a grid of a warp an item (GRID 0) and of one wave (7 blocks an SM));
+  # a grid of a warp an item (GRID 0), of one wave (7 blocks an SM), and
+  # the items' rows prefetched);
   # NORMWARP_TOKENS the sizes
   quiet_host
   for v in default $normwarp_variants; do
     variant_tree normwarp $v || continue
     b=$vt/tools/fusedrope-bench
-    { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF=$v"
+    { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF:PREFETCH=$v"
       for tokens in ${NORMWARP_TOKENS:-64 256 1024 4096 16384}; do
         $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_fwd|FAIL)'
       done
@@ -284,18 +288,21 @@ section_cpunorm() {
 
 section_normbwd() {
   # the norm backward's row kernel (norm_backward_heads) in each shape of
-  # FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE:PDL (heads a warp takes at
+  # FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE:PDL:PREFETCH (heads a warp takes at
   # a token where the call has more one-head units than WAVE warps an SM,
   # 0: always; tokens loaded or in flight in registers; blocks of 128 an SM
   # asked of ptxas; rows over half-warps, 1, or over warps, 0; over
   # half-warps, tokens in flight through shared memory, 0: in registers;
-  # 1: the row kernel and the fold launched as programmatic dependents; a
+  # 1: the row kernel and the fold launched as programmatic dependents;
+  # tokens ahead whose rows are prefetched into L2, 0: none; a
   # value left off keeps the default; ptxas's registers for bf16 NeoX 128
   # from x (nvcc 13.0, sm_90): the default 1:1:0:36:1:0 96 and 8 bytes
   # spilled (0.634 of a copy at 4096 tokens on the 2026-11-30 lease, where
   # two tokens held, 144, gave 0.440; 3 tokens through shared memory 0.517
   # on the lease before); by default 1:1:6:36:1:0, 80 registers and 176
-  # bytes spilled), each variant's build:
+  # bytes spilled; PDL; and prefetching 3 tokens ahead with MINB 5, 96
+  # registers and 12 bytes spilled, with and without PDL),
+  # each variant's build:
   # test_norm_gpu on each, then the backward lines (dw for q and k) at 1024,
   # 4096 and 16384 tokens and in fp16 and interleaved, on the default
   # build first and on each
@@ -303,7 +310,7 @@ section_normbwd() {
   for v in default $normbwd_variants; do
     variant_tree normbwd $v || continue
     b=$vt/tools/fusedrope-bench
-    { echo "== FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE:PDL=$v"
+    { echo "== FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE:PDL:PREFETCH=$v"
       for tokens in 1024 4096 16384; do
         $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_bwd|FAIL)'
       done

@@ -100,6 +100,48 @@ static __device__ __forceinline__ void fr_pdl_launch_dependents()
     asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
 }
+#ifdef FR_CUDA_EMULATE
+/* A test's judge of each emulated prefetch (fr_prefetch_l2): nonzero where
+ * [p, p + bytes) is a row the call reads; NULL: none.  (Defined with the
+ * norm kernels' emulation: kernels/cuda_norm_forward.cu.) */
+extern "C" int (*fr_emu_prefetch_check)(const void *p, unsigned bytes);
+#endif
+
+/* A hint that the `bytes` at p will be read soon: on sm_90 and later one
+ * bulk prefetch into L2 (cp.async.bulk.prefetch.L2), which holds no
+ * register and on which no result depends, so a warp can have rows on their
+ * way from DRAM beyond those its registers wait for; before sm_90 nothing.
+ * p must be 16-byte aligned and bytes a multiple of 16, as the device asks.
+ * Emulated, it refuses what the device refuses, asks the test's judge
+ * (fr_emu_prefetch_check) whether the bytes are a row of the call, and reads
+ * them, so that ASan and valgrind flag a prefetch past what it may read. */
+static __device__ __forceinline__ void fr_prefetch_l2(const void *p, unsigned bytes)
+{
+#ifdef FR_CUDA_EMULATE
+    if (((uintptr_t)p & 15u) != 0 || bytes % 16 != 0) {
+        fprintf(stderr, "cuda_emu: a bulk prefetch of %u bytes at %p: refused\n", bytes, p);
+        abort();
+    }
+    if (fr_emu_prefetch_check != nullptr && !fr_emu_prefetch_check(p, bytes)) {
+        fprintf(stderr, "cuda_emu: a prefetch of %u bytes at %p: not a row the call reads\n",
+                bytes, p);
+        abort();
+    }
+    unsigned char sum = 0;
+    for (unsigned i = 0; i < bytes; i++)
+        sum = (unsigned char)(sum + ((const volatile unsigned char *)p)[i]);
+    (void)sum;
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    /* no memory clobber: it changes no byte, and the loads around it may
+     * move past it */
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(p)),
+                 "r"(bytes));
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
 /* cfg's attributes: the one in *a, allowing a programmatic dependent
  * launch, where on (else none). */
 static inline void fr_cuda_pdl_attr(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *a, bool on)

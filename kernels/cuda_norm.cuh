@@ -68,6 +68,10 @@ struct NParams {
     float eps;
     int sms; /* host side: the device's SM count, for the launch shapes */
     bool pdl; /* host side: launch the backward's kernels as programmatic dependents */
+    /* the row kernels' bulk prefetches into L2 (fr_prefetch_l2): the
+     * forward's (norm_forward_half) 1 or 0, the backward's
+     * (norm_backward_heads) tokens ahead, 0 for none */
+    int prefetch;
 };
 
 __device__ __forceinline__ float load_f(const void *p, int dt, int64_t i)

@@ -57,7 +57,8 @@
  * flight through shared memory (0, 1, 3; -1: FR_CUDA_NORM_BWD_PIPE);
  * with tokens in registers, how many (FR_CUDA_NORM_BWD_AHEAD); and
  * whether the launches carry the programmatic-dependent attribute
- * (FR_CUDA_NORM_BWD_PDL). */
+ * (FR_CUDA_NORM_BWD_PDL); its tokens prefetched ahead
+ * (FR_CUDA_NORM_BWD_PREFETCH). */
 extern "C" {
 int fr_emu_norm_seg_chunks = 0;
 int fr_emu_norm_bwd_heads = 0;
@@ -65,6 +66,7 @@ int fr_emu_norm_bwd_half = -1;
 int fr_emu_norm_bwd_pipe = -1;
 int fr_emu_norm_bwd_ahead = 0; /* 1 to 4, 0: FR_CUDA_NORM_BWD_AHEAD */
 int fr_emu_norm_bwd_pdl = -1;  /* 0, 1; -1: FR_CUDA_NORM_BWD_PDL */
+int fr_emu_norm_bwd_prefetch = -1; /* tokens ahead; -1: FR_CUDA_NORM_BWD_PREFETCH */
 }
 #endif
 
@@ -157,6 +159,30 @@ __device__ __forceinline__ float sum_in_order(const float *p, int64_t n, int64_t
  * bench/RESULTS.md, 2026-11-30).  0 until measured. */
 #ifndef FR_CUDA_NORM_BWD_PDL
 #define FR_CUDA_NORM_BWD_PDL 0
+#endif
+
+/* Tokens ahead of the one it works whose rows (dy and the saved row) a
+ * warp of norm_backward_heads prefetches into L2 (fr_prefetch_l2; sm_90
+ * and later), 0 for none: a unit's tokens are a chain, each token's loads
+ * issued a token ahead, and ncu on the H200 found the kernel's warps
+ * waiting on those loads 5.3 of the 9.5 cycles between their issues at 20
+ * warps an SM (bench/RESULTS.md, 2026-11-30); prefetched, they wait on L2
+ * rather than DRAM.  The prefetches take their addresses from the row
+ * pointers the warp holds anyway: a first version that kept each lane's
+ * token's own took 96 -> 111 registers (ptxas, bf16 NeoX 128 from x), a
+ * block an SM less.  0 until measured.  (Not with FR_CUDA_NORM_BWD_PIPE,
+ * whose copies are in flight already.) */
+#ifndef FR_CUDA_NORM_BWD_PREFETCH
+#define FR_CUDA_NORM_BWD_PREFETCH 0
+#endif
+static_assert(FR_CUDA_NORM_BWD_PREFETCH >= 0 && FR_CUDA_NORM_BWD_PREFETCH < 32,
+              "FR_CUDA_NORM_BWD_PREFETCH: 0 to 31 tokens ahead");
+/* whether the kernels hold the prefetch's code (the emulation's, for the
+ * tests' choices, always) */
+#if defined FR_CUDA_EMULATE || FR_CUDA_NORM_BWD_PREFETCH > 0
+#define FR_BWD_PREFETCH_BUILT 1
+#else
+#define FR_BWD_PREFETCH_BUILT 0
 #endif
 
 /* The arrival counts of the segment's norm_dw_fold zeroed, by the row
@@ -753,6 +779,28 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                         next_token();
                     load_tok(d, ring[d]);
                 }
+                /* FR_CUDA_NORM_BWD_PREFETCH: tokens pf ahead of the one
+                 * worked prefetched, each half's (or warp's) rows by its
+                 * lane 0 from the pointers, which are D - 1 tokens on here
+                 * and D in the loop; one not in the pointers' sequence is
+                 * left alone (a later row of the unit would need its own
+                 * (b, s)).  Here the tokens D .. pf - 1, lane l (1 <= l <=
+                 * pf - D) token D - 1 + l.  (rows_hd: each row 16-byte
+                 * aligned, 128 or 256 bytes.) */
+                const int pf = FR_BWD_PREFETCH_BUILT ? P.prefetch : 0;
+                auto prefetch_at = [&](int64_t ahead) {
+                    const uint16_t *r0 = dyp - EW * ln, *x0 = xsp - EW * ln;
+#pragma unroll
+                    for (int r = 0; r < RU; r++) {
+                        if (past(r))
+                            break;
+                        fr_prefetch_l2(r0 + ahead * in_ss + r * in_sh, HD * 2);
+                        fr_prefetch_l2(x0 + ahead * x_ss + r * x_sh, HD * 2);
+                    }
+                };
+                if (pf > D && ln >= 1 && ln <= pf - D && D - 1 + ln < nt &&
+                    s + ln < P.seq_len)
+                    prefetch_at(ln);
                 weights();
                 for (int j0 = 0; j0 < nt; j0 += D) {
 #pragma unroll
@@ -775,6 +823,8 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                         if (j + D < nt)
                             next_token();
                         load_tok(j + D < nt ? j + D : nt - 1, w);
+                        if (pf > D && ln == 0 && j + pf < nt && s + (pf - D) < P.seq_len)
+                            prefetch_at(pf - D);
                         work(an, dxt, dy, xs, rs);
                     }
                 }
@@ -1149,6 +1199,8 @@ extern "C" fusedrope_status fr_cuda_norm_backward(const fr_norm_args *na)
     params(na, &P);
     P.sms = fr_cuda_sm_count(dev);
     P.pdl = FR_CHOICE(fr_emu_norm_bwd_pdl, FR_CUDA_NORM_BWD_PDL) != 0 && fr_cuda_cc_major(dev) >= 9;
+    P.prefetch = fr_cuda_cc_major(dev) >= 9 ? FR_CHOICE(fr_emu_norm_bwd_prefetch,
+                                                        FR_CUDA_NORM_BWD_PREFETCH) : 0;
     if (P.cos == nullptr && P.inv_freq == nullptr)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "fr_cuda_norm_backward: the cache has neither a device table nor frequencies");

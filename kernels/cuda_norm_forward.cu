@@ -134,20 +134,40 @@ static_assert(FR_CUDA_NORM_WARP_HEADS >= 1, "FR_CUDA_NORM_WARP_HEADS: at least 1
 #endif
 static_assert(FR_CUDA_NORM_WARP_GRID >= 0, "FR_CUDA_NORM_WARP_GRID: 0 or blocks an SM");
 
+/* Whether a warp of norm_forward_half prefetches its item's rows into L2
+ * at the item's start (fr_prefetch_l2; sm_90 and later), lane j row j, the
+ * rows after its first step's: its registers hold at most two steps' rows
+ * (ncu on the H200: DRAM 53% busy, issue slots 60%, 34% occupancy:
+ * bench/RESULTS.md, 2026-11-30), and prefetched, the later steps' loads
+ * wait on L2 rather than DRAM, for no register more.  0 until measured. */
+#ifndef FR_CUDA_NORM_WARP_PREFETCH
+#define FR_CUDA_NORM_WARP_PREFETCH 0
+#endif
+/* whether the kernel holds the prefetch's code (the emulation's, for the
+ * tests' choices, always) */
+#if defined FR_CUDA_EMULATE || FR_CUDA_NORM_WARP_PREFETCH != 0
+#define FR_WARP_PREFETCH_BUILT 1
+#else
+#define FR_WARP_PREFETCH_BUILT 0
+#endif
+
 #ifdef FR_CUDA_EMULATE
 /* Emulated, a test chooses: the row kernel (1: the warp's, 0: the
  * thread's, -1: FR_CUDA_NORM_WARP_ROWS decides), the warp kernel's layout
  * (1 or 2: half-warps, a pair or two a step, 0: warps, -1:
  * FR_CUDA_NORM_WARP_HALF decides), its rows
  * at a time (0: FR_CUDA_NORM_WARP_RPW), its items' rows (0: warp_heads
- * decides) and its grid's blocks (so that each warp steps through
- * several items). */
+ * decides), its grid's blocks (so that each warp steps through
+ * several items) and whether its items' rows are prefetched
+ * (FR_CUDA_NORM_WARP_PREFETCH). */
 extern "C" {
 int fr_emu_norm_warp = -1;
 int fr_emu_norm_warp_rpw = 0;
 int fr_emu_norm_warp_heads = 0;
 int fr_emu_norm_warp_half = -1;
 int fr_emu_norm_warp_blocks = 0; /* the warp kernels' grid: at most this many blocks (0: no bound) */
+int fr_emu_norm_warp_prefetch = -1; /* 0, 1; -1: FR_CUDA_NORM_WARP_PREFETCH */
+int (*fr_emu_prefetch_check)(const void *p, unsigned bytes) = nullptr; /* cuda_device.cuh */
 }
 #endif
 
@@ -731,6 +751,12 @@ __global__ void FR_NORM_WARP_BOUNDS norm_forward_half(const __grid_constant__ NP
             }
             xn += 2 * PAIRS * in_w;
         };
+        /* the item's rows after its first step's on their way to L2
+         * (rows_hd: each row 16-byte aligned, 128 or 256 bytes) */
+        if (FR_WARP_PREFETCH_BUILT && P.prefetch && lane >= 2 * PAIRS && lane < n)
+            fr_prefetch_l2((const char *)row_ptr(io.in, s, b, h0 + lane, io.in_ss, io.in_sb, in_sh,
+                                                 DT),
+                           HD * 2);
         uint32_t raw[PAIRS][W];
         /* the first step's loads in flight while the angles and weights are
          * found */
@@ -978,6 +1004,8 @@ extern "C" fusedrope_status fr_cuda_norm_forward(const fr_norm_args *na)
     TRY(fr_cuda_check_device(na->a.cache, &dev));
     params(na, &P);
     P.sms = fr_cuda_sm_count(dev);
+    P.prefetch = FR_CHOICE(fr_emu_norm_warp_prefetch, FR_CUDA_NORM_WARP_PREFETCH) != 0 &&
+                 fr_cuda_cc_major(dev) >= 9;
     if (P.cos == nullptr && P.inv_freq == nullptr)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "fr_cuda_norm_forward: the cache has neither a device table nor frequencies");

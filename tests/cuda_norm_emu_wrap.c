@@ -20,7 +20,10 @@
  * FR_CUDA_NORM_BWD_HEADS with fewer), 3 a token in the fourth and 1 in the
  * fifth (norm_backward_heads; the last two holding two tokens in
  * registers), the second and fifth launching the backward's kernels with
- * the programmatic-dependent attribute, from the same starting bytes,
+ * the programmatic-dependent attribute, the last two prefetching the
+ * forward's items' rows and the second, fourth, fifth and sixth the
+ * backward's rows 2, 3, 31 and 4 tokens ahead (each prefetch must be a
+ * whole row of the call's inputs: prefetch_is_row), from the same starting bytes,
  * which must give the same output bytes (y and rstd; dx and dw); then the
  * real OpenMP backend runs from the same bytes, and its output must be the
  * kernels' to the bit (a NaN need only be NaN).  The kernels' output
@@ -50,6 +53,62 @@ int fr_emu_sms = 132;
 extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp, fr_emu_norm_warp_rpw, fr_emu_norm_warp_heads,
     fr_emu_norm_bwd_heads, fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe,
     fr_emu_norm_bwd_ahead, fr_emu_norm_bwd_pdl;
+
+extern int fr_emu_norm_warp_prefetch, fr_emu_norm_bwd_prefetch;
+extern int (*fr_emu_prefetch_check)(const void *p, unsigned bytes);
+
+/* The rows the emulated call may prefetch (its inputs' rows: the forward's
+ * x, the backward's dy and saved rows) as their first bytes, sorted, for
+ * prefetch_is_row; filled at the call's first prefetch. */
+static const fr_norm_args *pf_call;
+static int pf_backward;
+static const unsigned char **pf_rows;
+static size_t pf_n;
+
+static int cmp_ptr(const void *a, const void *b)
+{
+    const uintptr_t x = (uintptr_t)*(const unsigned char *const *)a,
+                    y = (uintptr_t)*(const unsigned char *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void pf_rows_fill(void)
+{
+    const fr_apply_args *a = &pf_call->a;
+    const size_t es = fr_dtype_size(a->dtype);
+    size_t n = 0;
+    for (int k = 0; k < a->count; k++)
+        n += (size_t)(a->batch * a->seq_len * a->io[k].heads) * (pf_backward ? 2 : 1);
+    pf_rows = malloc(sizeof *pf_rows * (n ? n : 1));
+    if (!pf_rows)
+        abort();
+    for (int k = 0; k < a->count; k++) {
+        const fr_io *io = &a->io[k];
+        for (int64_t b = 0; b < a->batch; b++)
+            for (int64_t s = 0; s < a->seq_len; s++)
+                for (int64_t h = 0; h < io->heads; h++) {
+                    pf_rows[pf_n++] = (const unsigned char *)io->in +
+                                      (size_t)(b * io->in_sb + s * io->in_ss + h * io->in_sh) * es;
+                    if (pf_backward)
+                        pf_rows[pf_n++] = (const unsigned char *)pf_call->x[k] +
+                                          (size_t)(b * pf_call->x_sb[k] + s * pf_call->x_ss[k] +
+                                                   h * pf_call->x_sh[k]) * es;
+                }
+    }
+    qsort(pf_rows, pf_n, sizeof *pf_rows, cmp_ptr);
+}
+
+/* fr_emu_prefetch_check: a prefetch must be one whole row of the call's
+ * inputs, found from the call's description (not the kernels' indexing) */
+static int prefetch_is_row(const void *p, unsigned bytes)
+{
+    const unsigned char *q = p;
+    if (!pf_call || bytes != (unsigned)(pf_call->a.io[0].head_dim * fr_dtype_size(pf_call->a.dtype)))
+        return 0;
+    if (!pf_rows)
+        pf_rows_fill();
+    return bsearch(&q, pf_rows, pf_n, sizeof *pf_rows, cmp_ptr) != NULL;
+}
 
 /* The call's outputs as (pointer, bytes, element size) pieces. */
 typedef struct { unsigned char *p; size_t n, es; } piece;
@@ -115,7 +174,8 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
                      warp_heads[] = { 0, 0, 0, 4, 0, 4 }, bwd_heads[] = { 0, 0, 0, 3, 1, 0 },
                      warp_half[] = { -1, -1, -1, 0, 1, 2 }, bwd_half[] = { -1, -1, -1, 0, 0, -1 },
                      bwd_pipe[] = { -1, 1, 3, -1, -1, -1 }, bwd_ahead[] = { 0, 0, 0, 0, 2, 2 },
-                     bwd_pdl[] = { -1, 1, 0, 0, 1, 0 };
+                     bwd_pdl[] = { -1, 1, 0, 0, 1, 0 }, warp_prefetch[] = { -1, 0, 0, 0, 1, 1 },
+                     bwd_prefetch[] = { -1, 2, 0, 3, 31, 4 };
     const int max = 4 + 2 * (int)(na->a.seq_len * na->a.batch *
                                   (na->a.io[0].heads + (na->a.count > 1 ? na->a.io[1].heads : 0)));
     piece *pc = malloc(sizeof *pc * (size_t)max);
@@ -158,6 +218,11 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         fr_emu_norm_bwd_pipe = bwd_pipe[i];
         fr_emu_norm_bwd_ahead = bwd_ahead[i];
         fr_emu_norm_bwd_pdl = bwd_pdl[i];
+        fr_emu_norm_warp_prefetch = warp_prefetch[i];
+        fr_emu_norm_bwd_prefetch = bwd_prefetch[i];
+        pf_call = &e;
+        pf_backward = backward;
+        fr_emu_prefetch_check = prefetch_is_row;
         st = backward ? fr_emu_cuda_norm_backward(&e) : fr_emu_cuda_norm_forward(&e);
         if (st != FUSEDROPE_OK || flag) {
             fprintf(stderr, "emulated CUDA norm %s, %d SMs: status %d, flag %d (%s)\n",
@@ -178,6 +243,11 @@ static fusedrope_status both(const fr_norm_args *na, int backward)
         if (f == SIZE_MAX)
             f = i;
     }
+    fr_emu_prefetch_check = NULL;
+    pf_call = NULL;
+    free(pf_rows);
+    pf_rows = NULL;
+    pf_n = 0;
     save(pc, n, start, 0);
     st = backward ? __real_fusedrope__cpu_norm_backward(na) : __real_fusedrope__cpu_norm_forward(na);
     if (st != FUSEDROPE_OK)
