@@ -78,18 +78,49 @@ static fusedrope_status check_overlaps(const range *r, int n)
                 (r[j].alone && j < i))
                 continue;
             if (r[i].lo < r[i].hi && r[j].lo < r[j].hi && r[i].lo < r[j].hi &&
-                r[j].lo < r[i].hi)
-                return fr_fail(FUSEDROPE_ERR_INVALID, "%s overlaps %s; the norm call's outputs, "
+                r[j].lo < r[i].hi) {
+                const int span = r[i].tensor || r[j].tensor;
+                return fr_fail(FUSEDROPE_ERR_INVALID, "%s %s %s%s; the norm call's outputs, "
                                "rstd arrays and range word must share no memory with anything "
-                               "else it reads or writes", r[i].name, r[j].name);
+                               "else it reads or writes", r[i].name,
+                               span ? "may overlap" : "overlaps", r[j].name,
+                               span ? " (a tensor is taken as its whole span, from its first "
+                                      "byte to its last: the test is conservative, "
+                                      "fusedrope_norm_forward_qk(3))"
+                                    : "");
+            }
         }
     return FUSEDROPE_OK;
 }
 
-/* The norm's own parameters. */
-static fusedrope_status take_norm(const fusedrope_norm *user, fusedrope_norm *nm)
+/* eps as the float32 the norm adds (*eps), and whether it is valid (> 0
+ * and finite, as a double and as a float32): the conversion and the tests
+ * in the IEEE default environment, whatever the caller's rounding mode and
+ * flush-to-zero, and the caller's exception flags left as they were
+ * (fusedrope_forward(3), CAVEATS).  The volatile read and
+ * writes keep the arithmetic between the two MXCSR writes, which the
+ * compiler does not order floating-point operations against. */
+static int eps_float(double user_eps, float *eps)
 {
-    float eps;
+    volatile double in = user_eps;
+    volatile float out;
+    volatile int ok;
+    fr_fpenv saved;
+    fr_fpenv_enter(&saved);
+    {
+        const double d = in;
+        const float f = (float)d;
+        out = f;
+        ok = d > 0 && f > 0 && !isinf(f);
+    }
+    fr_fpenv_leave(&saved);
+    *eps = out;
+    return ok;
+}
+
+/* The norm's own parameters; *eps: its eps as a float32. */
+static fusedrope_status take_norm(const fusedrope_norm *user, fusedrope_norm *nm, float *eps)
+{
     if (!user)
         return fr_fail(FUSEDROPE_ERR_INVALID, "norm is NULL");
     TRY(fr_struct_take(nm, sizeof *nm, user, norm_layouts,
@@ -100,8 +131,7 @@ static fusedrope_status take_norm(const fusedrope_norm *user, fusedrope_norm *nm
     if ((unsigned)nm->rounding > FUSEDROPE_NORM_ROUND_GEMMA)
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "norm->rounding is %d, not a fusedrope_norm_rounding", (int)nm->rounding);
-    eps = (float)nm->eps;
-    if (!(nm->eps > 0) || !(eps > 0) || isinf(eps))
+    if (!eps_float(nm->eps, eps))
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "norm->eps is %g; it must be > 0 and finite as a float32", nm->eps);
     if ((unsigned)nm->weight_dtype > FUSEDROPE_BFLOAT16)
@@ -138,9 +168,10 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
     range r[16]; /* per tensor weight, rstd, dw, in, out, saved; 3 position arrays; the range word */
     int nr = 0, slot = 0;
     fusedrope_dtype dt;
+    float eps = 0.0f;
 
     memset(na, 0, sizeof *na);
-    TRY(take_norm(user, nm));
+    TRY(take_norm(user, nm, &eps));
     if (!cache)
         return fr_fail(FUSEDROPE_ERR_INVALID, "cache is NULL");
     TRY(fr_apply_prepare(cache, style, sgn, pos, count, tin, tout, names, stream, &na->a));
@@ -238,7 +269,7 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
     na->weight = (int)nm->weight;
     na->rounding = (int)nm->rounding;
     na->saved_y = backward && nm->saved_output;
-    na->eps = (float)nm->eps;
+    na->eps = eps;
     na->wdtype = nm->weight_dtype;
     /* fr_apply_prepare's io slots hold the non-empty tensors in order */
     for (int k = 0; k < count; k++) {

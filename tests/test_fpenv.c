@@ -331,6 +331,71 @@ START_TEST(test_norm_fpenv)
 }
 END_TEST
 
+/* The norm's eps in a hostile caller's environment: _i picks it (rounding
+ * upward, downward, toward zero, or to nearest with FTZ and DAZ).  eps is
+ * a double the library narrows to float32 once a call; rows whose mean
+ * square is near eps make rstd depend on every bit of it.  y and rstd must
+ * be the default caller's bytes, an eps that is a float32 subnormal (1e-39)
+ * must be accepted under FTZ too, and no exception flag may be left raised
+ * (fusedrope_forward(3): flags raised by the library's arithmetic are not
+ * kept; the narrowing of eps 1e-6 is inexact). */
+START_TEST(test_norm_eps_fpenv)
+{
+    static const int modes[4] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO, FE_TONEAREST};
+    static const double epss[4] = {1e-6, 1e-5, 0.7, 1e-39};
+    const int64_t S = 7, H = 3, D = 64;
+    const size_t n = (size_t)(S * H * D), nr = (size_t)(S * H);
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    float *x = tu_alloc(n * sizeof(float)), *y[2], *rs[2];
+    tu_rng r;
+
+    tu_rng_init(&r, 900 + (uint64_t)_i);
+    tiny_config(&cfg, (int)D, S + 1);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+    tu_track(cache);
+    for (int k = 0; k < 2; k++) {
+        y[k] = tu_alloc(n * sizeof(float));
+        rs[k] = tu_alloc(nr * sizeof(float));
+    }
+    for (int e = 0; e < 4; e++) {
+        const fusedrope_tensor tx = fusedrope_tensor_bshd(x, FUSEDROPE_FLOAT32, 1, S, H, D);
+        for (size_t j = 0; j < n; j++)
+            x[j] = (float)(sqrt(epss[e]) * tu_uniform(&r, -2.0, 2.0));
+        for (int hostile = 0; hostile < 2; hostile++) {
+            const fusedrope_tensor ty = fusedrope_tensor_bshd(y[hostile], FUSEDROPE_FLOAT32, 1, S,
+                                                              H, D);
+            fusedrope_norm nm;
+            fusedrope_status st;
+            int flags;
+            fusedrope_norm_init(&nm);
+            nm.weight = FUSEDROPE_NORM_WEIGHT_NONE;
+            nm.eps = epss[e];
+            nm.q_rstd = rs[hostile];
+            if (hostile) {
+                ck_assert_int_eq(fesetround(modes[_i]), 0);
+                if (_i == 3)
+                    _mm_setcsr(_mm_getcsr() | MXCSR_FTZ | MXCSR_DAZ);
+            }
+            feclearexcept(FE_ALL_EXCEPT);
+            st = fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &tx, &ty, NULL,
+                                           NULL, NULL);
+            flags = fetestexcept(FE_ALL_EXCEPT);
+            set_default();
+            ck_assert_msg(st == FUSEDROPE_OK, "eps %g, %s caller: %s", epss[e],
+                          hostile ? "hostile" : "default", fusedrope_last_error());
+            ck_assert_msg(flags == 0, "eps %g, %s caller (environment %d): exception flags 0x%x "
+                          "left raised", epss[e], hostile ? "hostile" : "default", (int)_i, flags);
+        }
+        ck_assert_msg(memcmp(y[0], y[1], n * sizeof(float)) == 0 &&
+                          memcmp(rs[0], rs[1], nr * sizeof(float)) == 0,
+                      "eps %g: y or rstd differ between the default caller and environment %d",
+                      epss[e], (int)_i);
+    }
+    tu_free_all();
+}
+END_TEST
+
 /* The public conversions in a hostile environment: _i picks the rounding
  * mode (upward, downward, toward zero), with FTZ and DAZ set.  Narrowing
  * every binary16 / bfloat16 value, the midpoints between neighbours and a
@@ -414,6 +479,7 @@ static Suite *fpenv_suite(void)
     tcase_add_loop_test(tc, test_apply_fpenv, 0, 96 / 4);
     tcase_add_loop_test(tc, test_cache_fpenv, 0, 2);
     tcase_add_loop_test(tc, test_norm_fpenv, 0, 18);
+    tcase_add_loop_test(tc, test_norm_eps_fpenv, 0, 4);
     tcase_add_loop_test(tc, test_conversions_fpenv, 0, 3);
     suite_add_tcase(s, tc);
     return s;

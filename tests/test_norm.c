@@ -1417,11 +1417,19 @@ START_TEST(test_refusals)
     /* rstd overlapping an output, an input, the other rstd */
     R.norm.q_rstd = (float *)R.qo.data;
     expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "q_rstd", "rstd over q_out");
+    /* a tensor is taken as its span: the sentence says so (a gap of a
+     * strided tensor is refused alike) */
+    ck_assert_msg(strstr(fusedrope_last_error(), "may overlap") &&
+                      strstr(fusedrope_last_error(), "conservative"),
+                  "rstd over q_out: %s", fusedrope_last_error());
     R.norm.q_rstd = (float *)R.k.data;
     expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "q_rstd", "rstd over k_in");
     R.norm.q_rstd = rq;
     R.norm.k_rstd = rq + 3;
     expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "rstd", "rstd over rstd");
+    ck_assert_msg(strstr(fusedrope_last_error(), "k_rstd overlaps norm->q_rstd") ||
+                      strstr(fusedrope_last_error(), "q_rstd overlaps norm->k_rstd"),
+                  "rstd over rstd: %s", fusedrope_last_error());
     R.norm.k_rstd = NULL;
     R.norm.q_rstd = (float *)((char *)rq + 2);
     expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "aligned", "misaligned rstd");
