@@ -541,16 +541,9 @@ START_TEST(test_heads)
 END_TEST
 
 /* The calls tests' three paths: 0 the library's choice (AVX-512 where the
- * CPU has it), 1 AVX2 alone (fr_avx512_off), 2 the portable one
- * (fr_avx2_off, which turns AVX-512 off too). */
+ * CPU has it), 1 AVX2 alone, 2 the portable one (tu_cpu_path). */
 static const char *const path_name[3] = { "default (AVX-512 where usable)", "AVX2 only",
                                           "portable" };
-
-static void set_path(int p)
-{
-    __atomic_store_n(&fr_avx512_off, p == 1, __ATOMIC_RELAXED);
-    __atomic_store_n(&fr_avx2_off, p == 2, __ATOMIC_RELAXED);
-}
 
 START_TEST(test_calls_match_portable)
 {
@@ -586,7 +579,7 @@ START_TEST(test_calls_match_portable)
                     for (int off = first; off < 3; off++) {
                         fusedrope_tensor tin, tout;
                         fusedrope_status rc;
-                        set_path(off);
+                        tu_cpu_path(off);
                         memset(y[off], 0xa5, (size_t)n * 2);
                         if (in_place)
                             memcpy(y[off], x, (size_t)n * 2);
@@ -596,7 +589,7 @@ START_TEST(test_calls_match_portable)
                                 : fusedrope_forward(c, (fusedrope_style)style, NULL, &tin, &tout, NULL);
                         ck_assert_int_eq(rc, FUSEDROPE_OK);
                     }
-                    set_path(0);
+                    tu_cpu_path(0);
                     for (int64_t i = 0; i < n; i++)
                         for (int p = first; p < 2; p++)
                             if (!same16(t, y[p][i], y[2][i]))
@@ -642,14 +635,14 @@ START_TEST(test_qk_streamed_matches_portable)
                                  ki = fusedrope_tensor_bshd(k, t->dt, B, S, HK, D),
                                  ko = fusedrope_tensor_bshd(yk[off], t->dt, B, S, HK, D);
                 fusedrope_status rc;
-                set_path(off);
+                tu_cpu_path(off);
                 memset(yq[off], 0xa5, (size_t)nq * 2);
                 memset(yk[off], 0xa5, (size_t)nk * 2);
                 rc = op ? fusedrope_backward_qk(c, (fusedrope_style)style, NULL, &qi, &qo, &ki, &ko, NULL)
                         : fusedrope_forward_qk(c, (fusedrope_style)style, NULL, &qi, &qo, &ki, &ko, NULL);
                 ck_assert_int_eq(rc, FUSEDROPE_OK);
             }
-            set_path(0);
+            tu_cpu_path(0);
             for (int64_t i = 0; i < nq + nk; i++)
                 for (int w = first; w < 2; w++) {
                     const uint16_t a = i < nq ? yq[w][i] : yk[w][i - nq],

@@ -17,7 +17,7 @@
 #include <check.h>
 
 #include "fusedrope.h"
-#include "internal.h" /* fr_avx2_off */
+#include "internal.h" /* fr_avx2_usable */
 #include "ref.h"
 #include "util.h"
 
@@ -990,8 +990,8 @@ static double odd_value(tu_rng *r, fusedrope_dtype dt)
 }
 
 /* fusedrope_norm_forward_qk through the library's choice (the AVX-512
- * rows where the CPU has them), through the AVX2 rows (fr_avx512_off) and
- * through the portable loops (fr_avx2_off): the same bytes for y and rstd
+ * rows where the CPU has them), through the AVX2 rows (tu_cpu_path 1) and
+ * through the portable loops (tu_cpu_path 2): the same bytes for y and rstd
  * (a NaN need only be NaN in each), over every dtype, style, weight kind
  * and rounding mode; head_dim with and without scalar tails, with and
  * without whole 16-channel vectors (the AVX-512 rows' condition), partial
@@ -1085,13 +1085,11 @@ START_TEST(test_avx2_rows_match_portable)
                             memcpy(y[off], x, (size_t)n * es);
                         tin = fusedrope_tensor_bshd(in_place ? y[off] : x, dt, S, 1, H, D);
                         tout = fusedrope_tensor_bshd(y[off], dt, S, 1, H, D);
-                        __atomic_store_n(&fr_avx512_off, off == 1, __ATOMIC_RELAXED);
-                        __atomic_store_n(&fr_avx2_off, off == 2, __ATOMIC_RELAXED);
+                        tu_cpu_path(off);
                         ck_assert_msg(fusedrope_norm_forward_qk(cache, style, NULL, &nm, &tin, &tout,
                                                                 NULL, NULL, NULL) == FUSEDROPE_OK,
                                       "%s", fusedrope_last_error());
-                        __atomic_store_n(&fr_avx512_off, 0, __ATOMIC_RELAXED);
-                        __atomic_store_n(&fr_avx2_off, 0, __ATOMIC_RELAXED);
+                        tu_cpu_path(0);
                     }
                     for (int p = first; p < 2; p++) {
                         for (int64_t i = 0; i < n; i++)
@@ -1116,8 +1114,8 @@ START_TEST(test_avx2_rows_match_portable)
 END_TEST
 
 /* fusedrope_norm_backward_qk through the library's choice (the AVX-512 rows
- * where the CPU has them), through the AVX2 rows (fr_avx512_off) and
- * through the portable loops (fr_avx2_off): the same bytes for dx and dw (a
+ * where the CPU has them), through the AVX2 rows (tu_cpu_path 1) and
+ * through the portable loops (tu_cpu_path 2): the same bytes for dx and dw (a
  * NaN need only be NaN in each), over every dtype, style and weight kind,
  * from saved x and from saved y, out of place, in place over dy and over
  * the saved tensor; head_dim with
@@ -1196,14 +1194,12 @@ START_TEST(test_avx2_backward_rows_match_portable)
                         ts = fusedrope_tensor_bshd(in_place == 2 ? dx[off] : sv, dt, S, 1, H, D);
                         tdy = fusedrope_tensor_bshd(in_place == 1 ? dx[off] : dy, dt, S, 1, H, D);
                         tdx = fusedrope_tensor_bshd(dx[off], dt, S, 1, H, D);
-                        __atomic_store_n(&fr_avx512_off, off == 1, __ATOMIC_RELAXED);
-                        __atomic_store_n(&fr_avx2_off, off == 2, __ATOMIC_RELAXED);
+                        tu_cpu_path(off);
                         ck_assert_msg(fusedrope_norm_backward_qk(cache, style, NULL, &nm, &ts, &tdy,
                                                                  &tdx, NULL, NULL, NULL,
                                                                  NULL) == FUSEDROPE_OK,
                                       "%s", fusedrope_last_error());
-                        __atomic_store_n(&fr_avx512_off, 0, __ATOMIC_RELAXED);
-                        __atomic_store_n(&fr_avx2_off, 0, __ATOMIC_RELAXED);
+                        tu_cpu_path(0);
                     }
                     for (int p = first; p < 2; p++) {
                         for (int64_t i = 0; i < n; i++)

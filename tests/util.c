@@ -381,3 +381,9 @@ int tu_skip_default_path(void)
 {
     return tu_under_valgrind() && !fr_avx512_usable();
 }
+
+void tu_cpu_path(int p)
+{
+    __atomic_store_n(&fr_avx512_off, p == 1, __ATOMIC_RELAXED);
+    __atomic_store_n(&fr_avx2_off, p == 2, __ATOMIC_RELAXED);
+}

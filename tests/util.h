@@ -149,4 +149,9 @@ int tu_contains(const char *hay, const char *needle);
  * AVX2 path, which the test runs anyway. */
 int tu_skip_default_path(void);
 
+/* The CPU backend's path for the calls that follow: 0 the library's choice
+ * (AVX-512 where the CPU has it), 1 AVX2 alone (fr_avx512_off), 2 the
+ * portable loops (fr_avx2_off, which turns AVX-512 off too). */
+void tu_cpu_path(int p);
+
 #endif /* FUSEDROPE_TEST_UTIL_H */
