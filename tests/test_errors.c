@@ -699,6 +699,45 @@ static void expect_sentence(fusedrope_status got, fusedrope_status want, const c
                   fusedrope_last_error(), sentence);
 }
 
+/* A call whose tensors are all empty (here 0 heads) passes the positions'
+ * rules too (fusedrope_forward(3), Tensors): cu_seqlens must end at the
+ * token count, start at 0 and be aligned; implicit positions must lie in
+ * the table; valid positions succeed, writing nothing. */
+START_TEST(test_empty_call_positions)
+{
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    fusedrope_positions p;
+    static int32_t cu[4];
+    fusedrope_tensor te = fusedrope_tensor_thd(NULL, FUSEDROPE_FLOAT32, 4, 0, ROT);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, ROT, ROWS, 10000);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), OK);
+    tu_track(cache);
+    fusedrope_positions_init(&p);
+    p.cu_seqlens = cu;
+    p.num_seqs = 1;
+    cu[0] = 0, cu[1] = 5;
+    expect_sentence(fusedrope_forward(cache, FUSEDROPE_NEOX, &p, &te, &te, NULL), INV,
+                    "pos->cu_seqlens[num_seqs = 1] is 5 but the tensor has 4 tokens");
+    cu[0] = 7, cu[1] = 4;
+    ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &p, &te, &te, NULL), INV);
+    ck_assert_msg(strstr(fusedrope_last_error(), "cu_seqlens[0]"), "%s", fusedrope_last_error());
+    cu[0] = 0, cu[1] = 4;
+    ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &p, &te, &te, NULL), OK);
+    p.cu_seqlens = (const int32_t *)((const char *)cu + 2);
+    ck_assert_int_eq(fusedrope_backward(cache, FUSEDROPE_NEOX, &p, &te, &te, NULL), INV);
+    ck_assert_msg(strstr(fusedrope_last_error(), "aligned"), "%s", fusedrope_last_error());
+    {
+        fusedrope_tensor long_seq = fusedrope_tensor_sbhd(NULL, FUSEDROPE_FLOAT32, 100, 1, 0, ROT);
+        ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, NULL, &long_seq, &long_seq, NULL),
+                         FUSEDROPE_ERR_RANGE);
+        long_seq.seq_len = ROWS;
+        ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, NULL, &long_seq, &long_seq, NULL),
+                         OK);
+    }
+}
+END_TEST
+
 START_TEST(test_sentences_verbatim)
 {
     ectx c;
@@ -884,6 +923,7 @@ static Suite *errors_suite(void)
     tcase_add_test(tc, test_last_error_thread_local);
     tcase_add_test(tc, test_last_error_names_value);
     tcase_add_test(tc, test_sentences_verbatim);
+    tcase_add_test(tc, test_empty_call_positions);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1497,8 +1497,10 @@ START_TEST(test_refusals)
         }
     }
     {
-        /* an empty q (no heads) whose seq_len x batch is no int64: nothing
-         * to do, as for the plain calls (was undefined behaviour) */
+        /* an empty q (no heads) whose seq_len x batch is no int64: no
+         * undefined behaviour (there was), and the positions' rules hold as
+         * for any call, as for the plain calls: its implicit positions run
+         * past the table */
         fusedrope_tensor eq = R.q;
         fusedrope_norm nq = saved;
         eq.heads = 0;
@@ -1507,8 +1509,13 @@ START_TEST(test_refusals)
         nq.q_rstd = rq;
         nq.k_weight = NULL;
         ck_assert_msg(fusedrope_norm_forward_qk(R.cache, c.style, NULL, &nq, &eq, &eq, NULL, NULL,
-                                                NULL) == FUSEDROPE_OK,
+                                                NULL) == FUSEDROPE_ERR_RANGE &&
+                          strstr(fusedrope_last_error(), "implicit positions reach"),
                       "empty q with a huge shape: %s", fusedrope_last_error());
+        eq.seq_len = 1;
+        ck_assert_msg(fusedrope_norm_forward_qk(R.cache, c.style, NULL, &nq, &eq, &eq, NULL, NULL,
+                                                NULL) == FUSEDROPE_OK,
+                      "empty q: %s", fusedrope_last_error());
     }
     R.norm = saved;
     /* a weight inside an output */

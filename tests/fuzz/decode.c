@@ -1644,8 +1644,9 @@ void fz_setup(src_t *s, cache_t *ct, rng_t *r, int null_cache, int qk, fz_call *
             ((uintptr_t)fc->ts[k].t.data % fc->es) != 0)
             reason(&fc->v, FUSEDROPE_ERR_INVALID, 1, "tensor %d data misaligned", k);
 
-    /* positions: every token's */
-    if (fc->any_nonempty && !fc->forced && fc->pos_struct_ok && fc->ts[0].present && fc->ts[0].shape_ok) {
+    /* positions: every token's, in an all-empty call too (fusedrope_forward(3):
+     * it passes the positions' rules before it succeeds doing nothing) */
+    if (!fc->forced && fc->pos_struct_ok && fc->ts[0].present && fc->ts[0].shape_ok) {
         int64_t S0 = fc->ts[0].t.seq_len, B0 = fc->ts[0].t.batch;
         const fusedrope_positions *p = fc->ps.given ? &fc->ps.p : NULL;
         if (S0 == 0 || B0 == 0) {
