@@ -303,7 +303,9 @@ static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv
     const size_t half = (size_t)rot_dim / 2;
     fusedrope_cache *c;
 
-    if (positions > 0 && (uint64_t)positions > SIZE_MAX / sizeof(float) / half)
+    /* the table's size as fusedrope_cache_create(3) gives it: cos and sin,
+     * max_positions x rot_dim/2 floats each */
+    if (positions > 0 && (uint64_t)positions > SIZE_MAX / (2 * sizeof(float)) / half)
         return fr_fail(FUSEDROPE_ERR_RANGE,
                        "max_positions %lld x rot_dim %d: the table's size in bytes overflows",
                        (long long)positions, rot_dim);

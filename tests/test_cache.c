@@ -1089,6 +1089,27 @@ START_TEST(test_create_nomem)
 }
 END_TEST
 
+/* The table's size in bytes is max_positions x rot_dim/2 x 8 (cos and sin,
+ * fusedrope_cache_create(3)): rot_dim 2 at 2^61 and 2^62 - 1 rows is 2^64
+ * bytes or more, an overflow (RANGE), where one array's 2^63 bytes would
+ * not overflow (these once got NOMEM from the allocation). */
+START_TEST(test_create_table_bytes_overflow)
+{
+    static const int64_t rows[2] = { (int64_t)1 << 61, ((int64_t)1 << 62) - 1 };
+    for (int i = 0; i < 2; i++) {
+        fusedrope_cache_config cfg;
+        fusedrope_cache *c = (fusedrope_cache *)&cfg;
+        fusedrope_status st;
+        fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, 2, rows[i], 10000);
+        st = fusedrope_cache_create(&cfg, CPU, &c);
+        ck_assert_msg(st == FUSEDROPE_ERR_RANGE && strstr(fusedrope_last_error(), "overflows"),
+                      "rot_dim 2, %lld rows: got %s (%s)", (long long)rows[i], st_name(st),
+                      fusedrope_last_error());
+        ck_assert_ptr_null(c);
+    }
+}
+END_TEST
+
 /* -------------------------------------------- the reference's own dtype code */
 
 static double f32_bits(uint32_t u)
@@ -1225,6 +1246,7 @@ static Suite *cache_suite(void)
     tcase_add_loop_test(tc, test_ok_config, 0, NOK);
     tcase_add_test(tc, test_create_null_args);
     tcase_add_test(tc, test_create_nomem);
+    tcase_add_test(tc, test_create_table_bytes_overflow);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("tables");
