@@ -1228,6 +1228,14 @@ static void bad_option(const char *fmt, ...)
     exit(2);
 }
 
+/* parse_ints' refusal of text that is not n positive integers */
+static void ints_expected(const char *opt_name, int n, const char *s)
+{
+    if (n == 1)
+        bad_option("%s: expected a positive integer, got '%s'", opt_name, s);
+    bad_option("%s: expected %d comma-separated positive integers, got '%s'", opt_name, n, s);
+}
+
 /* Comma-separated positive integers, exactly n of them. */
 static void parse_ints(const char *opt_name, const char *s, int64_t *out, int n, int64_t max)
 {
@@ -1236,7 +1244,7 @@ static void parse_ints(const char *opt_name, const char *s, int64_t *out, int n,
         char *end;
         long long v;
         if (*p < '0' || *p > '9')
-            bad_option("%s: expected %d comma-separated positive integers, got '%s'", opt_name, n, s);
+            ints_expected(opt_name, n, s);
         errno = 0;
         v = strtoll(p, &end, 10);
         if (errno == ERANGE)
@@ -1247,12 +1255,12 @@ static void parse_ints(const char *opt_name, const char *s, int64_t *out, int n,
         p = end;
         if (i + 1 < n) {
             if (*p != ',')
-                bad_option("%s: expected %d comma-separated positive integers, got '%s'", opt_name, n, s);
+                ints_expected(opt_name, n, s);
             p++;
         }
     }
     if (*p)
-        bad_option("%s: expected %d comma-separated positive integers, got '%s'", opt_name, n, s);
+        ints_expected(opt_name, n, s);
 }
 
 static int64_t parse_int(const char *opt_name, const char *s, int64_t min, int64_t max)
