@@ -610,7 +610,8 @@ fusedrope_status fr_apply_prepare(const fusedrope_cache *cache, fusedrope_style 
     TRY(check_pointer_device(args.pos.offsets, "pos->offsets", cache));
     TRY(check_pointer_device(args.pos.cu_seqlens, "pos->cu_seqlens", cache));
     TRY(check_status_word_device(args.range_status, cache));
-    TRY(check_implicit_positions(&args.pos, cache->max_positions));
+    if (in[0]->batch > 0) /* else no token, so no position (seq_len may be anything) */
+        TRY(check_implicit_positions(&args.pos, cache->max_positions));
     if (cache->device == FUSEDROPE_DEVICE_CPU &&
         (args.pos.ids || args.pos.offsets || args.pos.cu_seqlens))
         TRY(check_position_values(&args.pos, in[0]->batch, cache->max_positions));

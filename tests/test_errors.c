@@ -702,7 +702,8 @@ static void expect_sentence(fusedrope_status got, fusedrope_status want, const c
 /* A call whose tensors are all empty (here 0 heads) passes the positions'
  * rules too (fusedrope_forward(3), Tensors): cu_seqlens must end at the
  * token count, start at 0 and be aligned; implicit positions must lie in
- * the table; valid positions succeed, writing nothing. */
+ * the table; valid positions succeed, writing nothing; a batch of 0 has no
+ * token and so no position. */
 START_TEST(test_empty_call_positions)
 {
     fusedrope_cache_config cfg;
@@ -734,6 +735,10 @@ START_TEST(test_empty_call_positions)
         long_seq.seq_len = ROWS;
         ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, NULL, &long_seq, &long_seq, NULL),
                          OK);
+        /* batch 0: no token, so no position, whatever seq_len */
+        long_seq = fusedrope_tensor_bshd(NULL, FUSEDROPE_FLOAT32, 0, (int64_t)1 << 40, 1, ROT);
+        ck_assert_msg(fusedrope_forward(cache, FUSEDROPE_NEOX, NULL, &long_seq, &long_seq, NULL) ==
+                          OK, "%s", fusedrope_last_error());
     }
 }
 END_TEST

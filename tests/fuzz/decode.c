@@ -368,7 +368,7 @@ unsigned config_allowed(const fusedrope_cache_config *c, int device, int have_cf
         if (device == FUSEDROPE_DEVICE_CUDA && !fusedrope_cuda_available())
             must |= 1u << FUSEDROPE_ERR_UNSUPPORTED;
         if (!bad && c->max_positions > 0 &&
-            (uint64_t)c->max_positions > SIZE_MAX / sizeof(float) / (uint64_t)(d / 2))
+            (uint64_t)c->max_positions > SIZE_MAX / (2 * sizeof(float)) / (uint64_t)(d / 2))
             must |= 1u << FUSEDROPE_ERR_RANGE;
         if (!bad) {
             int fin = derived_finite(c);
@@ -635,7 +635,7 @@ int make_cache(src_t *s, cache_t *ct, rng_t *r)
             allowed = 1u << FUSEDROPE_ERR_INVALID;
         else if (device == FUSEDROPE_DEVICE_CUDA && !fusedrope_cuda_available())
             allowed = 1u << FUSEDROPE_ERR_UNSUPPORTED;
-        else if ((uint64_t)pos > SIZE_MAX / sizeof(float) / (uint64_t)half)
+        else if ((uint64_t)pos > SIZE_MAX / (2 * sizeof(float)) / (uint64_t)half)
             allowed = 1u << FUSEDROPE_ERR_RANGE;
         else
             allowed = 1u << FUSEDROPE_OK;
@@ -1231,6 +1231,20 @@ void copy_strides(fusedrope_tensor *y, const fusedrope_tensor *x)
     y->stride_head = x->stride_head;
 }
 
+/* Whether cu_seqlens (p->num_seqs + 1 entries) is the library's rule for
+ * S0 tokens: from 0 to S0, never decreasing, each sequence even under
+ * context parallelism. */
+static int cu_contents_ok(const fusedrope_positions *p, int64_t S0)
+{
+    const int32_t *cu = p->cu_seqlens;
+    if (cu[0] != 0 || (int64_t)cu[p->num_seqs] != S0)
+        return 0;
+    for (int64_t i = 0; i < p->num_seqs; i++)
+        if (cu[i + 1] < cu[i] || (p->cp_size > 1 && (cu[i + 1] - cu[i]) % 2))
+            return 0;
+    return 1;
+}
+
 void fz_setup(src_t *s, cache_t *ct, rng_t *r, int null_cache, int qk, fz_call *fc)
 {
     unsigned stb, dtb;
@@ -1650,7 +1664,10 @@ void fz_setup(src_t *s, cache_t *ct, rng_t *r, int null_cache, int qk, fz_call *
         int64_t S0 = fc->ts[0].t.seq_len, B0 = fc->ts[0].t.batch;
         const fusedrope_positions *p = fc->ps.given ? &fc->ps.p : NULL;
         if (S0 == 0 || B0 == 0) {
-            /* q without tokens and a non-empty k: refused as a mismatch */
+            /* no tokens (q without tokens and a non-empty k is refused as
+             * a mismatch besides): cu_seqlens must still hold zero tokens */
+            if (p && p->cu_seqlens && !cu_contents_ok(p, S0))
+                reason(&fc->v, FUSEDROPE_ERR_INVALID, 1, "cu_seqlens contents");
         } else if ((i128)S0 * B0 <= (i128)4 * FZ_LIMIT) {
             int cu_ok = 1;
             fc->tokpos = malloc((size_t)(S0 * B0 > 0 ? S0 * B0 : 1) * (size_t)fc->naxes * sizeof(i128));
@@ -1658,11 +1675,7 @@ void fz_setup(src_t *s, cache_t *ct, rng_t *r, int null_cache, int qk, fz_call *
                 abort();
             if (p && p->cu_seqlens) {
                 const int32_t *cu = p->cu_seqlens;
-                if (cu[0] != 0 || (int64_t)cu[p->num_seqs] != S0)
-                    cu_ok = 0;
-                for (int64_t i = 0; i < p->num_seqs && cu_ok; i++)
-                    if (cu[i + 1] < cu[i] || (p->cp_size > 1 && (cu[i + 1] - cu[i]) % 2))
-                        cu_ok = 0;
+                cu_ok = cu_contents_ok(p, S0);
                 if (!cu_ok)
                     reason(&fc->v, FUSEDROPE_ERR_INVALID, 1, "cu_seqlens contents");
                 else
