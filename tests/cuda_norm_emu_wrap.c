@@ -57,6 +57,14 @@ extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp, fr_emu_norm_warp_rpw, fr_em
 extern int fr_emu_norm_warp_prefetch, fr_emu_norm_bwd_prefetch;
 extern int (*fr_emu_prefetch_check)(const void *p, unsigned bytes);
 
+/* The first byte of row (b, s, h) of a tensor at base with element strides
+ * ss, sb, sh and es-byte elements. */
+static unsigned char *row_at(const void *base, int64_t b, int64_t s, int64_t h, int64_t ss,
+                             int64_t sb, int64_t sh, size_t es)
+{
+    return (unsigned char *)base + (size_t)(b * sb + s * ss + h * sh) * es;
+}
+
 /* The rows the emulated call may prefetch (its inputs' rows: the forward's
  * x, the backward's dy and saved rows) as their first bytes, sorted, for
  * prefetch_is_row; filled at the call's first prefetch. */
@@ -87,12 +95,10 @@ static void pf_rows_fill(void)
         for (int64_t b = 0; b < a->batch; b++)
             for (int64_t s = 0; s < a->seq_len; s++)
                 for (int64_t h = 0; h < io->heads; h++) {
-                    pf_rows[pf_n++] = (const unsigned char *)io->in +
-                                      (size_t)(b * io->in_sb + s * io->in_ss + h * io->in_sh) * es;
+                    pf_rows[pf_n++] = row_at(io->in, b, s, h, io->in_ss, io->in_sb, io->in_sh, es);
                     if (pf_backward)
-                        pf_rows[pf_n++] = (const unsigned char *)pf_call->x[k] +
-                                          (size_t)(b * pf_call->x_sb[k] + s * pf_call->x_ss[k] +
-                                                   h * pf_call->x_sh[k]) * es;
+                        pf_rows[pf_n++] = row_at(pf_call->x[k], b, s, h, pf_call->x_ss[k],
+                                                 pf_call->x_sb[k], pf_call->x_sh[k], es);
                 }
     }
     qsort(pf_rows, pf_n, sizeof *pf_rows, cmp_ptr);
@@ -125,8 +131,7 @@ static int pieces(const fr_norm_args *na, int backward, piece *pc, int max)
                 for (int64_t h = 0; h < io->heads; h++) {
                     if (n == max)
                         abort();
-                    pc[n].p = (unsigned char *)io->out +
-                              (size_t)(b * io->out_sb + s * io->out_ss + h * io->out_sh) * es;
+                    pc[n].p = row_at(io->out, b, s, h, io->out_ss, io->out_sb, io->out_sh, es);
                     pc[n].n = (size_t)io->head_dim * es;
                     pc[n++].es = es;
                 }

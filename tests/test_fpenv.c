@@ -34,13 +34,21 @@
 static const fusedrope_dtype dtypes[3] = {FUSEDROPE_FLOAT32, FUSEDROPE_FLOAT16,
                                           FUSEDROPE_BFLOAT16};
 
-/* The environment under test: subnormals flushed (FTZ) and read as zero
- * (DAZ), rounding toward +Inf.  Returns the MXCSR the call must leave. */
+/* A caller's environment: rounding `mode` (fesetround's), and where
+ * `flush`, subnormals flushed (FTZ) and read as zero (DAZ).  Returns the
+ * MXCSR the call must leave. */
+static unsigned int set_env(int mode, int flush)
+{
+    ck_assert_int_eq(fesetround(mode), 0);
+    if (flush)
+        _mm_setcsr(_mm_getcsr() | MXCSR_FTZ | MXCSR_DAZ);
+    return _mm_getcsr();
+}
+
+/* The environment under test: FTZ and DAZ, rounding toward +Inf. */
 static unsigned int set_hostile(void)
 {
-    ck_assert_int_eq(fesetround(FE_UPWARD), 0);
-    _mm_setcsr(_mm_getcsr() | MXCSR_FTZ | MXCSR_DAZ);
-    return _mm_getcsr();
+    return set_env(FE_UPWARD, 1);
 }
 
 static void set_default(void)
@@ -372,11 +380,8 @@ START_TEST(test_norm_eps_fpenv)
             nm.weight = FUSEDROPE_NORM_WEIGHT_NONE;
             nm.eps = epss[e];
             nm.q_rstd = rs[hostile];
-            if (hostile) {
-                ck_assert_int_eq(fesetround(modes[_i]), 0);
-                if (_i == 3)
-                    _mm_setcsr(_mm_getcsr() | MXCSR_FTZ | MXCSR_DAZ);
-            }
+            if (hostile)
+                set_env(modes[_i], _i == 3);
             feclearexcept(FE_ALL_EXCEPT);
             st = fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &tx, &ty, NULL,
                                            NULL, NULL);
@@ -452,8 +457,7 @@ START_TEST(test_conversions_fpenv)
             want[i] = narrow16(v[i]);
         for (uint32_t h = 0; h < 65536; h++)
             wide[0][h] = widen16((uint16_t)h);
-        ck_assert_int_eq(fesetround(modes[_i]), 0);
-        _mm_setcsr(_mm_getcsr() | MXCSR_FTZ | MXCSR_DAZ);
+        set_env(modes[_i], 1);
         for (size_t i = 0; i < n; i++)
             got[i] = narrow16(v[i]);
         for (uint32_t h = 0; h < 65536; h++)
