@@ -335,16 +335,19 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
                        "allocated", bytes);
     fc.scratch = fr_line_start(block);
     for (int k = 0; k < a->count; k++) {
-        fr_fpenv fpenv; /* 1 + w rounds as the default environment says */
+        /* 1 + w rounds as the default environment says, and fwd_fin's
+         * arithmetic (sqrt(head_dim) is inexact for most head_dims) leaves
+         * the caller's exception flags as they were */
+        fr_fpenv fpenv;
         wf[k] = fc.scratch + (size_t)nth * fc.per + (size_t)k * (size_t)fr_line_floats(fc.hdmax);
         fr_fpenv_enter(&fpenv);
         weight_factors(na, k, a->io[k].head_dim, wf[k]);
-        fr_fpenv_leave(&fpenv);
         fc.wf[k] = wf[k];
         fc.wf_ok[k] = 1;
         for (int64_t c = 0; c < a->io[k].head_dim; c++)
             fc.wf_ok[k] &= isfinite(wf[k][c]) != 0;
         fc.fin[k] = fc.wf_ok[k] && fwd_fin(na, wf[k], a->io[k].head_dim);
+        fr_fpenv_leave(&fpenv);
     }
 
 #ifdef _OPENMP

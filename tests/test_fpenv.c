@@ -401,6 +401,124 @@ START_TEST(test_norm_eps_fpenv)
 }
 END_TEST
 
+/* No call leaves an exception flag raised (fusedrope_forward(3), CAVEATS:
+ * flags raised by the library's arithmetic are not kept): every rope
+ * type's cache build, table and table-less (_i: the type), then on that
+ * cache each dtype's forward, backward, forward_qk and backward_qk, and the
+ * fused norm's forward and backward in every weight kind and rounding,
+ * threaded, at head_dim 128 and 96 (sqrt(head_dim), for one, is inexact
+ * there: the norm's forward left FE_INEXACT raised until 2026-11-30). */
+static void flags_after(const char *what, fusedrope_status st)
+{
+    const int flags = fetestexcept(FE_ALL_EXCEPT);
+    ck_assert_msg(st == FUSEDROPE_OK, "%s: %s", what, fusedrope_last_error());
+    ck_assert_msg(flags == 0, "%s: exception flags 0x%x left raised", what, flags);
+}
+
+START_TEST(test_flags_fpenv)
+{
+    const fusedrope_rope_type type = (fusedrope_rope_type)_i;
+    static const fusedrope_dtype dts[3] = {FUSEDROPE_FLOAT32, FUSEDROPE_FLOAT16,
+                                           FUSEDROPE_BFLOAT16};
+    const int64_t S = 64, H = 8, HK = 2;
+    double sf[64], lf[64];
+    char what[160];
+    tu_rng r;
+
+    tu_threads(3);
+    tu_rng_init(&r, 9500 + (uint64_t)_i);
+    for (int i = 0; i < 64; i++) {
+        sf[i] = 1.0 + 0.01 * i;
+        lf[i] = 1.0 + 0.37 * i;
+    }
+    for (int hd = 0; hd < 2; hd++) {
+        const int D = hd ? 96 : 128;
+        fusedrope_cache *c[2];
+        for (int table = 0; table < 2; table++) {
+            fusedrope_cache_config cfg;
+            fusedrope_cache_config_init(&cfg, type, D, table ? S : 0, 500000.0);
+            cfg.factor = type == FUSEDROPE_ROPE_PROPORTIONAL ? 0.25 : 8.0;
+            cfg.original_max_positions = 16;
+            if (type == FUSEDROPE_ROPE_LONGROPE) {
+                cfg.short_factor = sf;
+                cfg.long_factor = lf;
+                cfg.seq_len = 32;
+            }
+            if (type == FUSEDROPE_ROPE_PROPORTIONAL)
+                cfg.partial_rotary_factor = 0.25;
+            snprintf(what, sizeof what, "cache_create type %d, rot_dim %d, %s", (int)type, D,
+                     table ? "table" : "table-less");
+            feclearexcept(FE_ALL_EXCEPT);
+            flags_after(what, fusedrope_cache_create(&cfg, CPU, &c[table]));
+            tu_track(c[table]);
+        }
+        for (int d = 0; d < 3; d++) {
+            const fusedrope_dtype dt = dts[d];
+            const fusedrope_cache *cache = c[d % 2];
+            const size_t es = ref_dtype_size(dt), nq = (size_t)(S * H * D), nk = (size_t)(S * HK * D);
+            void *q = tu_alloc(nq * es), *k = tu_alloc(nk * es), *yq = tu_alloc(nq * es),
+                 *yk = tu_alloc(nk * es), *dq = tu_alloc(nq * es), *dk = tu_alloc(nk * es),
+                 *w = tu_alloc((size_t)D * es);
+            float *rq = tu_alloc(sizeof(float) * (size_t)(S * H)),
+                  *rk = tu_alloc(sizeof(float) * (size_t)(S * HK)),
+                  *dwq = tu_alloc(sizeof(float) * (size_t)D), *dwk = tu_alloc(sizeof(float) * (size_t)D);
+            const fusedrope_tensor tq = fusedrope_tensor_bshd(q, dt, 1, S, H, D),
+                                   tk = fusedrope_tensor_bshd(k, dt, 1, S, HK, D),
+                                   tyq = fusedrope_tensor_bshd(yq, dt, 1, S, H, D),
+                                   tyk = fusedrope_tensor_bshd(yk, dt, 1, S, HK, D),
+                                   tdq = fusedrope_tensor_bshd(dq, dt, 1, S, H, D),
+                                   tdk = fusedrope_tensor_bshd(dk, dt, 1, S, HK, D);
+            tu_fill(q, (int64_t)nq, dt, &r, -2.0, 2.0);
+            tu_fill(k, (int64_t)nk, dt, &r, -2.0, 2.0);
+            tu_fill(dq, (int64_t)nq, dt, &r, -1.0, 1.0);
+            tu_fill(dk, (int64_t)nk, dt, &r, -1.0, 1.0);
+            tu_fill(w, D, dt, &r, 0.1, 0.9);
+            snprintf(what, sizeof what, "type %d, head_dim %d, %s, %s cache: ", (int)type, D,
+                     ref_dtype_name(dt), d % 2 ? "table" : "table-less");
+#define FLAGS_CALL(name, call)                                                        \
+    do {                                                                              \
+        char w_[256];                                                                 \
+        snprintf(w_, sizeof w_, "%s%s", what, name);                                  \
+        feclearexcept(FE_ALL_EXCEPT);                                                 \
+        flags_after(w_, call);                                                        \
+    } while (0)
+            FLAGS_CALL("forward", fusedrope_forward(cache, FUSEDROPE_NEOX, NULL, &tq, &tyq, NULL));
+            FLAGS_CALL("backward",
+                       fusedrope_backward(cache, FUSEDROPE_INTERLEAVED, NULL, &tq, &tyq, NULL));
+            FLAGS_CALL("forward_qk", fusedrope_forward_qk(cache, FUSEDROPE_NEOX, NULL, &tq, &tyq,
+                                                          &tk, &tyk, NULL));
+            FLAGS_CALL("backward_qk", fusedrope_backward_qk(cache, FUSEDROPE_NEOX, NULL, &tq,
+                                                            &tyq, &tk, &tyk, NULL));
+            for (int wk = 0; wk < 3; wk++)
+                for (int rm = 0; rm < 3; rm++) {
+                    fusedrope_norm nm;
+                    char name[64];
+                    fusedrope_norm_init(&nm);
+                    nm.weight = (fusedrope_norm_weight)wk;
+                    nm.rounding = (fusedrope_norm_rounding)rm;
+                    nm.weight_dtype = dt;
+                    if (nm.weight != FUSEDROPE_NORM_WEIGHT_NONE) {
+                        nm.q_weight = nm.k_weight = w;
+                        nm.dq_weight = dwq;
+                        nm.dk_weight = dwk;
+                    }
+                    nm.q_rstd = rq;
+                    nm.k_rstd = rk;
+                    snprintf(name, sizeof name, "norm forward, weight %d, rounding %d", wk, rm);
+                    FLAGS_CALL(name, fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm,
+                                                               &tq, &tyq, &tk, &tyk, NULL));
+                    snprintf(name, sizeof name, "norm backward, weight %d, rounding %d", wk, rm);
+                    FLAGS_CALL(name, fusedrope_norm_backward_qk(cache, FUSEDROPE_NEOX, NULL, &nm,
+                                                                &tq, &tdq, &tyq, &tk, &tdk, &tyk,
+                                                                NULL));
+                }
+#undef FLAGS_CALL
+        }
+    }
+    tu_free_all();
+}
+END_TEST
+
 /* The public conversions in a hostile environment: _i picks the rounding
  * mode (upward, downward, toward zero), with FTZ and DAZ set.  Narrowing
  * every binary16 / bfloat16 value, the midpoints between neighbours and a
@@ -485,6 +603,7 @@ static Suite *fpenv_suite(void)
     tcase_add_loop_test(tc, test_norm_fpenv, 0, 18);
     tcase_add_loop_test(tc, test_norm_eps_fpenv, 0, 4);
     tcase_add_loop_test(tc, test_conversions_fpenv, 0, 3);
+    tcase_add_loop_test(tc, test_flags_fpenv, 0, FUSEDROPE_ROPE_PROPORTIONAL + 1);
     suite_add_tcase(s, tc);
     return s;
 }
