@@ -40,8 +40,9 @@ bound.  The peers round cos/sin and every intermediate to the dtype, so they
 do not meet that bound everywhere, and are not asked to.
 
 Timing as in fusedrope-bench: warm-up, then N calls each between a pair of
-CUDA events, the median; inputs rotated among enough copies to exceed 4x the
-L2 cache; GB/s counts the bytes that must move (input + output); "of copy"
+CUDA events, the median; inputs rotated among enough copies that the copies
+counted with an output each exceed 4x the L2 cache (the inputs alone 2x; each
+peer's outputs come from PyTorch's allocator and are not rotated); GB/s counts the bytes that must move (input + output); "of copy"
 is that rate over a device-to-device copy of the same bytes (tensor.copy_,
 median of N with events) measured in this process.
 

@@ -29,8 +29,15 @@ byte-for-byte comparison with the documented order).
 
 Bytes that must move: forward q and k in and out (rstd and the weights are
 counted too); backward the saved x, dy in, dx out, rstd. GB/s = those bytes /
-median time; "of copy" = over a copy of the same bytes (tensor.copy_) timed
-the same way in this process.
+median time; "of copy" = over a copy (tensor.copy_) that moves the same bytes
+(reads half of them and writes the other half, as fusedrope-bench and
+peers.py count a copy), timed the same way in this process.  Nothing
+rotates among buffer sets here (the tensors, outputs and the copy's buffers
+are each one allocation): at the default shape they are larger than an
+H100's or H200's L2, but part of them may be found there.  (Before
+2026-11-30 the copy moved twice the bytes it was credited with, so every
+"of copy" and the copy's GB/s printed here were half the true figure and
+twice the fraction: bench/RESULTS.md.)
 
   python3 bench/peers_norm.py [--device cuda|cpu] [--shape S,B,HQ,HK,D]
       [--family qwen3|gemma3] [--dtype bf16|fp16|fp32] [--iters N]
@@ -157,13 +164,12 @@ def main():
     fwd_bytes = 2 * (nq + nk) * es + 4 * rows + wbytes
     bwd_bytes = 3 * (nq + nk) * es + 4 * rows + wbytes + 2 * D * 4
 
-    src = torch.empty(fwd_bytes, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    copy_fwd = timed(lambda: dst.copy_(src))
-    src = torch.empty(bwd_bytes, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    copy_bwd = timed(lambda: dst.copy_(src))
-    del src, dst
+    def copy_time(moved):
+        """median seconds of a copy that moves `moved` bytes: half read, half written"""
+        src = torch.empty(moved // 2, dtype=torch.uint8, device=dev)
+        dst = torch.empty_like(src)
+        return timed(lambda: dst.copy_(src))
+    copy_fwd, copy_bwd = copy_time(fwd_bytes), copy_time(bwd_bytes)
 
     # the float64 references
     leaves64 = [t.double().requires_grad_(True) for t in (q, k, qw, kw)]

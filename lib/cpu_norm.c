@@ -152,6 +152,15 @@ static int thread_id(void)
 #endif
 }
 
+static int thread_count(void)
+{
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
 /* Large outputs are streamed (internal.h, fr_streamable): the norm's rows
  * are assembled in L1, then written past the cache. */
 
@@ -354,16 +363,12 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
 #pragma omp parallel num_threads(nth) if (nth > 1)
 #endif
     {
-        int threads = 1;
-        const int id = thread_id();
+        const int threads = thread_count(), id = thread_id();
         int64_t n0, n1;
         fwd_walk w;
         fr_fpenv fpenv; /* this thread's, restored at the end (internal.h) */
         fr_fpenv_enter(&fpenv);
-#ifdef _OPENMP
-        threads = omp_get_num_threads();
-#endif
-        if (id == 0) /* the test hook, as fr_cpu_apply sets it */
+        if (id == 0) /* the tests' and the bench's hook, as fr_cpu_apply sets it */
             fr_cpu_team = nth > 1 ? threads : 0;
         fr_thread_share(fc.items, threads, id, &n0, &n1);
         w.mine = fc.scratch + (size_t)id * fc.per;
@@ -473,6 +478,8 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     {
         fr_fpenv fpenv;
         fr_fpenv_enter(&fpenv);
+        if (thread_id() == 0) /* the tests' and the bench's hook, as the forward */
+            fr_cpu_team = nth > 1 ? thread_count() : 0;
 #ifdef _OPENMP
 #pragma omp master
 #endif

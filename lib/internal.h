@@ -339,8 +339,10 @@ void fr_cpu_apply(const fr_apply_args *args);
  * default.  1 without OpenMP. */
 #define FR_TEAM_MIN_ELEMS ((int64_t)1 << 15)
 int fr_cpu_team_size(const fusedrope_cache *cache, int64_t elems);
-/* For tests: the size of the OpenMP team of this thread's last CPU call, or
- * 0 when it ran on the calling thread without a parallel region. */
+/* For tests, and for fusedrope-bench's copy (the same team as the call it
+ * is set beside): the size of the OpenMP team of this thread's last CPU
+ * forward or backward call, plain or norm, or 0 when it ran on the calling
+ * thread without a parallel region. */
 #ifndef __cplusplus
 extern _Thread_local int fr_cpu_team;
 #endif

@@ -33,6 +33,7 @@
 #endif
 
 #include "fusedrope.h"
+#include "internal.h" /* fr_cpu_team: the team of the library's last CPU call */
 #include "../tests/ref.h"
 
 #define PROG "fusedrope-bench"
@@ -473,6 +474,18 @@ static size_t working_set_target(void)
     return (size_t)t;
 }
 
+/* --norm: rstd's floats of part p in one buffer set, [tokens][heads] */
+static size_t rstd_floats(const bcase *c, int p)
+{
+    return (size_t)(c->tokens * c->heads[p]);
+}
+
+/* part p's rstd in buffer set `set` (NULL for an absent part) */
+static float *rstd_at(const bcase *c, int set, int p)
+{
+    return c->rstd_dev[p] ? c->rstd_dev[p] + (size_t)set * rstd_floats(c, p) : NULL;
+}
+
 /* --norm: weights in the dtype (w near 1, or near 0 for 1 + w), rstd and
  * dw arrays, each its own allocation (the library refuses them inside a
  * tensor's buffer). */
@@ -499,13 +512,12 @@ static void norm_setup(bcase *c)
             c->dw_dev[p] = buf_alloc(D * sizeof(float));
         }
         free(w);
-        c->rstd_dev[p] = buf_alloc((size_t)(c->tokens * c->heads[p]) * sizeof(float));
-        buf_fill(c->rstd_dev[p], 0, (size_t)(c->tokens * c->heads[p]) * sizeof(float));
+        /* an rstd a buffer set, as the tensors rotate (rstd_at) */
+        c->rstd_dev[p] = buf_alloc((size_t)c->nsets * rstd_floats(c, p) * sizeof(float));
+        buf_fill(c->rstd_dev[p], 0, (size_t)c->nsets * rstd_floats(c, p) * sizeof(float));
     }
     c->norm.q_weight = c->w_dev[0];
     c->norm.k_weight = c->w_dev[1];
-    c->norm.q_rstd = c->rstd_dev[0];
-    c->norm.k_rstd = c->rstd_dev[1];
     c->norm.dq_weight = c->dw_dev[0];
     c->norm.dk_weight = c->dw_dev[1];
 }
@@ -721,11 +733,14 @@ static fusedrope_status run_op(const bcase *c, enum op op, int set)
          * their time counts, and verify() uploads fresh data. */
         const int two = c->nparts == 2;
         const fusedrope_tensor *td = &c->tdy[2 * set], *tx = opt.inplace ? td : to;
+        fusedrope_norm nm = c->norm;
+        nm.q_rstd = rstd_at(c, set, 0);
+        nm.k_rstd = rstd_at(c, set, 1);
         if (op == OP_FWD)
-            return fusedrope_norm_forward_qk(c->cache, opt.style, c->ppos, &c->norm, &ti[0],
+            return fusedrope_norm_forward_qk(c->cache, opt.style, c->ppos, &nm, &ti[0],
                                              &to[0], two ? &ti[1] : NULL, two ? &to[1] : NULL,
                                              stream);
-        return fusedrope_norm_backward_qk(c->cache, opt.style, c->ppos, &c->norm, &ti[0], &td[0],
+        return fusedrope_norm_backward_qk(c->cache, opt.style, c->ppos, &nm, &ti[0], &td[0],
                                           &tx[0], two ? &ti[1] : NULL, two ? &td[1] : NULL,
                                           two ? &tx[1] : NULL, stream);
     }
@@ -1076,15 +1091,18 @@ static void time_graph(const bcase *c, enum op op, int n, int iters, int warm, d
 }
 #endif
 
-/* The CPU's copy: memcpy of n bytes split over as many OpenMP threads as the
- * library uses (omp_get_max_threads), each thread one contiguous, 64-byte
- * aligned piece.  A single-threaded memcpy would flatter a multi-threaded
- * library on any machine where one core cannot draw the socket's bandwidth. */
-static void cpu_copy(char *dst, const char *src, size_t n)
+/* The CPU's copy: memcpy of n bytes over the team the library's call used
+ * (`team`: its fr_cpu_team, 0 for the calling thread alone), each thread one
+ * contiguous, 64-byte aligned piece.  A single-threaded memcpy would flatter
+ * a multi-threaded library on any machine where one core cannot draw the
+ * socket's bandwidth; a team where the call had none (the library runs
+ * small calls on the calling thread) would charge the copy a team's start
+ * (1.3-2 us) the call did not pay. */
+static void cpu_copy(char *dst, const char *src, size_t n, int team)
 {
 #ifdef _OPENMP
-    if (n >= ((size_t)1 << 16) && omp_get_max_threads() > 1) {
-#pragma omp parallel
+    if (team > 0) {
+#pragma omp parallel num_threads(team)
         {
             const size_t nt = (size_t)omp_get_num_threads(), id = (size_t)omp_get_thread_num();
             const size_t piece = ((n + nt - 1) / nt + 63) & ~(size_t)63;
@@ -1094,13 +1112,15 @@ static void cpu_copy(char *dst, const char *src, size_t n)
         }
         return;
     }
+#else
+    (void)team;
 #endif
     memcpy(dst, src, n);
 }
 
 /* Median seconds of a plain copy of n bytes (device to device on the GPU,
- * cpu_copy on the CPU), rotating through enough buffers. */
-static double time_copy(size_t n, int iters, int warm, double *times)
+ * cpu_copy over `team` on the CPU), rotating through enough buffers. */
+static double time_copy(size_t n, int team, int iters, int warm, double *times)
 {
     size_t slot = align_up(n ? n : 1), target = working_set_target();
     int nsets = (int)((target + 2 * slot - 1) / (2 * slot)), set = 0;
@@ -1137,10 +1157,10 @@ static double time_copy(size_t n, int iters, int warm, double *times)
     }
 #endif
     for (int i = 0; i < warm; i++, set = (set + 1) % nsets)
-        cpu_copy(DST(set), SRC(set), n);
+        cpu_copy(DST(set), SRC(set), n, team);
     for (int i = 0; i < iters; i++, set = (set + 1) % nsets) {
         double t0 = now_s();
-        cpu_copy(DST(set), SRC(set), n);
+        cpu_copy(DST(set), SRC(set), n, team);
         times[i] = now_s() - t0;
     }
 #undef SRC
@@ -1228,49 +1248,49 @@ static void bad_option(const char *fmt, ...)
     exit(2);
 }
 
-/* parse_ints' refusal of text that is not n positive integers */
-static void ints_expected(const char *opt_name, int n, const char *s)
+/* parse_ints' refusal of text that is not n integers of its kind (min 0:
+ * non-negative, else positive) */
+static void ints_expected(const char *opt_name, int n, int64_t min, const char *s)
 {
+    const char *kind = min >= 1 ? "positive" : "non-negative";
     if (n == 1)
-        bad_option("%s: expected a positive integer, got '%s'", opt_name, s);
-    bad_option("%s: expected %d comma-separated positive integers, got '%s'", opt_name, n, s);
+        bad_option("%s: expected a %s integer, got '%s'", opt_name, kind, s);
+    bad_option("%s: expected %d comma-separated %s integers, got '%s'", opt_name, n, kind, s);
 }
 
-/* Comma-separated positive integers, exactly n of them. */
-static void parse_ints(const char *opt_name, const char *s, int64_t *out, int n, int64_t max)
+/* Comma-separated integers in min..max (min >= 0), exactly n of them. */
+static void parse_ints(const char *opt_name, const char *s, int64_t *out, int n, int64_t min,
+                       int64_t max)
 {
     const char *p = s;
     for (int i = 0; i < n; i++) {
         char *end;
         long long v;
         if (*p < '0' || *p > '9')
-            ints_expected(opt_name, n, s);
+            ints_expected(opt_name, n, min, s);
         errno = 0;
         v = strtoll(p, &end, 10);
         if (errno == ERANGE)
             bad_option("%s: a number in '%s' does not fit 64 bits", opt_name, s);
-        if (v < 1 || v > max)
-            bad_option("%s: %lld is out of range 1..%lld in '%s'", opt_name, v, (long long)max, s);
+        if (v < min || v > max)
+            bad_option("%s: %lld is out of range %lld..%lld in '%s'", opt_name, v, (long long)min,
+                       (long long)max, s);
         out[i] = v;
         p = end;
         if (i + 1 < n) {
             if (*p != ',')
-                ints_expected(opt_name, n, s);
+                ints_expected(opt_name, n, min, s);
             p++;
         }
     }
     if (*p)
-        ints_expected(opt_name, n, s);
+        ints_expected(opt_name, n, min, s);
 }
 
 static int64_t parse_int(const char *opt_name, const char *s, int64_t min, int64_t max)
 {
     int64_t v;
-    if (*s == '0' && s[1] == '\0' && min <= 0)
-        return 0;
-    parse_ints(opt_name, s, &v, 1, max);
-    if (v < min)
-        bad_option("%s: %lld is below %lld", opt_name, (long long)v, (long long)min);
+    parse_ints(opt_name, s, &v, 1, min, max);
     return v;
 }
 
@@ -1391,7 +1411,7 @@ static void parse_args(int argc, char **argv)
             int64_t v[4];
             if (opt.nshapes == MAX_SHAPES)
                 bad_option("at most %d --shape options", MAX_SHAPES);
-            parse_ints(name, val, v, 4, (int64_t)1 << 31);
+            parse_ints(name, val, v, 4, 1, (int64_t)1 << 31);
             if (v[3] < 2)
                 bad_option("--shape %s: head_dim must be at least 2", val);
             opt.shapes[opt.nshapes++] = (shape){ v[0], v[1], v[2], v[3] };
@@ -1423,7 +1443,7 @@ static void parse_args(int argc, char **argv)
                 bad_option("--rot-dim: %lld is odd", (long long)opt.rot_dim);
         } else if (!strcmp(name, "--qk")) {
             int64_t v[2];
-            parse_ints(name, val, v, 2, (int64_t)1 << 31);
+            parse_ints(name, val, v, 2, 1, (int64_t)1 << 31);
             opt.qk = 1;
             opt.hq = v[0];
             opt.hk = v[1];
@@ -1635,7 +1655,7 @@ int main(int argc, char **argv)
             r->ratio = v.max_ratio;
 
             t = time_op(&c, op, opt.iters, opt.warmup, times);
-            copy_s = time_copy(c.copy_bytes[op], opt.iters, opt.warmup, times);
+            copy_s = time_copy(c.copy_bytes[op], fr_cpu_team, opt.iters, opt.warmup, times);
             r->mb = c.bytes_moved[op] / 1e6;
             r->ms = 1e3 * t;
             r->gbs = c.bytes_moved[op] / t / 1e9;
