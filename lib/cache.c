@@ -8,10 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "internal.h"
 
 #define FR_PI 3.14159265358979323846
@@ -441,8 +437,11 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
     /* fr_angle is the same arithmetic on both devices, so a CUDA cache builds
      * its table on the GPU (fr_cuda_cache_upload) and still equals this one. */
     if (c->cos) {
-#pragma omp parallel if ((uint64_t)c->max_positions * half > 65536) \
-    num_threads(c->num_threads > 0 ? c->num_threads : omp_get_max_threads())
+        /* the team of a call on as many elements (cpu_team.c) */
+        const int nth = fr_cpu_team_size(c, (int64_t)((uint64_t)c->max_positions * half));
+        fr_fpenv outer;
+        fr_team_enter(&outer);
+#pragma omp parallel num_threads(nth) if (nth > 1)
         {
             fr_fpenv fpenv; /* each thread's, as in cpu_apply.c */
             fr_fpenv_enter(&fpenv);
@@ -453,6 +452,7 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
                              &c->cos[(size_t)p * half + i], &c->sin[(size_t)p * half + i]);
             fr_fpenv_leave(&fpenv);
         }
+        fr_fpenv_leave(&outer);
     }
     return place(c, device, out);
 }

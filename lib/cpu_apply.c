@@ -659,20 +659,6 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
     }
 }
 
-_Thread_local int fr_cpu_team;
-
-int fr_cpu_team_size(const fusedrope_cache *cache, int64_t elems)
-{
-#ifdef _OPENMP
-    if (elems >= FR_TEAM_MIN_ELEMS)
-        return cache->num_threads > 0 ? cache->num_threads : omp_get_max_threads();
-#else
-    (void)cache;
-#endif
-    (void)elems;
-    return 1;
-}
-
 void fr_cpu_apply(const fr_apply_args *args)
 {
     const fusedrope_cache *cache = args->cache;
@@ -720,12 +706,15 @@ void fr_cpu_apply(const fr_apply_args *args)
         const int nthreads = fr_cpu_team_size(cache, elems);
 #ifdef _OPENMP
         if (nthreads > 1 || omp_in_parallel()) {
+            fr_fpenv outer; /* the team's start (cpu_team.c) */
+            fr_team_enter(&outer);
 #pragma omp parallel num_threads(nthreads)
             {
                 cpu_share(args, rc, stream, direct, steps, step_axis, step_col, gp);
                 if (omp_get_thread_num() == 0)
                     fr_cpu_team = omp_get_num_threads();
             }
+            fr_fpenv_leave(&outer);
             return;
         }
 #else

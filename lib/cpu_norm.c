@@ -284,6 +284,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
     float *wf[2] = { NULL, NULL };
     void *block;
     size_t bytes;
+    fr_fpenv outer;
 #ifdef FR_HAVE_AVX2
     fr_norm_rows_fn avx2_rows =
         fr_avx2_usable() ? fr_norm_avx2_rows(na->rounding, (int)a->dtype, a->interleaved) : NULL;
@@ -343,20 +344,19 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
         return fr_fail(FUSEDROPE_ERR_NOMEM, "the norm's row scratch (%zu bytes) could not be "
                        "allocated", bytes);
     fc.scratch = fr_line_start(block);
+    /* the calling thread's from here to the team's end (internal.h): 1 + w
+     * rounds as the default environment says, fwd_fin's arithmetic
+     * (sqrt(head_dim) is inexact for most head_dims) and the team's start
+     * (cpu_team.c) leave the caller's exception flags as they were */
+    fr_team_enter(&outer);
     for (int k = 0; k < a->count; k++) {
-        /* 1 + w rounds as the default environment says, and fwd_fin's
-         * arithmetic (sqrt(head_dim) is inexact for most head_dims) leaves
-         * the caller's exception flags as they were */
-        fr_fpenv fpenv;
         wf[k] = fc.scratch + (size_t)nth * fc.per + (size_t)k * (size_t)fr_line_floats(fc.hdmax);
-        fr_fpenv_enter(&fpenv);
         weight_factors(na, k, a->io[k].head_dim, wf[k]);
         fc.wf[k] = wf[k];
         fc.wf_ok[k] = 1;
         for (int64_t c = 0; c < a->io[k].head_dim; c++)
             fc.wf_ok[k] &= isfinite(wf[k][c]) != 0;
         fc.fin[k] = fc.wf_ok[k] && fwd_fin(na, wf[k], a->io[k].head_dim);
-        fr_fpenv_leave(&fpenv);
     }
 
 #ifdef _OPENMP
@@ -386,6 +386,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
         FR_STREAM_FENCE();
         fr_fpenv_leave(&fpenv);
     }
+    fr_fpenv_leave(&outer);
     free(block);
     return FUSEDROPE_OK;
 }
@@ -415,6 +416,7 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     float *wf[2] = { NULL, NULL }, *scratch, *partial, *heads_part;
     void *block;
     size_t per, total;
+    fr_fpenv outer;
 #ifdef FR_HAVE_AVX2
     const fr_norm_brun_fn avx2_run =
         fr_avx2_usable() ? fr_norm_avx2_brun((int)a->dtype, a->interleaved, na->saved_y) : NULL;
@@ -471,7 +473,9 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     items = chunks * a->count;
 
     /* every thread's part, and the caller's weight factors and dw sums, in
-     * the default floating-point environment (internal.h) */
+     * the default floating-point environment, and the team's start
+     * (cpu_team.c) */
+    fr_team_enter(&outer);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nth) if (nth > 1)
 #endif
@@ -595,6 +599,7 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
         }
         fr_fpenv_leave(&fpenv);
     }
+    fr_fpenv_leave(&outer);
     free(block);
     return FUSEDROPE_OK;
 }

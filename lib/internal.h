@@ -242,7 +242,8 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
  * by the library's arithmetic are dropped).  Once per thread per call, never
  * per element: an MXCSR read and two writes on x86-64, fegetenv/fesetenv
  * elsewhere.  OpenMP workers have their own registers, so the bracket goes
- * inside the parallel region. */
+ * inside the parallel region; and around it on the calling thread too, for
+ * the team's start (fr_team_enter, lib/cpu_team.c). */
 #if !defined(__cplusplus)
 #if defined(__x86_64__) && defined(__SSE2__)
 /* x86-64 does its float and double arithmetic (the library's and libm's) in
@@ -281,6 +282,10 @@ static inline void fr_fpenv_leave(const fr_fpenv *saved)
     fesetenv(&saved->env);
 #endif
 }
+
+/* The calling thread before a parallel region (lib/cpu_team.c): the fork
+ * handler registered, then fr_fpenv_enter; fr_fpenv_leave after it. */
+void fr_team_enter(fr_fpenv *outer);
 #endif /* !__cplusplus: the kernels compute on the GPU */
 
 /* fr_apply's checks alone (lib/apply.c): on success *args is the validated
@@ -331,12 +336,13 @@ fusedrope_status fr_cuda_norm_backward(const fr_norm_args *args);
 void fr_cpu_apply(const fr_apply_args *args);
 
 /* The team a CPU call of `elems` elements (its tensors together) asks for,
- * both OpenMP backends' rule (fusedrope_cache_create(3), num_threads): a
- * call under FR_TEAM_MIN_ELEMS runs on the calling thread (starting a team
- * cost 1.3-2 us a call, the work ~0.2 ns an element on one core: 2 threads
- * broke even at 10-20K elements and saved >= 15% from 30K on, decode calls
- * in bench/RESULTS.md); larger ones the cache's num_threads, or the OpenMP
- * default.  1 without OpenMP. */
+ * both OpenMP backends' rule and the table build's (lib/cpu_team.c;
+ * fusedrope_cache_create(3), num_threads): a call under FR_TEAM_MIN_ELEMS
+ * runs on the calling thread (starting a team cost 1.3-2 us a call, the
+ * work ~0.2 ns an element on one core: 2 threads broke even at 10-20K
+ * elements and saved >= 15% from 30K on, decode calls in bench/RESULTS.md);
+ * larger ones the cache's num_threads, or the OpenMP default.  1 without
+ * OpenMP, and in a process forked after a team ran. */
 #define FR_TEAM_MIN_ELEMS ((int64_t)1 << 15)
 int fr_cpu_team_size(const fusedrope_cache *cache, int64_t elems);
 /* For tests, and for fusedrope-bench's copy (the same team as the call it

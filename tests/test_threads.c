@@ -18,15 +18,19 @@
 
 #include <check.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #include "fusedrope.h"
+#include "internal.h" /* fr_cpu_team: the team of this thread's last call */
 #include "util.h"
 
 #define NTHREADS 8
@@ -320,9 +324,104 @@ START_TEST(last_error_is_per_thread)
 }
 END_TEST
 
+/* A process forks after the library ran teams (the table build and the
+ * calls below): libgomp's pool does not survive fork(2), and the child's
+ * first team waited forever for the parent's threads (a reviewer's
+ * reproducer, 2026-11-30).  The child must build the same table and get
+ * the same bytes, on its calling thread (fr_cpu_team 0); the parent's teams
+ * go on as before.  alarm() turns a hang into a failure. */
+typedef struct {
+    fusedrope_cache *cache;
+    unsigned char *y, *yn;
+    float *table;
+    int team_call, team_norm;
+} fork_run;
+
+static void fork_calls(fork_run *r)
+{
+    enum { S = 64, B = 2, H = 8, D = 128, ROWS = 4096 }; /* 131072 elements; 262144 entries */
+    const size_t n = (size_t)S * B * H * D * 2;
+    fusedrope_cache_config cfg;
+    fusedrope_norm nm;
+    uint16_t *x = tu_alloc(n);
+    tu_rng g;
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, ROWS, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &r->cache), FUSEDROPE_OK);
+    tu_track(r->cache);
+    r->table = tu_alloc((size_t)ROWS * D * sizeof(float));
+    ck_assert_int_eq(fusedrope_cache_copy_table(r->cache, r->table, r->table + ROWS * D / 2),
+                     FUSEDROPE_OK);
+    tu_rng_init(&g, 77);
+    tu_fill(x, (int64_t)(n / 2), FUSEDROPE_BFLOAT16, &g, -1.0, 1.0);
+    r->y = tu_alloc(n);
+    r->yn = tu_alloc(n);
+    {
+        const fusedrope_tensor tx = fusedrope_tensor_sbhd(x, FUSEDROPE_BFLOAT16, S, B, H, D);
+        const fusedrope_tensor ty = fusedrope_tensor_sbhd(r->y, FUSEDROPE_BFLOAT16, S, B, H, D);
+        const fusedrope_tensor tn = fusedrope_tensor_sbhd(r->yn, FUSEDROPE_BFLOAT16, S, B, H, D);
+        ck_assert_int_eq(fusedrope_forward(r->cache, FUSEDROPE_NEOX, NULL, &tx, &ty, NULL),
+                         FUSEDROPE_OK);
+        r->team_call = fr_cpu_team;
+        fusedrope_norm_init(&nm);
+        ck_assert_int_eq(fusedrope_norm_forward_qk(r->cache, FUSEDROPE_NEOX, NULL, &nm, &tx, &tn,
+                                                   NULL, NULL, NULL),
+                         FUSEDROPE_OK);
+        r->team_norm = fr_cpu_team;
+    }
+}
+
+START_TEST(calls_after_fork)
+{
+    enum { N = 64 * 2 * 8 * 128 * 2, T = 4096 * 128 };
+    fork_run parent, again;
+    pid_t pid;
+    int status = 0;
+    tu_threads(2);
+    fork_calls(&parent);
+#ifdef _OPENMP
+    ck_assert_msg(parent.team_call == 2 && parent.team_norm == 2,
+                  "the parent's calls ran on teams of %d and %d, not 2: the test would fork a "
+                  "process without a thread pool", parent.team_call, parent.team_norm);
+#endif
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        fork_run child;
+        alarm(tu_under_valgrind() ? 300 : 30);
+        fork_calls(&child);
+        if (memcmp(child.table, parent.table, T * sizeof(float)) != 0 ||
+            memcmp(child.y, parent.y, N) != 0 || memcmp(child.yn, parent.yn, N) != 0) {
+            fprintf(stderr, "the forked child's table or outputs differ from the parent's\n");
+            _exit(1);
+        }
+        if (child.team_call != 0 || child.team_norm != 0) {
+            fprintf(stderr, "the forked child's calls ran on teams of %d and %d\n",
+                    child.team_call, child.team_norm);
+            _exit(2);
+        }
+        _exit(0);
+    }
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(!WIFSIGNALED(status), "the forked child died of signal %d%s", WTERMSIG(status),
+                  WTERMSIG(status) == SIGALRM ? " (it hung)" : "");
+    ck_assert_msg(WEXITSTATUS(status) == 0, "the forked child failed (exit %d)",
+                  WEXITSTATUS(status));
+    /* and the parent's teams still run */
+    fork_calls(&again);
+#ifdef _OPENMP
+    ck_assert_int_eq(again.team_call, 2);
+#endif
+    ck_assert(memcmp(again.y, parent.y, N) == 0);
+    tu_free_all();
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("threads");
+    TCase *tf = tcase_create("fork");
     TCase *tc = tcase_create("shared cache");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, tu_under_valgrind() ? 600 : 60);
@@ -330,5 +429,8 @@ int main(void)
     tcase_add_test(tc, shared_cache_one_omp_thread);
     tcase_add_test(tc, last_error_is_per_thread);
     suite_add_tcase(s, tc);
+    tcase_set_timeout(tf, tu_under_valgrind() ? 600 : 60);
+    tcase_add_test(tf, calls_after_fork);
+    suite_add_tcase(s, tf);
     return tu_main(s, "test_threads");
 }

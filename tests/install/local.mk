@@ -16,6 +16,7 @@ fr_cmake_subst = sed \
 	-e 's|@includedir[@]|$(includedir)|g' \
 	-e 's|@PACKAGE_VERSION[@]|$(PACKAGE_VERSION)|g' \
 	-e 's|@OPENMP_CFLAGS[@]|$(OPENMP_CFLAGS)|g' \
+	-e 's|@THREAD_LIBS[@]|$(THREAD_LIBS)|g' \
 	-e 's|@CUDA_LIBS[@]|$(CUDA_LIBS)|g'
 
 cmake/fusedrope-config.cmake: $(srcdir)/cmake/fusedrope-config.cmake.in Makefile
