@@ -4,7 +4,8 @@
  * routine (OMP_STACKSIZE: the program re-executes itself with it, since the
  * OpenMP runtime reads it at load), and some calls come from a thread with
  * as much.  man/fusedrope_forward.3 promises that 16 KiB of stack
- * per thread is enough; a frame beyond 32 KiB crashes here.  The calls take
+ * per thread is enough for the library's frames (20 KiB with the dynamic
+ * loader's on a process's first calls); a frame beyond 32 KiB crashes here.  The calls take
  * the paths whose scratch is on the stack: table-less caches whose rot_dim
  * exceeds one piece of angles (FUSEDROPE_MAX_ROT_DIM, 2050), 16-bit heads on
  * the portable path (fr_avx2_off) and on cpu_avx2.c's, streamed outputs
