@@ -88,10 +88,10 @@ static fusedrope_status check_config(const fusedrope_cache_config *c)
         return fr_fail(FUSEDROPE_ERR_INVALID, "config->type is %d, not a fusedrope_rope_type",
                        (int)c->type);
     TRY(check_rot_dim(c->rot_dim));
-    if (c->num_threads < 0)
+    if (c->num_threads < 0 || c->num_threads > FUSEDROPE_MAX_THREADS)
         return fr_fail(FUSEDROPE_ERR_INVALID,
-                       "num_threads is %d; it must be >= 0 (0 means the OpenMP default)",
-                       c->num_threads);
+                       "num_threads is %d; it must be 0..%d (FUSEDROPE_MAX_THREADS; 0 means the "
+                       "OpenMP default)", c->num_threads, FUSEDROPE_MAX_THREADS);
     if (c->max_positions < 0)
         return fr_fail(FUSEDROPE_ERR_INVALID, "max_positions is %lld; it must be >= 0",
                        (long long)c->max_positions);
@@ -440,7 +440,7 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
         /* the team of a call on as many elements (cpu_team.c) */
         const int nth = fr_cpu_team_size(c, (int64_t)((uint64_t)c->max_positions * half));
         fr_fpenv outer;
-        fr_team_enter(&outer);
+        fr_team_enter(&outer, nth);
 #pragma omp parallel num_threads(nth) if (nth > 1)
         {
             fr_fpenv fpenv; /* each thread's, as in cpu_apply.c */

@@ -707,7 +707,7 @@ void fr_cpu_apply(const fr_apply_args *args)
 #ifdef _OPENMP
         if (nthreads > 1 || omp_in_parallel()) {
             fr_fpenv outer; /* the team's start (cpu_team.c) */
-            fr_team_enter(&outer);
+            fr_team_enter(&outer, nthreads);
 #pragma omp parallel num_threads(nthreads)
             {
                 cpu_share(args, rc, stream, direct, steps, step_axis, step_col, gp);

@@ -48,10 +48,13 @@ int fr_cpu_team_size(const fusedrope_cache *cache, int64_t elems)
     return 1;
 }
 
-void fr_team_enter(fr_fpenv *outer)
+void fr_team_enter(fr_fpenv *outer, int nth)
 {
 #ifdef _OPENMP
-    (void)pthread_once(&fork_once, register_fork_handler);
+    if (nth > 1)
+        (void)pthread_once(&fork_once, register_fork_handler);
+#else
+    (void)nth;
 #endif
     fr_fpenv_enter(outer);
 }

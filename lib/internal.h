@@ -283,9 +283,10 @@ static inline void fr_fpenv_leave(const fr_fpenv *saved)
 #endif
 }
 
-/* The calling thread before a parallel region (lib/cpu_team.c): the fork
- * handler registered, then fr_fpenv_enter; fr_fpenv_leave after it. */
-void fr_team_enter(fr_fpenv *outer);
+/* The calling thread before a parallel region of nth threads (1: the
+ * region is inactive) (lib/cpu_team.c): the fork handler registered if a
+ * team starts, then fr_fpenv_enter; fr_fpenv_leave after it. */
+void fr_team_enter(fr_fpenv *outer, int nth);
 #endif /* !__cplusplus: the kernels compute on the GPU */
 
 /* fr_apply's checks alone (lib/apply.c): on success *args is the validated

@@ -13,6 +13,7 @@
 #endif
 
 #include <check.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -451,14 +452,27 @@ START_TEST(cache_num_threads)
         free(c0), free(s0), free(c3), free(s3);
     }
 
-    /* a negative count is refused */
-    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, ROT, 16, 10000.0);
-    cfg.num_threads = -1;
-    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &neg),
-                     FUSEDROPE_ERR_INVALID);
-    ck_assert_ptr_null(neg);
-    ck_assert_str_eq(fusedrope_last_error(),
-                     "num_threads is -1; it must be >= 0 (0 means the OpenMP default)");
+    /* a negative count and one past FUSEDROPE_MAX_THREADS are refused (a
+     * table of 32768 entries or more with num_threads INT_MAX ended the
+     * process in libgomp before 2026-11-30), FUSEDROPE_MAX_THREADS itself
+     * accepted (a table too small for a team) */
+    {
+        static const int bad[3] = { -1, FUSEDROPE_MAX_THREADS + 1, INT_MAX };
+        for (int b = 0; b < 3; b++) {
+            char want_msg[160];
+            fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, ROT, 4096, 10000.0);
+            cfg.num_threads = bad[b];
+            neg = (fusedrope_cache *)x;
+            ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &neg),
+                             FUSEDROPE_ERR_INVALID);
+            ck_assert_ptr_null(neg);
+            snprintf(want_msg, sizeof want_msg, "num_threads is %d; it must be 0..%d "
+                     "(FUSEDROPE_MAX_THREADS; 0 means the OpenMP default)", bad[b],
+                     FUSEDROPE_MAX_THREADS);
+            ck_assert_str_eq(fusedrope_last_error(), want_msg);
+        }
+        fusedrope_cache_destroy(nt_cache(FUSEDROPE_MAX_THREADS, 16));
+    }
 
     for (int k = 0; k < 3; k++)
         fusedrope_cache_destroy(c[k]);

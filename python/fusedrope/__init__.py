@@ -150,7 +150,7 @@ class Cache:
       position ids with a row per axis to forward & co.
     - ``freq_dim``: F in the exponents 2i/F (0 or None: rot_dim; rot_dim/2
       for "vision_2d").
-    - ``num_threads``: most OpenMP threads a call on this cache uses
+    - ``num_threads``: most OpenMP threads a call on this cache uses, 0..1024
       (0 or None: the OpenMP default); ignored by CUDA caches and by a
       library built without OpenMP (fusedrope_cache_create(3)).
 

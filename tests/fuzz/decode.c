@@ -2119,7 +2119,7 @@ void fz_rerun_end(fz_call *fc, unsigned char **first, fusedrope_status st)
 static void fz_ext_cache(src_t *s, const cache_t *ct)
 {
     unsigned e = u8(s), kind = e % 4;
-    static const int threads[7] = { 0, 1, 2, 3, 64, -1, INT_MAX };
+    static const int threads[8] = { 0, 1, 2, 3, 64, -1, INT_MAX, FUSEDROPE_MAX_THREADS + 1 };
     union { fusedrope_cache_config c; unsigned char b[sizeof(fusedrope_cache_config) + 16]; } u;
     fusedrope_cache_config z;
     fusedrope_cache *c2 = NULL;
@@ -2136,9 +2136,10 @@ static void fz_ext_cache(src_t *s, const cache_t *ct)
     u.c = ct->cfg;
     z = ct->cfg;
     if (kind == 1) {
-        u.c.num_threads = threads[(e >> 2) % 7];
+        u.c.num_threads = threads[(e >> 2) % 8];
         z.num_threads = u.c.num_threads;
-        allowed = u.c.num_threads < 0 ? 1u << FUSEDROPE_ERR_INVALID : 1u << FUSEDROPE_OK;
+        allowed = u.c.num_threads < 0 || u.c.num_threads > FUSEDROPE_MAX_THREADS
+                      ? 1u << FUSEDROPE_ERR_INVALID : 1u << FUSEDROPE_OK;
         word = "num_threads";
         same = 1;
         snprintf(what, sizeof what, "num_threads %d", u.c.num_threads);
