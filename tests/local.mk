@@ -67,8 +67,8 @@ tests_test_errors_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 tests_test_errors_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 
 # Every global symbol prefixed, the shared library's exports (nm).
-TESTS += tests/test_symbols.sh
-EXTRA_DIST += tests/test_symbols.sh
+TESTS += tests/test_symbols.sh tests/test_version.sh
+EXTRA_DIST += tests/test_symbols.sh tests/test_version.sh
 
 # Version, enum values and the growing structs' sizes (tests/test_abi.c).
 check_PROGRAMS += tests/test_abi
