@@ -504,6 +504,21 @@ def _prepare(cache, arrays, names, style, layout, ids, offsets, cu_seqlens, dtyp
     return caps, extra_caps, pos, bf16, s, ctx
 
 
+def _written(arrays):
+    """Moves the version counter of each PyTorch tensor among the arrays a
+    call wrote, as PyTorch's own in-place and out= operations do, so that
+    autograd refuses a graph that saved their old values (a tensor another
+    operation saved for its backward, then rotated in place here, gave wrong
+    gradients silently until 2026-11-30)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    bump = getattr(torch.autograd.graph, "increment_version", None)  # PyTorch >= 2.1
+    for a in arrays:
+        if bump is not None and isinstance(a, torch.Tensor):
+            bump(a)
+
+
 def _apply(op, cache, ins, outs, names, style, layout, ids, offsets, cu_seqlens, cp_size,
            cp_rank, dtype, stream, range_status=None):
     for x, name in zip(ins, names[::2]):
@@ -516,6 +531,7 @@ def _apply(op, cache, ins, outs, names, style, layout, ids, offsets, cu_seqlens,
     with ctx:
         _fusedrope.apply(cache._h, op, _STYLES[style], _LAYOUTS[layout], bf16, caps, *pos[:3],
                          _cint(cp_size, "cp_size"), _cint(cp_rank, "cp_rank"), s, pos[3])
+    _written(outs)
     return outs
 
 
@@ -642,6 +658,7 @@ def norm_forward_qk(cache, q, k=None, q_weight=None, k_weight=None, *, weight=No
     head, extra = _norm_spec(weight, rounding, eps, False, q_weight, k_weight, rstd, None)
     _norm(0, cache, [q, qo, k, ko], ["q", "out[0]", "k", "out[1]"], head, extra, style, layout,
           ids, offsets, cu_seqlens, cp_size, cp_rank, dtype, stream, range_status)
+    _written((qo, ko) + (tuple(rstd) if rstd is not None else ()))
     return qo, ko
 
 
@@ -660,6 +677,7 @@ def norm_backward_qk(cache, q_saved, dq, k_saved=None, dk=None, q_weight=None, k
     _norm(1, cache, [q_saved, dq, qo, k_saved, dk, ko],
           ["q_saved", "dq", "out[0]", "k_saved", "dk", "out[1]"], head, extra, style, layout,
           ids, offsets, cu_seqlens, cp_size, cp_rank, dtype, stream, range_status)
+    _written((qo, ko) + (tuple(dweight) if dweight is not None else ()))
     return qo, ko
 
 

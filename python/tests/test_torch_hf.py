@@ -534,6 +534,42 @@ def test_torch_errors():
     assert y.dtype == torch.bfloat16
 
 
+def test_inplace_moves_version():
+    """A call writes PyTorch tensors as PyTorch's own in-place and out=
+    operations do: their version counters move, so autograd refuses a graph
+    that saved the old values (x saved for w's gradient, then rotated in
+    place), as it refuses x.mul_(1.0); before, backward ran and w.grad was
+    wrong.  The forward's and backward's other outputs (rstd, dweight) too."""
+    torch = pytest.importorskip("torch")
+    cache = fusedrope.Cache("default", rot_dim=8, max_positions=16)
+    for call in ("forward", "backward", "forward_qk"):
+        x = torch.randn(4, 2, 3, 8)
+        w = torch.randn(8, requires_grad=True)
+        y = (x * w).sum()
+        v0 = x._version
+        if call == "forward_qk":
+            fusedrope.forward_qk(cache, x, torch.randn(4, 2, 1, 8))
+        else:
+            getattr(fusedrope, call)(cache, x)
+        assert x._version > v0, call
+        with pytest.raises(RuntimeError, match="inplace"):
+            y.backward()
+    q, k = torch.randn(5, 1, 4, 8), torch.randn(5, 1, 2, 8)
+    qw, kw = torch.rand(8) + 0.5, torch.rand(8) + 0.5
+    rq, rk = torch.empty(5, 1, 4), torch.empty(5, 1, 2)  # bshd: [batch, seq, heads]
+    out = (torch.empty_like(q), torch.empty_like(k))
+    before = [t._version for t in (q, k) + out + (rq, rk)]
+    fusedrope.norm_forward_qk(cache, q, k, qw, kw, rstd=(rq, rk), out=out, layout="bshd")
+    after = [t._version for t in (q, k) + out + (rq, rk)]
+    assert after[:2] == before[:2] and all(a > b for a, b in zip(after[2:], before[2:]))
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+    dw = (torch.empty(8), torch.empty(8))
+    before = [t._version for t in (dq, dk) + dw]
+    fusedrope.norm_backward_qk(cache, q, dq, k, dk, qw, kw, rstd=(rq, rk), dweight=dw,
+                               layout="bshd")
+    assert all(t._version > b for t, b in zip((dq, dk) + dw, before))
+
+
 def test_torch_tensors_direct():
     """Plain tensors go through to_dlpack (fusedrope._torch_direct), the
     rest through tensor.__dlpack__: the same bytes either way, strided views
