@@ -46,9 +46,11 @@ Mirrors transformers' modeling_rope_utils (checked against transformers
   head_dim (transformers' exponents are 2i/head_dim) and
   partial_rotary_factor the share of pairs that rotate (the rest keep
   angle 0), ``factor`` divides every frequency (default 1); head_dim is
-  the layer type's: ``global_head_dim`` for "full_attention" in a
-  config.json dict where present, the per-layer config's head_dim in a
-  PretrainedConfig;
+  the layer type's: the per-layer config's head_dim in a PretrainedConfig
+  (a top-level multimodal one's text_config object), ``global_head_dim``
+  for "full_attention" in a config.json dict read without transformers;
+  a Gemma 3 or 4 config.json dict is read through transformers' config
+  class where installed (_config_object: the class's per-layer defaults);
 - multimodal rope (``mrope_section`` in the rope dict, pairs per T/H/W
   axis; the legacy rope type "mrope" is "default"): the layout comes from
   the model class in transformers, not from the config, so it is chosen by
@@ -118,12 +120,48 @@ def _getter(config):
 
 def _text_config(config):
     """The language model's config of a multimodal config (text_config),
-    when the top level has no attention heads of its own."""
-    get = _getter(config)
-    text = get("text_config")
-    if text is not None and get("num_attention_heads") is None:
+    when the top level has no attention heads of its own: a config object's
+    own text_config object (to_dict() would flatten its per-layer-type view,
+    Gemma 4's full-attention head_dim)."""
+    if isinstance(config, dict):
+        text, heads = config.get("text_config"), config.get("num_attention_heads")
+    else:
+        text = getattr(config, "text_config", None)
+        try:
+            heads = getattr(config, "num_attention_heads", None)
+        except RuntimeError:     # a heterogeneous config's per-layer attribute
+            heads = 1
+    if text is not None and heads is None:
         return text
     return config
+
+
+# Model types whose config.json leaves per-layer-type rope settings to the
+# model class's defaults (Gemma 3: rope_theta {"global": 1e6, "local": 1e4};
+# Gemma 4: rope_parameters, and the full-attention layers' head_dim in a
+# per-layer config that a saved config.json holds as per_layer_config): a
+# dict of one is read through transformers' config class.
+_CLASS_DEFAULTS = ("gemma3", "gemma3_text", "gemma4", "gemma4_text")
+
+
+def _config_object(config):
+    """A config.json dict of a _CLASS_DEFAULTS model as transformers' config
+    object (its defaults filled in as the model sees them); other configs
+    as they are.  Without transformers, such a dict is read as it is where
+    it spells out what the model class would fill in, else refused."""
+    if not isinstance(config, dict) or config.get("model_type") not in _CLASS_DEFAULTS:
+        return config
+    try:
+        from transformers import AutoConfig
+    except ImportError:
+        text = config.get("text_config") or config
+        if str(config.get("model_type")).startswith("gemma4") and \
+                not (text.get("rope_parameters") or text.get("rope_scaling")):
+            raise ValueError("this Gemma 4 config.json gives no rope_parameters: its model "
+                             "class's per-layer defaults need transformers to look up") from None
+        return config
+    d = dict(config)
+    return AutoConfig.for_model(d.pop("model_type"), **d)
 
 
 def _layer_config(config, layer_type):
@@ -180,7 +218,7 @@ def _standard_keys(d):
 
 def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
     """The keyword arguments of fusedrope.Cache for a Hugging Face config."""
-    config = _layer_config(_text_config(config), layer_type)
+    config = _layer_config(_text_config(_config_object(config)), layer_type)
     if isinstance(config, dict):
         config = _standard_keys(config)
     get = _getter(config)

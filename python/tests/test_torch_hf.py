@@ -4,6 +4,7 @@ its package is absent (CI installs neither).
 Checked locally against torch 2.15.0 (CPU) and transformers 5.23.0.
 """
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -517,6 +518,60 @@ def test_custom_op_compiles_into_one_graph():
     gc = torch.autograd.grad(out, (q, k))
     ge = torch.autograd.grad(f(q, k), (q, k))
     torch.testing.assert_close(gc, ge)
+
+
+def test_gemma_config_json_class_defaults():
+    """A Gemma 3 or 4 config.json that leaves its rope to the model class's
+    defaults gives the caches transformers' config object gives: Gemma 3
+    without rope_theta (the class's {"global": 1e6, "local": 1e4}; it raised
+    TypeError), Gemma 4 without rope_parameters (proportional, 1e6, a quarter
+    of the pairs; it gave a plain default cache), and Gemma 4's
+    full-attention head_dim from the top-level config object and from a
+    saved config.json's per_layer_config (both gave the sliding head_dim)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers import CONFIG_MAPPING
+    g3 = {"model_type": "gemma3_text", "hidden_size": 2560, "num_attention_heads": 8,
+          "head_dim": 256, "num_hidden_layers": 34, "max_position_embeddings": 131072,
+          "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024}
+    g4 = {"model_type": "gemma4_text", "hidden_size": 1536, "num_attention_heads": 8,
+          "head_dim": 256, "global_head_dim": 512, "num_hidden_layers": 6,
+          "max_position_embeddings": 131072}
+    for d in (g3, g4):
+        obj = CONFIG_MAPPING[d["model_type"]](**{k: v for k, v in d.items() if k != "model_type"})
+        for lt in ("full_attention", "sliding_attention"):
+            a = fusedrope.Cache.from_config(d, max_positions=64, layer_type=lt)
+            b = fusedrope.Cache.from_config(obj, max_positions=64, layer_type=lt)
+            assert (a.type, a.params, a.rot_dim) == (b.type, b.params, b.rot_dim), (d, lt)
+            assert np.array_equal(a.table()[0], b.table()[0])
+    full = fusedrope.Cache.from_config(g3, max_positions=64, layer_type="full_attention")
+    assert full.params == {"theta": 1e6, "factor": 8.0}
+    full = fusedrope.Cache.from_config(g4, max_positions=64, layer_type="full_attention")
+    assert full.type == "proportional" and full.rot_dim == 512
+    tc = transformers.Gemma4TextConfig(hidden_size=256, num_attention_heads=2,
+                                       num_key_value_heads=1, head_dim=64, global_head_dim=128,
+                                       num_hidden_layers=6, max_position_embeddings=4096)
+    top = transformers.Gemma4Config(text_config=tc.to_dict())
+    saved = dict(tc.to_dict(), model_type="gemma4_text")
+    for conf in (tc, top, saved):
+        assert fusedrope.Cache.from_config(conf, max_positions=64,
+                                           layer_type="full_attention").rot_dim == 128
+
+
+def test_gemma4_config_json_without_transformers(monkeypatch):
+    """Without transformers, a Gemma 4 config.json without rope_parameters is
+    refused (its per-layer defaults are the model class's), not read as a
+    plain default rope."""
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import raises ImportError
+    g4 = {"model_type": "gemma4_text", "hidden_size": 1536, "num_attention_heads": 8,
+          "head_dim": 256, "num_hidden_layers": 6, "max_position_embeddings": 131072}
+    with pytest.raises(ValueError, match="rope_parameters"):
+        fusedrope.Cache.from_config(g4, max_positions=64, layer_type="full_attention")
+    g4["rope_parameters"] = {"full_attention": {"rope_type": "proportional",
+                                                "partial_rotary_factor": 0.25,
+                                                "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    c = fusedrope.Cache.from_config(g4, max_positions=64, layer_type="full_attention")
+    assert c.type == "proportional"
 
 
 def test_torch_errors():
