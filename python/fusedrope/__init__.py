@@ -97,6 +97,9 @@ def _cuda_device(index):
             yield
         return
     if index != 0:
+        if torch is not None:  # imported, but it sees no CUDA device
+            raise ValueError(f"CUDA device {index}: PyTorch sees no CUDA device "
+                             f"(torch.cuda.is_available() is False)")
         raise ValueError(f"selecting CUDA device {index} needs PyTorch or CuPy to be imported")
     yield
 
@@ -336,7 +339,10 @@ def _capsule(a, what, cuda_stream, torch_current=False):
     read-only flag) where the producer offers one; a plain PyTorch tensor
     with no stream to order through to_dlpack (_torch_direct)."""
     if _torch_direct(a, torch_current):
-        return sys.modules["torch"].utils.dlpack.to_dlpack(a)
+        try:
+            return sys.modules["torch"].utils.dlpack.to_dlpack(a)
+        except BufferError as e:  # a tensor with no memory to export (device "meta")
+            raise ValueError(f"{what} cannot be passed through DLPack: {e}") from None
     if not hasattr(a, "__dlpack__"):
         raise TypeError(f"{what} must support DLPack (__dlpack__): a NumPy array, a PyTorch "
                         f"tensor, a CuPy array...; got {type(a).__name__}")

@@ -587,6 +587,10 @@ def test_torch_errors():
         rope(x, "cache")
     y = rope(torch.randn(4, 2, 3, 8, dtype=torch.bfloat16), cache)
     assert y.dtype == torch.bfloat16
+    # a tensor with no memory (device "meta"): ValueError, as the README says
+    # of bad arguments (a bare BufferError before)
+    with pytest.raises(ValueError, match="DLPack"):
+        fusedrope.forward(cache, torch.empty(4, 2, 3, 8, device="meta"))
 
 
 def test_inplace_moves_version():
