@@ -412,6 +412,41 @@ static fusedrope_status check_implicit_positions(const fr_pos_args *pa, int64_t 
     return FUSEDROPE_OK;
 }
 
+/* FUSEDROPE_OK when token (b, s) has a valid position on every axis of the
+ * cache, else its refusal (RANGE) naming the first bad axis. */
+static fusedrope_status token_check(const fr_pos_args *pa, int64_t b, int64_t s,
+                                    int64_t max_positions)
+{
+    int bad = 0;
+    const int64_t p0 = fr_token_position(pa, b, s, &bad);
+    for (int a = 0; a < pa->num_axes; a++) {
+        const int64_t p = fr_token_axis_position(pa, b, s, a, p0, &bad);
+        char axis[24] = "", token[64];
+        if (!bad && (max_positions == 0 || p < max_positions))
+            continue;
+        if (pa->num_axes > 1)
+            snprintf(axis, sizeof axis, " on axis %d", a);
+        /* THD's s is the packed token's index, not a place in its sequence */
+        if (pa->cu_seqlens)
+            snprintf(token, sizeof token, "token %lld of the packed tokens", (ll)s);
+        else
+            snprintf(token, sizeof token, "token (batch %lld, seq %lld)", (ll)b, (ll)s);
+        /* bad without a negative position: the offset's sum left int64
+         * (the host has checked cu_seqlens, so no token is outside a
+         * sequence) */
+        if (bad && p >= 0)
+            return fr_fail(FUSEDROPE_ERR_RANGE,
+                           "%s: its position plus pos->offsets lies outside int64_t", token);
+        if (max_positions > 0)
+            return fr_fail(FUSEDROPE_ERR_RANGE,
+                           "%s has position %lld%s, outside the table's [0, %lld)", token,
+                           (ll)p, axis, (ll)max_positions);
+        return fr_fail(FUSEDROPE_ERR_RANGE, "%s has position %lld%s; positions must be >= 0",
+                       token, (ll)p, axis);
+    }
+    return FUSEDROPE_OK;
+}
+
 /* CPU only: the contents of the position arrays, every token, before any write. */
 static fusedrope_status check_position_values(const fr_pos_args *pa, int64_t batch,
                                               int64_t max_positions)
@@ -438,39 +473,39 @@ static fusedrope_status check_position_values(const fr_pos_args *pa, int64_t bat
                            "pos->cu_seqlens[num_seqs = %lld] is %d but the tensor has %lld tokens",
                            (ll)pa->num_seqs, (int)cu[pa->num_seqs], (ll)pa->seq_len);
     }
-    for (int64_t b = 0; b < batch; b++)
-        for (int64_t s = 0; s < pa->seq_len; s++) {
-            int bad = 0;
-            const int64_t p0 = fr_token_position(pa, b, s, &bad);
-            /* each axis (one for 1D rope) */
-            for (int a = 0; a < pa->num_axes; a++) {
-                const int64_t p = fr_token_axis_position(pa, b, s, a, p0, &bad);
-                char axis[24] = "", token[64];
-                if (!bad && (max_positions == 0 || p < max_positions))
-                    continue;
-                if (pa->num_axes > 1)
-                    snprintf(axis, sizeof axis, " on axis %d", a);
-                /* THD's s is the packed token's index, not a place in its sequence */
-                if (pa->cu_seqlens)
-                    snprintf(token, sizeof token, "token %lld of the packed tokens", (ll)s);
-                else
-                    snprintf(token, sizeof token, "token (batch %lld, seq %lld)", (ll)b, (ll)s);
-                /* bad without a negative position: the offset's sum left int64
-                 * (the host has checked cu_seqlens, so no token is outside a
-                 * sequence) */
-                if (bad && p >= 0)
-                    return fr_fail(FUSEDROPE_ERR_RANGE,
-                                   "%s: its position plus pos->offsets lies outside int64_t",
-                                   token);
-                if (max_positions > 0)
-                    return fr_fail(FUSEDROPE_ERR_RANGE,
-                                   "%s has position %lld%s, outside the table's [0, %lld)", token,
-                                   (ll)p, axis, (ll)max_positions);
-                return fr_fail(FUSEDROPE_ERR_RANGE,
-                               "%s has position %lld%s; positions must be >= 0", token, (ll)p,
-                               axis);
-            }
+    if (pa->seq_len == 0) /* no token, whatever the batch (an empty call's may be any) */
+        return FUSEDROPE_OK;
+    for (int64_t b = 0; b < batch; b++) {
+        if (pa->ids) { /* an array entry a token: each is read */
+            for (int64_t s = 0; s < pa->seq_len; s++)
+                TRY(token_check(pa, b, s, max_positions));
+            continue;
         }
+        /* Without ids a sequence's positions increase with its tokens
+         * (fr_cp_position, plus one offset): a prefix of them may be
+         * negative, a suffix past the table or int64, so its first and last
+         * tokens tell whether one is bad, and bisection finds the first bad
+         * one, the token the full walk would name.  The work follows the
+         * arrays (batch entries, sequences), not the tokens: an empty call
+         * (no heads) may give any seq_len. */
+        for (int64_t i = 0; i < (pa->cu_seqlens ? pa->num_seqs : 1); i++) {
+            int64_t lo = pa->cu_seqlens ? pa->cu_seqlens[i] : 0;
+            int64_t hi = (pa->cu_seqlens ? pa->cu_seqlens[i + 1] : pa->seq_len) - 1;
+            if (hi < lo)
+                continue;
+            TRY(token_check(pa, b, lo, max_positions));
+            if (token_check(pa, b, hi, max_positions) == FUSEDROPE_OK)
+                continue;
+            while (hi - lo > 1) { /* lo good, hi bad (a refusal sets the message only) */
+                const int64_t mid = lo + (hi - lo) / 2;
+                if (token_check(pa, b, mid, max_positions) != FUSEDROPE_OK)
+                    hi = mid;
+                else
+                    lo = mid;
+            }
+            return token_check(pa, b, hi, max_positions);
+        }
+    }
     return FUSEDROPE_OK;
 }
 

@@ -740,6 +740,38 @@ START_TEST(test_empty_call_positions)
         ck_assert_msg(fusedrope_forward(cache, FUSEDROPE_NEOX, NULL, &long_seq, &long_seq, NULL) ==
                           OK, "%s", fusedrope_last_error());
     }
+    {
+        /* An empty call's positions take work in its arrays' sizes, not its
+         * tokens' (each case walked ~2^60 tokens before 2026-11-30: libFuzzer
+         * timed out): seq_len 0 with any batch and ids has no token; with
+         * offsets and no ids, a sequence of 2^40 tokens is judged by its ends
+         * and the first bad token named, found by bisection. */
+        static int64_t ids[1], off[2];
+        fusedrope_tensor t = fusedrope_tensor_bshd(NULL, FUSEDROPE_FLOAT32, (int64_t)1 << 60, 0, 0,
+                                                   ROT);
+        char want[160];
+        fusedrope_positions_init(&p);
+        p.ids = ids;
+        ck_assert_msg(fusedrope_forward(cache, FUSEDROPE_NEOX, &p, &t, &t, NULL) == OK, "%s",
+                      fusedrope_last_error());
+        fusedrope_positions_init(&p);
+        p.offsets = off;
+        t = fusedrope_tensor_bshd(NULL, FUSEDROPE_FLOAT32, 2, (int64_t)1 << 40, 0, ROT);
+        off[0] = 0, off[1] = -(((int64_t)1 << 40) - ROWS); /* batch 1's last ROWS tokens are in */
+        snprintf(want, sizeof want, "token (batch 0, seq %d) has position %d, outside the "
+                 "table's [0, %d)", ROWS, ROWS, ROWS);
+        expect_sentence(fusedrope_forward(cache, FUSEDROPE_NEOX, &p, &t, &t, NULL),
+                        FUSEDROPE_ERR_RANGE, want);
+        off[0] = off[1];
+        snprintf(want, sizeof want, "token (batch 0, seq 0) has position %lld, outside the "
+                 "table's [0, %d)", (long long)off[1], ROWS);
+        expect_sentence(fusedrope_forward(cache, FUSEDROPE_NEOX, &p, &t, &t, NULL),
+                        FUSEDROPE_ERR_RANGE, want);
+        off[0] = off[1] = 0;
+        t.seq_len = ROWS;
+        ck_assert_msg(fusedrope_forward(cache, FUSEDROPE_NEOX, &p, &t, &t, NULL) == OK, "%s",
+                      fusedrope_last_error());
+    }
 }
 END_TEST
 
