@@ -332,8 +332,9 @@ END_TEST
  * go on as before.  alarm() turns a hang into a failure. */
 typedef struct {
     fusedrope_cache *cache;
-    unsigned char *y, *yn;
-    float *table;
+    unsigned char *y, *yn;    /* the forward's and the norm's outputs, n bytes each */
+    float *table;             /* cos then sin, nt floats */
+    size_t n, nt;
     int team_call, team_norm;
 } fork_run;
 
@@ -345,11 +346,13 @@ static void fork_calls(fork_run *r)
     fusedrope_norm nm;
     uint16_t *x = tu_alloc(n);
     tu_rng g;
+    r->n = n;
+    r->nt = (size_t)ROWS * D;
     fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, ROWS, 10000.0);
     ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &r->cache), FUSEDROPE_OK);
     tu_track(r->cache);
-    r->table = tu_alloc((size_t)ROWS * D * sizeof(float));
-    ck_assert_int_eq(fusedrope_cache_copy_table(r->cache, r->table, r->table + ROWS * D / 2),
+    r->table = tu_alloc(r->nt * sizeof(float));
+    ck_assert_int_eq(fusedrope_cache_copy_table(r->cache, r->table, r->table + r->nt / 2),
                      FUSEDROPE_OK);
     tu_rng_init(&g, 77);
     tu_fill(x, (int64_t)(n / 2), FUSEDROPE_BFLOAT16, &g, -1.0, 1.0);
@@ -372,7 +375,6 @@ static void fork_calls(fork_run *r)
 
 START_TEST(calls_after_fork)
 {
-    enum { N = 64 * 2 * 8 * 128 * 2, T = 4096 * 128 };
     fork_run parent, again;
     pid_t pid;
     int status = 0;
@@ -391,8 +393,8 @@ START_TEST(calls_after_fork)
         fork_run child;
         alarm(tu_under_valgrind() ? 300 : 30);
         fork_calls(&child);
-        if (memcmp(child.table, parent.table, T * sizeof(float)) != 0 ||
-            memcmp(child.y, parent.y, N) != 0 || memcmp(child.yn, parent.yn, N) != 0) {
+        if (memcmp(child.table, parent.table, parent.nt * sizeof(float)) != 0 ||
+            memcmp(child.y, parent.y, parent.n) != 0 || memcmp(child.yn, parent.yn, parent.n) != 0) {
             fprintf(stderr, "the forked child's table or outputs differ from the parent's\n");
             _exit(1);
         }
@@ -413,7 +415,7 @@ START_TEST(calls_after_fork)
 #ifdef _OPENMP
     ck_assert_int_eq(again.team_call, 2);
 #endif
-    ck_assert(memcmp(again.y, parent.y, N) == 0);
+    ck_assert(memcmp(again.y, parent.y, parent.n) == 0);
     tu_free_all();
 }
 END_TEST
