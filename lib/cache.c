@@ -292,9 +292,10 @@ static float *alloc_table(size_t floats)
 
 /* Allocates an empty cache of `positions` rows, with host memory for the
  * table when `host_table` (a CUDA cache of a rope type builds its table on
- * the device from inv_freq instead). */
-static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv, int host_table,
-                                    fusedrope_cache **out)
+ * the device from inv_freq instead); `positions_arg` names the caller's
+ * argument for the message. */
+static fusedrope_status alloc_cache(int rot_dim, int64_t positions, const char *positions_arg,
+                                    int with_inv, int host_table, fusedrope_cache **out)
 {
     const size_t half = (size_t)rot_dim / 2;
     fusedrope_cache *c;
@@ -303,8 +304,8 @@ static fusedrope_status alloc_cache(int rot_dim, int64_t positions, int with_inv
      * max_positions x rot_dim/2 floats each */
     if (positions > 0 && (uint64_t)positions > SIZE_MAX / (2 * sizeof(float)) / half)
         return fr_fail(FUSEDROPE_ERR_RANGE,
-                       "max_positions %lld x rot_dim %d: the table's size in bytes overflows",
-                       (long long)positions, rot_dim);
+                       "%s %lld x rot_dim %d: the table's size in bytes overflows",
+                       positions_arg, (long long)positions, rot_dim);
     c = calloc(1, sizeof *c);
     if (!c)
         return fr_fail(FUSEDROPE_ERR_NOMEM, "cannot allocate the cache");
@@ -388,7 +389,7 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
     TRY(fr_axes_map(config, &map, &num_axes));
     st = resolve_device(&device);
     if (st == FUSEDROPE_OK)
-        st = alloc_cache(config->rot_dim, config->max_positions, 1,
+        st = alloc_cache(config->rot_dim, config->max_positions, "max_positions", 1,
                          device == FUSEDROPE_DEVICE_CPU, &c);
     if (st != FUSEDROPE_OK) {
         free(map);
@@ -474,7 +475,7 @@ fusedrope_status fusedrope_cache_create_from_table(const float *cos, const float
                        (long long)positions);
     TRY(check_rot_dim(rot_dim));
     TRY(resolve_device(&device));
-    TRY(alloc_cache(rot_dim, positions, 0, 1, &c));
+    TRY(alloc_cache(rot_dim, positions, "positions", 0, 1, &c));
     bytes = (size_t)positions * (size_t)(rot_dim / 2) * sizeof(float);
     memcpy(c->cos, cos, bytes);
     memcpy(c->sin, sin, bytes);

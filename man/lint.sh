@@ -17,6 +17,8 @@ trap 'rm -rf "$scratch"' 0
 trap 'exit 1' 1 2 13 15
 mkdir "$scratch" && ln -s "$mandir" "$scratch/man3" || exit 1
 
+# mdoc macro names that are never English words
+macro_words='Ns|Fa|Dv|Va|Fn|Fo|Fc|Xr|Sx|Pq|Nm|Cm|Ql|Dq|Sq|Bd|Ed|Bl|El'
 status=0
 pages=0
 for page in "$mandir"/*.3 "$mandir"/*.1 "$mandir"/*.7; do
@@ -46,6 +48,10 @@ for page in "$mandir"/*.3 "$mandir"/*.1 "$mandir"/*.7; do
     *)
         out=`mandoc -Tlint -W warning "$page" 2>&1` || status=1
         [ -z "$out" ] || { echo "$out"; status=1; }
+        # a macro in the middle of a text line is printed as a word, which
+        # -Tlint does not flag: such words must not reach the rendered page
+        out=`mandoc -Tmarkdown "$page" | grep -nwE "$macro_words"`
+        [ -z "$out" ] || { echo "$name: mdoc macro printed as text:"; echo "$out"; status=1; }
         ;;
     esac
 done

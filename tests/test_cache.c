@@ -1107,6 +1107,19 @@ START_TEST(test_create_table_bytes_overflow)
                       fusedrope_last_error());
         ck_assert_ptr_null(c);
     }
+    /* from a table, the message names that call's argument, positions */
+    {
+        static const float one[1] = { 1.0f };
+        fusedrope_cache *c = (fusedrope_cache *)one;
+        fusedrope_status st =
+            fusedrope_cache_create_from_table(one, one, INT64_MAX, 2, CPU, &c);
+        ck_assert_msg(st == FUSEDROPE_ERR_RANGE
+                          && strncmp(fusedrope_last_error(), "positions ", 10) == 0
+                          && strstr(fusedrope_last_error(), "overflows"),
+                      "from_table, INT64_MAX rows: got %s (%s)", st_name(st),
+                      fusedrope_last_error());
+        ck_assert_ptr_null(c);
+    }
 }
 END_TEST
 
