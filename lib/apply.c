@@ -265,22 +265,25 @@ static fusedrope_status check_positions(const fusedrope_positions *user_pos,
         return fr_fail(FUSEDROPE_ERR_INVALID,
                        "pos->ids_axis_stride is %lld; it must be >= 0 (0: rows of batch x "
                        "seq_len positions one after the other)", (ll)pos->ids_axis_stride);
-    if (pos->ids_axes > 1) {
+    if (pos->ids) {
         int64_t row;
         /* an empty tensor's sizes are not range-checked: one of 0 heads may
-         * have batch x seq_len past int64 */
+         * have batch x seq_len past int64; the ids' size and walk, here and
+         * below, count batch x seq_len entries */
         if (__builtin_mul_overflow(t->batch, t->seq_len, &row))
             return fr_fail(FUSEDROPE_ERR_RANGE,
-                           "%s->batch x %s->seq_len (%lld x %lld) overflows int64: ids rows "
-                           "of that many positions cannot exist",
+                           "%s->batch x %s->seq_len (%lld x %lld) overflows int64: ids of "
+                           "that many positions cannot exist",
                            name, name, (ll)t->batch, (ll)t->seq_len);
-        if (pos->ids_axis_stride != 0 && pos->ids_axis_stride < row)
-            return fr_fail(FUSEDROPE_ERR_INVALID,
-                           "pos->ids_axis_stride is %lld; rows of ids hold batch x seq_len = "
-                           "%lld positions, so it must be 0 (dense) or >= %lld",
-                           (ll)pos->ids_axis_stride, (ll)row, (ll)row);
-        pa->ids_rows = pos->ids_axes;
-        pa->ids_row_stride = pos->ids_axis_stride ? pos->ids_axis_stride : row;
+        if (pos->ids_axes > 1) {
+            if (pos->ids_axis_stride != 0 && pos->ids_axis_stride < row)
+                return fr_fail(FUSEDROPE_ERR_INVALID,
+                               "pos->ids_axis_stride is %lld; rows of ids hold batch x seq_len "
+                               "= %lld positions, so it must be 0 (dense) or >= %lld",
+                               (ll)pos->ids_axis_stride, (ll)row, (ll)row);
+            pa->ids_rows = pos->ids_axes;
+            pa->ids_row_stride = pos->ids_axis_stride ? pos->ids_axis_stride : row;
+        }
     }
     *range_status = pos->range_status;
     pa->ids = pos->ids;
@@ -337,8 +340,9 @@ static fusedrope_status check_position_array(const void *p, const char *name, si
         uintptr_t o = (uintptr_t)out[k]->data, a = (uintptr_t)p;
         if (!tokens_empty(out[k]) && a < o + (uint64_t)bytes_out[k] && o < a + (uint64_t)bytes)
             return fr_fail(FUSEDROPE_ERR_INVALID,
-                           "%s overlaps the output %s; the call writes it while reading "
-                           "positions, so they must not share memory",
+                           "%s may overlap the output %s (the test takes the tensor as its "
+                           "whole span, fusedrope_forward(3)); the call writes it while "
+                           "reading positions, so they must not share memory",
                            name, names[2 * k + 1]);
     }
     return FUSEDROPE_OK;
@@ -389,7 +393,9 @@ static fusedrope_status check_range_status(const int32_t *w, const fusedrope_ten
     }
     for (int i = 0; i < n; i++)
         if (a < other[i].p + other[i].n && other[i].p < a + sizeof *w)
-            return fr_fail(FUSEDROPE_ERR_INVALID, "pos->range_status (%p) lies inside %s",
+            return fr_fail(FUSEDROPE_ERR_INVALID,
+                           "pos->range_status (%p) may lie inside %s (the test takes a tensor "
+                           "as its whole span, fusedrope_forward(3))",
                            (const void *)w, other[i].name);
     return FUSEDROPE_OK;
 }

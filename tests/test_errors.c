@@ -890,7 +890,8 @@ START_TEST(test_sentences_verbatim)
     setup(&c, V_SBHD);
     c.pos.ids = (const int64_t *)c.y.data;
     expect_sentence(do_call(&c, 0), INV,
-                    "pos->ids overlaps the output y; the call writes it while reading "
+                    "pos->ids may overlap the output y (the test takes the tensor as its "
+                    "whole span, fusedrope_forward(3)); the call writes it while reading "
                     "positions, so they must not share memory");
 
     /* positions */
@@ -936,7 +937,24 @@ START_TEST(test_sentences_verbatim)
         expect_sentence(fusedrope_forward(cache, FUSEDROPE_NEOX, &p3, &te, &te, NULL),
                         FUSEDROPE_ERR_RANGE,
                         "x->batch x x->seq_len (4294967296 x 4294967296) overflows int64: ids "
-                        "rows of that many positions cannot exist");
+                        "of that many positions cannot exist");
+        /* one row of ids: batch 4 x seq_len 2^62 wraps to 0 in int64, an
+         * array that once passed its size check and was then walked for
+         * 2^64 tokens (a segfault) */
+        te = fusedrope_tensor_bshd(e, FUSEDROPE_FLOAT32, 4, (int64_t)1 << 62, 0, 32);
+        for (int axes = 0; axes <= 1; axes++) {
+            fusedrope_positions_init(&p3);
+            p3.ids = ids3, p3.ids_axes = axes;
+            expect_sentence(fusedrope_forward(cache, FUSEDROPE_NEOX, &p3, &te, &te, NULL),
+                            FUSEDROPE_ERR_RANGE,
+                            "x->batch x x->seq_len (4 x 4611686018427387904) overflows int64: "
+                            "ids of that many positions cannot exist");
+            expect_sentence(fusedrope_backward_qk(cache, FUSEDROPE_NEOX, &p3, &te, &te, &te,
+                                                  &te, NULL),
+                            FUSEDROPE_ERR_RANGE,
+                            "dq_out->batch x dq_out->seq_len (4 x 4611686018427387904) "
+                            "overflows int64: ids of that many positions cannot exist");
+        }
     }
     fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, ROT, 0, 10000);
     ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), OK);
