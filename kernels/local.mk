@@ -24,7 +24,7 @@ CUDA_HDRS = \
 
 # kernels/cuda_emu.h: the host emulation of the kernels (tests/test_apply_emu)
 EXTRA_DIST += $(CUDA_SRCS) $(CUDA_HDRS) lib/cuda_stub.c kernels/cuda_emu.h \
-	kernels/cuda_norm_forward_emu.cc kernels/cuda_norm_backward_emu.cc
+	kernels/cuda_norm_forward_emu.cc kernels/cuda_norm_backward_emu.cc kernels/cuda_emu_sms.cc
 
 if HAVE_CUDA
 CUDA_LOBJS = $(CUDA_SRCS:.cu=.lo)

@@ -38,7 +38,7 @@ fusedrope_status fr_emu_cuda_apply(const fr_apply_args *a);
 void __real_fusedrope__cpu_apply(const fr_apply_args *a);
 void __wrap_fusedrope__cpu_apply(const fr_apply_args *a);
 
-int fr_emu_sms = 132;
+extern int fr_emu_sms; /* kernels/cuda_emu_sms.cc */
 extern int fr_emu_neox_wide; /* kernels/cuda_apply.cu */
 
 /* A launch plan: the SMs the launcher plans for, the wide NeoX kernel

@@ -48,7 +48,7 @@ fusedrope_status __real_fusedrope__cpu_norm_backward(const fr_norm_args *a);
 fusedrope_status __wrap_fusedrope__cpu_norm_forward(const fr_norm_args *a);
 fusedrope_status __wrap_fusedrope__cpu_norm_backward(const fr_norm_args *a);
 
-int fr_emu_sms = 132;
+extern int fr_emu_sms; /* kernels/cuda_emu_sms.cc */
 /* kernels/cuda_norm_forward.cu and _backward.cu, emulated */
 extern int fr_emu_norm_seg_chunks, fr_emu_norm_warp, fr_emu_norm_warp_rpw, fr_emu_norm_warp_heads,
     fr_emu_norm_bwd_heads, fr_emu_norm_warp_half, fr_emu_norm_bwd_half, fr_emu_norm_bwd_pipe,

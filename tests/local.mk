@@ -34,7 +34,7 @@ EMU_CXXFLAGS = -std=c++17 -ffp-contract=off -fno-strict-aliasing -Wall -Wextra \
 if HAVE_CUDA_EMU
 check_LIBRARIES = tests/libfremu.a
 tests_libfremu_a_SOURCES = kernels/cuda_apply_emu.cc kernels/cuda_norm_forward_emu.cc \
-	kernels/cuda_norm_backward_emu.cc
+	kernels/cuda_norm_backward_emu.cc kernels/cuda_emu_sms.cc
 tests_libfremu_a_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_libfremu_a_CXXFLAGS = $(EMU_CXXFLAGS)
 endif
@@ -161,10 +161,12 @@ tests_test_axes_emu_DEPENDENCIES = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 # through the emulated kernels as well as the OpenMP backend.
 check_PROGRAMS += tests/test_bigindex_emu
 TESTS += tests/test_bigindex_emu
-tests_test_bigindex_emu_SOURCES = tests/test_bigindex.c tests/cuda_emu_wrap.c
+tests_test_bigindex_emu_SOURCES = tests/test_bigindex.c tests/cuda_emu_wrap.c \
+	tests/cuda_norm_emu_wrap.c
 tests_test_bigindex_emu_CPPFLAGS = $(EMU_CPPFLAGS)
 tests_test_bigindex_emu_CFLAGS = $(AM_CFLAGS) $(CHECK_CFLAGS)
-tests_test_bigindex_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply
+tests_test_bigindex_emu_LDFLAGS = -Wl,--wrap=fusedrope__cpu_apply \
+	-Wl,--wrap=fusedrope__cpu_norm_forward -Wl,--wrap=fusedrope__cpu_norm_backward
 tests_test_bigindex_emu_LDADD = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_LIBS) $(CHECK_LIBS)
 nodist_EXTRA_tests_test_bigindex_emu_SOURCES = emu_link.cc
 tests_test_bigindex_emu_DEPENDENCIES = $(EMU_LIBS) $(FRTEST_LIBS) $(FUSEDROPE_DEPS)

@@ -48,7 +48,7 @@
 #include "util.h"
 
 fusedrope_status fr_emu_cuda_apply(const fr_apply_args *a);
-int fr_emu_sms = 132;
+extern int fr_emu_sms; /* kernels/cuda_emu_sms.cc */
 extern int fr_emu_neox_wide; /* kernels/cuda_apply.cu */
 
 enum { R = 64, M = 32 }; /* rot_dim, table rows */

@@ -69,7 +69,7 @@
 
 fusedrope_status fr_emu_cuda_norm_forward(const fr_norm_args *a);
 fusedrope_status fr_emu_cuda_norm_backward(const fr_norm_args *a);
-int fr_emu_sms = 132;
+extern int fr_emu_sms; /* kernels/cuda_emu_sms.cc */
 /* kernels/cuda_norm_*.cu, emulated: the forward's warp kernels, their
  * items' rows and rows at a time, the backward's layouts */
 extern int fr_emu_norm_warp, fr_emu_norm_warp_heads, fr_emu_norm_warp_rpw, fr_emu_norm_bwd_heads,
