@@ -522,6 +522,35 @@ static void norm_setup(bcase *c)
     c->norm.dk_weight = c->dw_dev[1];
 }
 
+/* The rotated channels of a case of shape sh: --rot-dim, else head_dim
+ * (its even part). */
+static int64_t case_rot(shape sh)
+{
+    return opt.rot_dim ? opt.rot_dim : (sh.d & ~(int64_t)1);
+}
+
+/* A case's cache configuration: rot rotated channels, rows table rows, the
+ * --axes layout. */
+static void rope_config(fusedrope_cache_config *cfg, int64_t rot, int64_t rows)
+{
+    fusedrope_cache_config_init(cfg, FUSEDROPE_ROPE_DEFAULT, (int)rot, rows, 10000.0);
+    cfg->axes = opt.axes;
+    memcpy(cfg->sections, opt.sections, sizeof cfg->sections);
+}
+
+/* Whether the --axes layout is one for rot rotated channels: the
+ * reference's map of it refuses what the library must refuse. */
+static int axes_fit(int64_t rot)
+{
+    fusedrope_cache_config cfg;
+    ref_rope r;
+    rope_config(&cfg, rot, 1);
+    if (ref_rope_from_config(&r, &cfg) != 0)
+        return 0;
+    ref_rope_free(&r);
+    return 1;
+}
+
 static void case_setup(bcase *c, shape sh)
 {
     size_t es = ref_dtype_size(opt.dtype), off = 0, target;
@@ -532,7 +561,7 @@ static void case_setup(bcase *c, shape sh)
     memset(c, 0, sizeof *c);
     c->sh = sh;
     c->tokens = sh.s * sh.b;
-    c->rot = opt.rot_dim ? opt.rot_dim : (sh.d & ~(int64_t)1);
+    c->rot = case_rot(sh);
     c->nparts = opt.qk ? 2 : 1;
     c->heads[0] = opt.qk ? opt.hq : sh.h;
     c->heads[1] = opt.qk ? opt.hk : 0;
@@ -657,14 +686,11 @@ static void case_setup(bcase *c, shape sh)
     }
     if (opt.ids_rows && c->table_rows < OFFSET_POSITIONS)
         c->table_rows = OFFSET_POSITIONS; /* random positions over a decode-sized table */
-    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)c->rot, c->table_rows, 10000.0);
-    cfg.axes = opt.axes;
-    memcpy(cfg.sections, opt.sections, sizeof cfg.sections);
-    /* The reference's map of the layout tells the number of axes (and
-     * refuses what the library must refuse: the call then fails too). */
+    rope_config(&cfg, c->rot, c->table_rows);
+    /* The reference's map of the layout tells the number of axes (parse_args
+     * refused the layouts it does not map: axes_fit). */
     if (ref_rope_from_config(&c->ref, &cfg) != 0)
-        bad_option("--axes %s: not a valid layout for rot_dim %lld", opt.axes_str,
-                   (long long)c->rot);
+        die("the reference refuses the cache of rot_dim %lld", (long long)c->rot);
     if (opt.ids_rows) {
         /* Its own allocation, like the offsets; the dense rows of all axes. */
         make_ids(c, c->ref.naxes > 1 ? c->ref.naxes : 1);
@@ -877,13 +903,19 @@ static void verify_norm_part(const bcase *c, enum op op, int p, const float *dw_
     fusedrope_tensor dy = make_tensor(c, c->h_dy[p], H);
     double *ref = xmalloc((size_t)(T * H * D) * sizeof(double));
     double *aux = xmalloc((size_t)(T * H * D) * sizeof(double));
-    int64_t *positions = xmalloc((size_t)T * sizeof(int64_t));
+    /* a cache with axes takes each token's position on every axis
+     * ([naxes][T], tests/ref.h), from its row of ids or its one position */
+    const int naxes = c->ref.naxes > 1 ? c->ref.naxes : 1;
+    int64_t *positions = xmalloc((size_t)(naxes * T) * sizeof(int64_t));
     double *dw = xmalloc((size_t)D * sizeof(double)), *dw_abs = xmalloc((size_t)D * sizeof(double));
     const int kind = (int)c->norm.weight, rounding = (int)c->norm.rounding;
     const double *w = kind ? c->w_host[p] : NULL;
     size_t es = ref_dtype_size(opt.dtype);
 
-    ref_positions(&c->hpos, S, B, positions);
+    if (naxes > 1)
+        ref_axis_positions(&c->hpos, naxes, S, B, positions);
+    else
+        ref_positions(&c->hpos, S, B, positions);
     memset(dw, 0, (size_t)D * sizeof(double)); /* ref_norm_backward adds to them */
     memset(dw_abs, 0, (size_t)D * sizeof(double));
     if (op == OP_FWD)
@@ -1486,6 +1518,10 @@ static void parse_args(int argc, char **argv)
             bad_option("--rot-dim %lld exceeds head_dim %lld of shape %lld,%lld,%lld,%lld",
                        (long long)opt.rot_dim, (long long)s.d, (long long)s.s, (long long)s.b,
                        (long long)s.h, (long long)s.d);
+        if (opt.axes != FUSEDROPE_AXES_NONE && !axes_fit(case_rot(s)))
+            bad_option("--axes %s: not a valid layout for rot_dim %lld (shape "
+                       "%lld,%lld,%lld,%lld)", opt.axes_str, (long long)case_rot(s),
+                       (long long)s.s, (long long)s.b, (long long)s.h, (long long)s.d);
         if (elems * 4 > 0x1p62 || (double)s.s * (double)s.b > 2147483647.0)
             bad_option("shape %lld,%lld,%lld,%lld is too large", (long long)s.s, (long long)s.b,
                        (long long)s.h, (long long)s.d);
@@ -1551,8 +1587,8 @@ static void choose_device(void)
         break;
     case FUSEDROPE_DEVICE_CUDA:
         if (!avail)
-            die("--device cuda: no CUDA device available (fusedrope_cuda_available() is 0: the "
-                "library was built without CUDA or no GPU is present)");
+            bad_option("--device cuda: no CUDA device available (fusedrope_cuda_available() is "
+                       "0: the library was built without CUDA or no GPU is present)");
         g_cuda = 1;
         break;
     default:
