@@ -48,6 +48,10 @@ for page in "$mandir"/*.3 "$mandir"/*.1 "$mandir"/*.7; do
     *)
         out=`mandoc -Tlint -W warning "$page" 2>&1` || status=1
         [ -z "$out" ] || { echo "$out"; status=1; }
+        # of mandoc's style messages, the one about the pages' own text
+        # (the others depend on the machine's manual database)
+        out=`mandoc -Tlint -W style "$page" 2>&1 | grep 'input text line longer than 80 bytes'`
+        [ -z "$out" ] || { echo "$out"; status=1; }
         # a macro in the middle of a text line is printed as a word, which
         # -Tlint does not flag: such words must not reach the rendered page
         out=`mandoc -Tmarkdown "$page" | grep -nwE "$macro_words"`
