@@ -748,8 +748,9 @@ static void test_tableless_equals_table_body(int _i)
 }
 TU_GROUPED_TEST(test_tableless_equals_table, 3)
 
-/* Table-less caches at large positions (angles in double), LongRoPE with its
- * factor arrays freed right after create (they are copied). */
+/* Table-less caches at large positions (angles in double, up to 2^40 + 3),
+ * LongRoPE with its factor arrays freed right after create (they are
+ * copied). */
 static void test_tableless_large_positions_body(int _i)
 {
     int i = _i;
@@ -805,6 +806,11 @@ static void test_tableless_large_positions_body(int _i)
         ids[1] = 65535;
         ids[2] = 1000000;
         ids[3] = 0;
+        /* past float32's exact integers: the angle must be formed from the
+         * integer position in double (DESIGN.md), not a float of it */
+        ids[4] = ((int64_t)1 << 24) + 1;
+        ids[5] = ((int64_t)1 << 32) - 2;
+        ids[6] = ((int64_t)1 << 40) + 3;
         P.ids = ids;
     }
     positions = tu_positions(&P, S, B);

@@ -2054,15 +2054,19 @@ void fz_after_call(fz_call *fc, fusedrope_status st)
                   "a call (status %d) changed position array %d", st, a);
 }
 
-/* The CPU backend's SIMD switch (tests/test_cpu_rows.c; internal, so weak:
- * absent where the library has no AVX2 code).  fr_avx2_off turns the
- * AVX-512 paths off too (lib/cpu_avx512.c): the portable path. */
+/* The CPU backend's SIMD switches (tests/test_cpu_rows.c; internal, so
+ * weak: absent where the library has no AVX2 code).  fr_avx512_off leaves
+ * the AVX2 rows; fr_avx2_off turns the AVX-512 paths off too
+ * (lib/cpu_avx512.c): the portable path. */
 extern int fusedrope__avx2_off __attribute__((weak));
+extern int fusedrope__avx512_off __attribute__((weak));
 
-void fz_simd_off(int off)
+void fz_cpu_path(int path)
 {
+    if (&fusedrope__avx512_off)
+        __atomic_store_n(&fusedrope__avx512_off, path == 1, __ATOMIC_RELAXED);
     if (&fusedrope__avx2_off)
-        __atomic_store_n(&fusedrope__avx2_off, off, __ATOMIC_RELAXED);
+        __atomic_store_n(&fusedrope__avx2_off, path == 2, __ATOMIC_RELAXED);
 }
 
 unsigned char **fz_rerun_begin(fz_call *fc)
@@ -2080,7 +2084,7 @@ unsigned char **fz_rerun_begin(fz_call *fc)
 void fz_rerun_end(fz_call *fc, unsigned char **first, fusedrope_status st)
 {
     xst.reruns++;
-    CHECK(st == FUSEDROPE_OK, "the call was accepted, but refused (%d) on the portable path", st);
+    CHECK(st == FUSEDROPE_OK, "the call was accepted, but refused (%d) on another CPU path", st);
     for (int i = 0; i < fc->nbuf; i++) {
         const buf_t *bf = &fc->bufs[i];
         xst.rerun_bytes += bf->size;
@@ -2098,13 +2102,13 @@ void fz_rerun_end(fz_call *fc, unsigned char **first, fusedrope_status st)
             for (k = 1; k < 2 * fc->count; k += 2)
                 if ((bf->map[j] & (1u << k)) && fc->ts[k].buf == i)
                     break;
-            CHECK(k < 2 * fc->count, "buffer %d byte %zu differs between the SIMD and the "
-                  "portable run, outside every output", i, j);
+            CHECK(k < 2 * fc->count, "buffer %d byte %zu differs between the first run and "
+                  "another CPU path's, outside every output", i, j);
             e0 = fc->ts[k].off + (j - fc->ts[k].off) / fc->es * fc->es;
             nan1 = isnan(load(first[i] + e0, fc->dt));
             nan2 = isnan(load(bf->p + e0, fc->dt));
-            CHECK(nan1 && nan2, "buffer %d element at byte %zu: %.9g with the SIMD path, %.9g "
-                  "on the portable path (output %d)", i, e0, load(first[i] + e0, fc->dt),
+            CHECK(nan1 && nan2, "buffer %d element at byte %zu: %.9g on the first run, %.9g "
+                  "on another CPU path (output %d)", i, e0, load(first[i] + e0, fc->dt),
                   load(bf->p + e0, fc->dt), k);
         }
         free(first[i]);

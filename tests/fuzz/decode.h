@@ -238,12 +238,16 @@ void fz_ext_call(src_t *s, const cache_t *ct, fz_call *fc);
 /* After the call, whatever its status: range_status and the own position
  * arrays unchanged. */
 void fz_after_call(fz_call *fc, fusedrope_status st);
-/* Before and after a re-run of an accepted call with the CPU's SIMD paths off:
- * fz_rerun_begin restores the inputs and keeps the first results,
- * fz_rerun_end compares (same bytes; NaN stays NaN) and frees them. */
+/* Before and after a re-run of an accepted call on another of the CPU's
+ * paths: fz_rerun_begin restores the inputs and keeps the first results,
+ * fz_rerun_end compares (same bytes; NaN stays NaN) and frees them.
+ * fz_cpu_path: 0 the library's choice (AVX-512 where the CPU has it), 1
+ * the AVX2 rows alone, 2 the portable loops (FZ_CPU_PATHS - 1 others to
+ * rerun on). */
+#define FZ_CPU_PATHS 3
 unsigned char **fz_rerun_begin(fz_call *fc);
 void fz_rerun_end(fz_call *fc, unsigned char **first, fusedrope_status st);
-void fz_simd_off(int off);
+void fz_cpu_path(int path);
 
 /* Status strings, version and NULL getters. */
 void misc(src_t *s);

@@ -194,13 +194,16 @@ static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
                              ts[0].t.seq_len * ts[0].t.batch);
     }
     if (st == FUSEDROPE_OK && !null_cache) {
-        /* again on the portable path, from the same inputs: the same bytes
-         * (a NaN may change its payload) */
-        unsigned char **first = fz_rerun_begin(fc);
-        fz_simd_off(1);
-        st = do_call(api, ct->cache, fc);
-        fz_simd_off(0);
-        fz_rerun_end(fc, first, st);
+        /* again on the AVX2 rows alone and on the portable path, from the
+         * same inputs: the same bytes (a NaN may change its payload) */
+        for (int path = 1; path < FZ_CPU_PATHS; path++) {
+            unsigned char **first = fz_rerun_begin(fc);
+            fusedrope_status again;
+            fz_cpu_path(path);
+            again = do_call(api, ct->cache, fc);
+            fz_cpu_path(0);
+            fz_rerun_end(fc, first, again);
+        }
     }
     fz_call_free(fc);
 }

@@ -927,12 +927,13 @@ static fusedrope_status norm_forward(const cache_t *ct, fz_call *fc, const nrun 
 }
 
 /*
- * An accepted forward again on the portable path (the CPU's vector rows off:
- * fz_simd_off), from the same inputs: every byte the same, a NaN element a
- * NaN in both runs; rstd in own memory compared the same way, float by
- * float.  The AVX2 and AVX-512 rows promise the portable loops' bits.
+ * An accepted forward again on another CPU path (fz_cpu_path: the AVX2 rows
+ * alone, or the portable loops), from the same inputs: every byte the same,
+ * a NaN element a NaN in both runs; rstd in own memory compared the same
+ * way, float by float.  The AVX2 and AVX-512 rows promise the portable
+ * loops' bits.
  */
-static void rerun_portable(const cache_t *ct, fz_call *fc, nrun *R)
+static void rerun_path(const cache_t *ct, fz_call *fc, nrun *R, int path)
 {
     unsigned char **first = fz_rerun_begin(fc), *own_first[MAX_OWN];
     fusedrope_status st;
@@ -944,9 +945,9 @@ static void rerun_portable(const cache_t *ct, fz_call *fc, nrun *R)
         memcpy(own_first[i], R->own[i].p, R->own[i].size);
         memcpy(R->own[i].p, R->own[i].snap, R->own[i].size);
     }
-    fz_simd_off(1);
+    fz_cpu_path(path);
     st = norm_forward(ct, fc, R, 0);
-    fz_simd_off(0);
+    fz_cpu_path(0);
     fz_rerun_end(fc, first, st);
     for (int i = 0; i < R->nown; i++) {
         for (size_t j = 0; j < R->own[i].size; j++) {
@@ -959,14 +960,14 @@ static void rerun_portable(const cache_t *ct, fz_call *fc, nrun *R)
                 if (e->p && e->region == i + OWN_BASE && j >= e->off && j < e->off + e->bytes)
                     in = e;
             }
-            CHECK(in, "own array %d byte %zu differs between the SIMD and the portable forward, "
-                  "outside q_rstd and k_rstd", i, j);
+            CHECK(in, "own array %d byte %zu differs between the SIMD forward and path %d's, "
+                  "outside q_rstd and k_rstd", i, j, path);
             {
                 const size_t e0 = in->off + (j - in->off) / 4 * 4;
                 memcpy(&a, own_first[i] + e0, 4);
                 memcpy(&b, R->own[i].p + e0, 4);
                 CHECK(isnan(a) && isnan(b), "%s at byte %zu: %.9g with the SIMD path, %.9g on "
-                      "the portable path", in->name, e0 - in->off, (double)a, (double)b);
+                      "path %d", in->name, e0 - in->off, (double)a, (double)b, path);
             }
         }
         free(own_first[i]);
@@ -1188,7 +1189,8 @@ static void run_norm(src_t *s, cache_t *ct, rng_t *r, int null_cache)
      * payload there for a stray write) */
     if (st == FUSEDROPE_OK && !null_cache && (!R.ex[EX_QR].p || R.ex[EX_QR].region >= OWN_BASE) &&
         (!R.ex[EX_KR].p || R.ex[EX_KR].region >= OWN_BASE))
-        rerun_portable(ct, fc, &R);
+        for (int path = 1; path < FZ_CPU_PATHS; path++)
+            rerun_path(ct, fc, &R, path);
     if (st == FUSEDROPE_OK && fc->tokpos && !null_cache && fc->any_nonempty) {
         refctx X;
         int all = 1;
