@@ -224,7 +224,9 @@ static fusedrope_status prepare(const fusedrope_cache *cache, fusedrope_style st
                                          ? "FUSEDROPE_NORM_WEIGHT"
                                          : "FUSEDROPE_NORM_WEIGHT_PLUS_ONE");
         }
-        if (backward && !rstd[k])
+        /* NULL serves for no rows, as it does for an empty tensor's data
+         * (PyTorch exports an empty tensor so) */
+        if (backward && !rstd[k] && !tensor_empty(t))
             return fr_fail(FUSEDROPE_ERR_INVALID,
                            "%s is NULL; the backward needs the forward's rstd", rname[k]);
         /* an empty tensor has no rows (its seq_len x batch may not even be a

@@ -1711,6 +1711,14 @@ START_TEST(test_empty)
                   "%s", fusedrope_last_error());
     for (int i = 0; i < 64; i++)
         ck_assert(dw[i] == 0.0f && !signbit(dw[i]));
+    /* no rows, no rstd: NULL serves, as for an empty tensor's data */
+    memset(dw, 0xff, sizeof dw);
+    R.norm.q_rstd = NULL;
+    ck_assert_msg(fusedrope_norm_backward_qk(R.cache, c.style, NULL, &R.norm, &R.q, &dq, &dq,
+                                             NULL, NULL, NULL, NULL) == FUSEDROPE_OK,
+                  "NULL rstd of no rows: %s", fusedrope_last_error());
+    for (int i = 0; i < 64; i++)
+        ck_assert(dw[i] == 0.0f && !signbit(dw[i]));
     ref_rope_free(&R.ref);
     tu_free_all();
 }

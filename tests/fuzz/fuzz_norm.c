@@ -703,8 +703,9 @@ static void run_backward(src_t *s, const cache_t *ct, fz_call *fc, nrun *R, cons
     nm.saved_output = saved_output;
     if (saved_output != 0 && saved_output != 1)
         reason(&v, FUSEDROPE_ERR_INVALID, 1, "saved_output %d", saved_output);
+    /* (a tensor without rows may go without: NULL as its data may be) */
     for (int k = 0; k < fc->count; k++)
-        if (!R->ex[k ? EX_KR : EX_QR].p)
+        if (!R->ex[k ? EX_KR : EX_QR].p && !(fc->ts[2 * k].shape_ok && fc->ts[2 * k].empty))
             reason(&v, FUSEDROPE_ERR_INVALID, 1, "%s rstd missing", k ? "k" : "q");
     if (dwsel % 4 != 0) {
         for (int k = 0; k < fc->count; k++) {
