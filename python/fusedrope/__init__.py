@@ -14,6 +14,7 @@ See the top-level README ("Python") and fusedrope(3) for the semantics.
 import contextlib
 import itertools
 import operator
+import os
 import sys
 import weakref
 
@@ -237,9 +238,20 @@ class Cache:
         (long factors past the original context): one cache per regime.
         ``layer_type``: for per-layer-type rope parameters (Gemma 3/4)."""
         from ._hf import cache_arguments
+        if config is None or isinstance(config, (str, bytes, os.PathLike, int, float)):
+            raise TypeError("config must be a dict (a config.json's contents) or a "
+                            f"transformers PretrainedConfig, not {type(config).__name__}")
         args = cache_arguments(config, max_positions=max_positions, seq_len=seq_len,
                                layer_type=layer_type)
         return cls(**args, device=device)
+
+    # A cache never changes after it is built: a copy (copy.copy, or
+    # copy.deepcopy of a module that holds one) is the cache itself.
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
 
     @property
     def rot_dim(self):
@@ -426,6 +438,10 @@ def _positions(p, what, np_dtype, cache):
         if a.size and a.dtype.kind not in "iu":
             raise TypeError(f"{what} must hold integers, not {a.dtype} values (positions are "
                             "not rounded)")
+        info = np.iinfo(np_dtype)
+        if a.size and (a.min() < info.min or a.max() > info.max):
+            raise ValueError(f"{what}: {a.min() if a.min() < info.min else a.max()} does not "
+                             f"fit the {np.dtype(np_dtype)} the library takes")
         return a.astype(np_dtype)
     raise TypeError(f"{what} must be an array (DLPack) or a list of ints, not {type(p).__name__}")
 
@@ -626,7 +642,7 @@ def _norm_spec(weight, rounding, eps, saved_output, q_weight, k_weight, rstd, dw
     gq, gk = _pair_or_none(dweight, "dweight")
     extra = [(q_weight, "q_weight"), (k_weight, "k_weight"), (rq, "rstd[0]"), (rk, "rstd[1]"),
              (gq, "dweight[0]"), (gk, "dweight[1]")]
-    return (_NORM_WEIGHTS[weight], _NORM_ROUNDINGS[rounding], float(eps),
+    return (_NORM_WEIGHTS[weight], _NORM_ROUNDINGS[rounding], _real(eps, "eps"),
             bool(saved_output)), extra
 
 

@@ -179,7 +179,10 @@ def _rstd_shape(x, layout):
 
 def _run_norm(q, k, qw, kw, cache_id, weight, rounding, eps, style, layout, ids, offsets,
               cu_seqlens, cp_size, cp_rank):
-    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    # contiguous, as the fake kernel's (empty_like keeps a view's strides,
+    # which torch.compile's graph did not expect)
+    qo = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    ko = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     rq = torch.empty(_rstd_shape(q, layout), dtype=torch.float32, device=q.device)
     rk = torch.empty(_rstd_shape(k, layout), dtype=torch.float32, device=k.device)
     _fr.norm_forward_qk(_cache(cache_id), q.detach(), k.detach(),
@@ -192,7 +195,8 @@ def _run_norm(q, k, qw, kw, cache_id, weight, rounding, eps, style, layout, ids,
 
 def _run_norm_grad(q, k, qw, kw, rq, rk, gq, gk, cache_id, weight, rounding, eps, style,
                    layout, ids, offsets, cu_seqlens, cp_size, cp_rank):
-    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     gw = weight != "none"
     dqw = torch.empty(q.shape[-1], dtype=torch.float32, device=q.device) if gw else None
     dkw = torch.empty(k.shape[-1], dtype=torch.float32, device=k.device) if gw else None
@@ -296,7 +300,7 @@ def norm_rope_qk(q, k, q_weight, k_weight, cache, *, weight=None, rounding="once
     (Gemma 3): see fusedrope.norm_forward_qk."""
     if weight is None:
         weight = "w" if q_weight is not None else "none"
-    args = (_check(cache), weight, rounding, float(eps), style, layout, ids, offsets,
+    args = (_check(cache), weight, rounding, _fr._real(eps, "eps"), style, layout, ids, offsets,
             cu_seqlens, int(cp_size), int(cp_rank))
     if _HAS_CUSTOM_OP:
         return _norm_op(q, k, q_weight, k_weight, *args)[:2]

@@ -246,14 +246,32 @@ fail:
     return NULL;
 }
 
+/* A Python int as a C long long: a value past its range is a bad argument
+ * (ValueError naming it, as the package's own checks raise), not the
+ * conversion's OverflowError. */
+static int fr_long_field(PyObject *value, const char *what, long long *dst)
+{
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s is %R, outside the range of a 64-bit int",
+                         what, value);
+        }
+        return -1;
+    }
+    *dst = v;
+    return 0;
+}
+
 /* An int field of the config from a Python int. */
 static int fr_int_field(PyObject *value, const char *what, int *dst)
 {
-    long v = PyLong_AsLong(value);
-    if (v == -1 && PyErr_Occurred())
+    long long v;
+    if (fr_long_field(value, what, &v) < 0)
         return -1;
     if (v < INT32_MIN || v > INT32_MAX) {
-        PyErr_Format(PyExc_OverflowError, "%s is %ld; it does not fit in a C int", what, v);
+        PyErr_Format(PyExc_ValueError, "%s is %lld, outside the range of a 32-bit int", what, v);
         return -1;
     }
     *dst = (int)v;
@@ -357,8 +375,8 @@ static PyObject *cache_create(PyObject *self, PyObject *args)
             if (*dst == -1.0 && PyErr_Occurred())
                 goto fail;
         } else {
-            long long v = PyLong_AsLongLong(value);
-            if (v == -1 && PyErr_Occurred())
+            long long v;
+            if (fr_long_field(value, k, &v) < 0)
                 goto fail;
             *idst = (int64_t)v;
         }

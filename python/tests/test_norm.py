@@ -434,3 +434,51 @@ def test_torch_op_compiles_into_one_graph():
         grads.append([t.grad for t in leaves])
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+def test_torch_op_strided_views():
+    """q and k as transposed views (sbhd over a bshd buffer: dense, not
+    contiguous): the ops' outputs are laid out as their fake kernels say
+    (torch.library.opcheck), so a compiled graph runs them (inductor once
+    asserted on the strides), and their values equal the contiguous ones'."""
+    torch = pytest.importorskip("torch")
+    import fusedrope.torch  # noqa: F401  (registers the ops)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 5, 4, 16, generator=g).transpose(0, 1)
+    k = torch.randn(2, 5, 2, 16, generator=g).transpose(0, 1)
+    w = torch.randn(16, generator=g) * 0.5 + 1
+    cache = fusedrope.Cache("default", rot_dim=16, max_positions=64, theta=10000.0)
+    tail = (cache.id, "w", "llama", 1e-6, "neox", "sbhd", None, None, None, 1, 0)
+    fwd = torch.ops.fusedrope.norm_rope_qk.default
+    torch.library.opcheck(fwd, (q, k, w, w) + tail)
+    out = fwd(q, k, w, w, *tail)
+    dense = fwd(q.contiguous(), k.contiguous(), w, w, *tail)
+    for a, b in zip(out, dense):
+        assert torch.equal(a, b)
+    gq, gk = torch.randn(q.shape, generator=g), torch.randn(k.shape, generator=g)
+    bwd = torch.ops.fusedrope.norm_rope_qk_backward.default
+    torch.library.opcheck(bwd, (q, k, w, w, out[2], out[3], gq, gk) + tail)
+
+
+def test_torch_empty_backward():
+    """No tokens: forward and backward run (PyTorch gives an empty tensor no
+    data pointer, the rstd of no rows included), and the weights' gradients
+    are zero."""
+    torch = pytest.importorskip("torch")
+    import fusedrope.torch as frt
+    cache = fusedrope.Cache("default", rot_dim=16, max_positions=64, theta=10000.0)
+    q = torch.randn(0, 2, 4, 16, requires_grad=True)
+    k = torch.randn(0, 2, 2, 16, requires_grad=True)
+    qw = torch.ones(16, requires_grad=True)
+    kw = torch.ones(16, requires_grad=True)
+    a, b = frt.norm_rope_qk(q, k, qw, kw, cache)
+    (a.sum() + b.sum()).backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape
+    assert torch.equal(qw.grad, torch.zeros(16)) and torch.equal(kw.grad, torch.zeros(16))
+
+
+def test_eps_is_a_number():
+    cache = fusedrope.Cache("default", rot_dim=8, max_positions=16)
+    q = np.ones((2, 1, 1, 8), np.float32)
+    with pytest.raises(TypeError, match="eps"):
+        fusedrope.norm_forward_qk(cache, q, eps="1e-6")

@@ -378,6 +378,41 @@ def test_bad_cache_arguments():
         fusedrope.Cache("default", rot_dim=2**33, max_positions=16)
     with pytest.raises(ValueError, match="max_positions"):
         fusedrope.Cache("default", rot_dim=8, max_positions=2**64)
+    with pytest.raises(ValueError, match="num_threads"):
+        fusedrope.Cache("default", rot_dim=8, max_positions=16, num_threads=2**40)
+    with pytest.raises(ValueError, match="freq_dim"):
+        fusedrope.Cache("default", rot_dim=8, max_positions=16, freq_dim=2**70)
+    with pytest.raises(ValueError, match="original_max_positions"):
+        fusedrope.Cache("yarn", rot_dim=8, max_positions=16, factor=2.0,
+                        original_max_positions=2**70)
+
+
+def test_cu_seqlens_list_past_int32():
+    """A list's values must fit the int32 cu_seqlens (2^32 + 3 once wrapped to
+    3 and was accepted)."""
+    cache = fusedrope.Cache("default", rot_dim=8, max_positions=16)
+    x = np.ones((7, 1, 8), np.float32)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        fusedrope.forward(cache, x, layout="thd", cu_seqlens=[0, 2**32 + 3, 7])
+
+
+def test_cache_copies_are_the_cache():
+    """A cache never changes: copy.copy and copy.deepcopy give the cache
+    itself (a module holding one deep-copies), usable by fusedrope.torch
+    after the name it came from is gone."""
+    import copy
+    c = fusedrope.Cache("default", rot_dim=8, max_positions=16)
+    assert copy.copy(c) is c and copy.deepcopy([c])[0] is c
+    c2 = copy.copy(c)
+    del c
+    x = np.ones((2, 1, 1, 8), np.float32)
+    fusedrope.forward(c2, x)
+
+
+def test_from_config_needs_a_config():
+    for bad in ("config.json", None, 3):
+        with pytest.raises(TypeError, match="config must be"):
+            fusedrope.Cache.from_config(bad)
 
 
 @pytest.mark.skipif(fusedrope.cuda_available(), reason="a CUDA device is present")
