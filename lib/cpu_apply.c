@@ -24,6 +24,8 @@
 
 #include "internal.h"
 
+int fr_beyond_cache_all;
+
 /* Iterations of the pair loops touch disjoint elements even when x == y
  * (in place), so they may run as vectors: tell gcc, which cannot prove it. */
 #if defined(__GNUC__) && !defined(__clang__)

@@ -155,11 +155,16 @@ fusedrope_status fr_axes_map(const fusedrope_cache_config *config, int32_t **map
  * FR_STREAM_MIN_BYTES stay in the cache for the next op. */
 #define FR_STREAM_MIN_BYTES ((uint64_t)1 << 22)
 
+/* cpu_apply.c: set by tests only (the fuzz harness, whose tensors stay far
+ * under FR_STREAM_MIN_BYTES): every size is taken to lie past the caches,
+ * so small calls take the large ones' paths (same bytes). */
+extern int fr_beyond_cache_all;
+
 /* Whether data of `bytes` is taken to lie past the caches (streamed outputs,
  * the norm's prefetched inputs), else to stay in them. */
 static inline int fr_beyond_cache(uint64_t bytes)
 {
-    return bytes >= FR_STREAM_MIN_BYTES;
+    return bytes >= FR_STREAM_MIN_BYTES || __atomic_load_n(&fr_beyond_cache_all, __ATOMIC_RELAXED);
 }
 #if !defined(__cplusplus)
 #ifdef __SSE2__

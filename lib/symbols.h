@@ -27,6 +27,7 @@
 #define fr_avx2_usable fusedrope__avx2_usable
 #define fr_x86_has fusedrope__x86_has
 #define fr_avx2_off fusedrope__avx2_off
+#define fr_beyond_cache_all fusedrope__beyond_cache_all
 #define fr_avx2_rotate_f16 fusedrope__avx2_rotate_f16
 #define fr_avx2_rotate_bf16 fusedrope__avx2_rotate_bf16
 #define fr_avx2_rotate_pairs_f16 fusedrope__avx2_rotate_pairs_f16

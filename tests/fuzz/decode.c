@@ -2057,9 +2057,12 @@ void fz_after_call(fz_call *fc, fusedrope_status st)
 /* The CPU backend's SIMD switches (tests/test_cpu_rows.c; internal, so
  * weak: absent where the library has no AVX2 code).  fr_avx512_off leaves
  * the AVX2 rows; fr_avx2_off turns the AVX-512 paths off too
- * (lib/cpu_avx512.c): the portable path. */
+ * (lib/cpu_avx512.c): the portable path.  fr_beyond_cache_all
+ * (lib/internal.h) takes the harness's small tensors for large ones:
+ * streamed outputs, the norm's prefetches. */
 extern int fusedrope__avx2_off __attribute__((weak));
 extern int fusedrope__avx512_off __attribute__((weak));
+extern int fusedrope__beyond_cache_all;
 
 void fz_cpu_path(int path)
 {
@@ -2067,6 +2070,7 @@ void fz_cpu_path(int path)
         __atomic_store_n(&fusedrope__avx512_off, path == 1, __ATOMIC_RELAXED);
     if (&fusedrope__avx2_off)
         __atomic_store_n(&fusedrope__avx2_off, path == 2, __ATOMIC_RELAXED);
+    __atomic_store_n(&fusedrope__beyond_cache_all, path == 3, __ATOMIC_RELAXED);
 }
 
 unsigned char **fz_rerun_begin(fz_call *fc)

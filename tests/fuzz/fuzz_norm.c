@@ -929,7 +929,8 @@ static fusedrope_status norm_forward(const cache_t *ct, fz_call *fc, const nrun 
 
 /*
  * An accepted forward again on another CPU path (fz_cpu_path: the AVX2 rows
- * alone, or the portable loops), from the same inputs: every byte the same,
+ * alone, the portable loops, or streamed outputs and prefetched inputs),
+ * from the same inputs: every byte the same,
  * a NaN element a NaN in both runs; rstd in own memory compared the same
  * way, float by float.  The AVX2 and AVX-512 rows promise the portable
  * loops' bits.
