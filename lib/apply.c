@@ -358,7 +358,9 @@ static fusedrope_status check_range_status(const int32_t *w, const fusedrope_ten
                                            const fr_pos_args *pa)
 {
     const uintptr_t a = (uintptr_t)w;
-    struct { uintptr_t p; uint64_t n; const char *name; } other[7];
+    /* span: the entry's bytes are a whole span with gaps (a strided tensor,
+     * rows of ids), so a word among them may lie in a gap */
+    struct { uintptr_t p; uint64_t n; const char *name; int span; } other[7];
     int n = 0;
 
     if (!w)
@@ -371,32 +373,38 @@ static fusedrope_status check_range_status(const int32_t *w, const fusedrope_ten
             continue;
         other[n].p = (uintptr_t)in[k]->data;
         other[n].n = (uint64_t)bytes_in[k];
+        other[n].span = 1;
         other[n++].name = k ? "the k/dk input tensor" : "the input tensor";
         other[n].p = (uintptr_t)out[k]->data;
         other[n].n = (uint64_t)bytes_out[k];
+        other[n].span = 1;
         other[n++].name = k ? "the k/dk output tensor" : "the output tensor";
     }
     if (pa->ids) { /* every row of it */
         other[n].p = (uintptr_t)pa->ids;
         other[n].n = (uint64_t)fr_ids_elems(pa, in[0]->batch * in[0]->seq_len) * sizeof(int64_t);
+        other[n].span = pa->ids_rows > 1;
         other[n++].name = "pos->ids";
     }
     if (pa->offsets) {
         other[n].p = (uintptr_t)pa->offsets;
         other[n].n = (uint64_t)(pa->cu_seqlens ? pa->num_seqs : in[0]->batch) * sizeof(int64_t);
+        other[n].span = 0;
         other[n++].name = "pos->offsets";
     }
     if (pa->cu_seqlens) {
         other[n].p = (uintptr_t)pa->cu_seqlens;
         other[n].n = (uint64_t)(pa->num_seqs + 1) * sizeof(int32_t);
+        other[n].span = 0;
         other[n++].name = "pos->cu_seqlens";
     }
     for (int i = 0; i < n; i++)
         if (a < other[i].p + other[i].n && other[i].p < a + sizeof *w)
-            return fr_fail(FUSEDROPE_ERR_INVALID,
-                           "pos->range_status (%p) may lie inside %s (the test takes a tensor "
-                           "as its whole span, fusedrope_forward(3))",
-                           (const void *)w, other[i].name);
+            return fr_fail(FUSEDROPE_ERR_INVALID, "pos->range_status (%p) %s %s%s",
+                           (const void *)w, other[i].span ? "may lie inside" : "lies inside",
+                           other[i].name,
+                           other[i].span ? " (the test takes it as its whole span, "
+                                           "fusedrope_forward(3))" : "");
     return FUSEDROPE_OK;
 }
 

@@ -602,7 +602,7 @@ START_TEST(test_range_status_rules)
             pos.range_status = (int32_t *)&off[0] + half;
             ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL),
                              FUSEDROPE_ERR_INVALID);
-            ck_assert_msg(strstr(fusedrope_last_error(), "may lie inside pos->offsets"),
+            ck_assert_msg(strstr(fusedrope_last_error(), "lies inside pos->offsets"),
                           "word in offsets[0], half %d: %s", half, fusedrope_last_error());
         }
         pos.cu_seqlens = cu; /* two sequences: offsets has an entry each */
@@ -610,13 +610,13 @@ START_TEST(test_range_status_rules)
         pos.range_status = (int32_t *)&off[1];
         ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL),
                          FUSEDROPE_ERR_INVALID);
-        ck_assert_msg(strstr(fusedrope_last_error(), "may lie inside pos->offsets"),
+        ck_assert_msg(strstr(fusedrope_last_error(), "lies inside pos->offsets"),
                       "word in offsets[1] of a THD call: %s", fusedrope_last_error());
         pos.offsets = NULL;
         pos.range_status = &cu[2]; /* cu_seqlens[num_seqs] */
         ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, &pos, &tx, &ty, NULL),
                          FUSEDROPE_ERR_INVALID);
-        ck_assert_msg(strstr(fusedrope_last_error(), "may lie inside pos->cu_seqlens"),
+        ck_assert_msg(strstr(fusedrope_last_error(), "lies inside pos->cu_seqlens"),
                       "word in cu_seqlens[2]: %s", fusedrope_last_error());
         ck_assert_msg(memcmp(y, ysnap, sizeof y) == 0, "a refused call wrote the output");
         ck_assert(memcmp(off, off_keep, sizeof off) == 0 && memcmp(cu, cu_keep, sizeof cu) == 0);
