@@ -131,7 +131,7 @@ tests_fuzz_fuzz_norm_LDADD = $(FRTEST_LIBS) $(FUSEDROPE_LIBS)
 tests_fuzz_fuzz_norm_DEPENDENCIES = $(FRTEST_LIBS) $(FUSEDROPE_DEPS)
 CLEANFILES += tests/fuzz/fuzz_apply$(EXEEXT) tests/fuzz/fuzz_norm$(EXEEXT)
 
-EXTRA_DIST += tests/fuzz/corpus tests/fuzz/regress tests/fuzz/README \
+EXTRA_DIST += tests/fuzz/corpus tests/fuzz/regress tests/fuzz/README tests/fuzz/lsan.supp \
 	tests/fuzz/corpus_norm tests/fuzz/regress_norm
 
 FUZZ_TIME = 60
@@ -159,6 +159,7 @@ fuzz: tests/fuzz/fuzz_apply$(EXEEXT) tests/fuzz/fuzz_norm$(EXEEXT)
 	  cp $(srcdir)/tests/fuzz/$$corpus/* "$$tmp"/ && \
 	  echo "fuzz_$$t: fuzzing for $(FUZZ_TIME) s on a copy of $(srcdir)/tests/fuzz/$$corpus in $$tmp"; \
 	  ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1} \
+	  LSAN_OPTIONS=$${LSAN_OPTIONS:-suppressions=$(srcdir)/tests/fuzz/lsan.supp} \
 	  UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1} \
 	  ./tests/fuzz/fuzz_$$t$(EXEEXT) -max_total_time=$(FUZZ_TIME) -timeout=30 \
 	    -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=tests/fuzz/ \
