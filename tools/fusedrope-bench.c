@@ -912,10 +912,7 @@ static void verify_norm_part(const bcase *c, enum op op, int p, const float *dw_
     const double *w = kind ? c->w_host[p] : NULL;
     size_t es = ref_dtype_size(opt.dtype);
 
-    if (naxes > 1)
-        ref_axis_positions(&c->hpos, naxes, S, B, positions);
-    else
-        ref_positions(&c->hpos, S, B, positions);
+    ref_axis_positions(&c->hpos, naxes, S, B, positions);
     memset(dw, 0, (size_t)D * sizeof(double)); /* ref_norm_backward adds to them */
     memset(dw_abs, 0, (size_t)D * sizeof(double));
     if (op == OP_FWD)

@@ -930,10 +930,9 @@ static fusedrope_status norm_forward(const cache_t *ct, fz_call *fc, const nrun 
 /*
  * An accepted forward again on another CPU path (fz_cpu_path: the AVX2 rows
  * alone, the portable loops, or streamed outputs and prefetched inputs),
- * from the same inputs: every byte the same,
- * a NaN element a NaN in both runs; rstd in own memory compared the same
- * way, float by float.  The AVX2 and AVX-512 rows promise the portable
- * loops' bits.
+ * from the same inputs: every byte the same, a NaN element a NaN in both
+ * runs; rstd in own memory compared the same way, float by float.  The AVX2
+ * and AVX-512 rows promise the portable loops' bits.
  */
 static void rerun_path(const cache_t *ct, fz_call *fc, nrun *R, int path)
 {
@@ -962,13 +961,13 @@ static void rerun_path(const cache_t *ct, fz_call *fc, nrun *R, int path)
                 if (e->p && e->region == i + OWN_BASE && j >= e->off && j < e->off + e->bytes)
                     in = e;
             }
-            CHECK(in, "own array %d byte %zu differs between the SIMD forward and path %d's, "
+            CHECK(in, "own array %d byte %zu differs between the first forward and path %d's, "
                   "outside q_rstd and k_rstd", i, j, path);
             {
                 const size_t e0 = in->off + (j - in->off) / 4 * 4;
                 memcpy(&a, own_first[i] + e0, 4);
                 memcpy(&b, R->own[i].p + e0, 4);
-                CHECK(isnan(a) && isnan(b), "%s at byte %zu: %.9g with the SIMD path, %.9g on "
+                CHECK(isnan(a) && isnan(b), "%s at byte %zu: %.9g on the first run, %.9g on "
                       "path %d", in->name, e0 - in->off, (double)a, (double)b, path);
             }
         }
