@@ -35,11 +35,17 @@ static void register_fork_handler(void)
 #endif
 
 _Thread_local int fr_cpu_team;
+int fr_team_all;
 
 int fr_cpu_team_size(const fusedrope_cache *cache, int64_t elems)
 {
 #ifdef _OPENMP
-    if (elems >= FR_TEAM_MIN_ELEMS && !__atomic_load_n(&forked_child, __ATOMIC_RELAXED))
+    const int all = __atomic_load_n(&fr_team_all, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&forked_child, __ATOMIC_RELAXED))
+        return 1;
+    if (all > 0)
+        return all;
+    if (elems >= FR_TEAM_MIN_ELEMS)
         return cache->num_threads > 0 ? cache->num_threads : omp_get_max_threads();
 #else
     (void)cache;

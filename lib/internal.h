@@ -351,6 +351,11 @@ void fr_cpu_apply(const fr_apply_args *args);
  * OpenMP, and in a process forked after a team ran. */
 #define FR_TEAM_MIN_ELEMS ((int64_t)1 << 15)
 int fr_cpu_team_size(const fusedrope_cache *cache, int64_t elems);
+/* Set by tests only (the fuzz harness, whose calls stay under
+ * FR_TEAM_MIN_ELEMS): when > 0, every call and table build, however small,
+ * asks for a team of this many threads (the same bytes: no result depends
+ * on the team). */
+extern int fr_team_all;
 /* For tests, and for fusedrope-bench's copy (the same team as the call it
  * is set beside): the size of the OpenMP team of this thread's last CPU
  * forward or backward call, plain or norm, or 0 when it ran on the calling

@@ -2059,10 +2059,12 @@ void fz_after_call(fz_call *fc, fusedrope_status st)
  * the AVX2 rows; fr_avx2_off turns the AVX-512 paths off too
  * (lib/cpu_avx512.c): the portable path.  fr_beyond_cache_all
  * (lib/internal.h) takes the harness's small tensors for large ones:
- * streamed outputs, the norm's prefetches. */
+ * streamed outputs, the norm's prefetches; fr_team_all gives them a team
+ * of threads, as a large call has. */
 extern int fusedrope__avx2_off __attribute__((weak));
 extern int fusedrope__avx512_off __attribute__((weak));
 extern int fusedrope__beyond_cache_all;
+extern int fusedrope__team_all;
 
 void fz_cpu_path(int path)
 {
@@ -2071,6 +2073,7 @@ void fz_cpu_path(int path)
     if (&fusedrope__avx2_off)
         __atomic_store_n(&fusedrope__avx2_off, path == 2, __ATOMIC_RELAXED);
     __atomic_store_n(&fusedrope__beyond_cache_all, path == 3, __ATOMIC_RELAXED);
+    __atomic_store_n(&fusedrope__team_all, path == 4 ? FZ_TEAM : 0, __ATOMIC_RELAXED);
 }
 
 unsigned char **fz_rerun_begin(fz_call *fc)

@@ -244,9 +244,11 @@ void fz_after_call(fz_call *fc, fusedrope_status st);
  * fz_cpu_path: 0 the library's choice (AVX-512 where the CPU has it), 1
  * the AVX2 rows alone, 2 the portable loops, 3 the library's choice with
  * every call taken for one past the caches (streamed outputs: the
- * harness's tensors stay under FR_STREAM_MIN_BYTES); FZ_CPU_PATHS - 1
- * others to rerun on. */
-#define FZ_CPU_PATHS 4
+ * harness's tensors stay under FR_STREAM_MIN_BYTES), 4 the library's
+ * choice on a team of FZ_TEAM threads (the harness's calls stay under the
+ * size that starts a team); FZ_CPU_PATHS - 1 others to rerun on. */
+#define FZ_CPU_PATHS 5
+#define FZ_TEAM 3
 unsigned char **fz_rerun_begin(fz_call *fc);
 void fz_rerun_end(fz_call *fc, unsigned char **first, fusedrope_status st);
 void fz_cpu_path(int path);

@@ -194,9 +194,9 @@ static void run_call(src_t *s, cache_t *ct, rng_t *r, int null_cache)
                              ts[0].t.seq_len * ts[0].t.batch);
     }
     if (st == FUSEDROPE_OK && !null_cache) {
-        /* again on the AVX2 rows alone, on the portable path and with
-         * streamed outputs, from the same inputs: the same bytes (a NaN may
-         * change its payload) */
+        /* again on the AVX2 rows alone, on the portable path, with
+         * streamed outputs and on a team of threads, from the same inputs:
+         * the same bytes (a NaN may change its payload) */
         for (int path = 1; path < FZ_CPU_PATHS; path++) {
             unsigned char **first = fz_rerun_begin(fc);
             fusedrope_status again;

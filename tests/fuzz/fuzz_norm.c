@@ -66,16 +66,17 @@ const char *fz_name = "fuzz_norm";
 /* What the inputs reached (FUSEDROPE_FUZZ_STATS=1 prints it at exit). */
 static struct {
     unsigned long fwd, fwd_ok, fwd_rows, nan_rows, inf_rows, bwd, bwd_ok, bwd_rows, nan_dx_rows,
-        dw_checked;
+        dw_checked, bwd_reruns;
 } stats;
 
 static void print_stats(void)
 {
     fprintf(stderr, "fuzz_norm: %lu forward calls, %lu accepted, %lu rows value-checked (%lu NaN "
             "rows, %lu rows past FLT_MAX); %lu backward calls, %lu accepted, %lu rows "
-            "value-checked, %lu NaN rows (w' = 0), %lu dw arrays checked\n", stats.fwd,
-            stats.fwd_ok, stats.fwd_rows, stats.nan_rows, stats.inf_rows, stats.bwd,
-            stats.bwd_ok, stats.bwd_rows, stats.nan_dx_rows, stats.dw_checked);
+            "value-checked, %lu NaN rows (w' = 0), %lu dw arrays checked, %lu reruns on "
+            "other CPU paths\n", stats.fwd, stats.fwd_ok, stats.fwd_rows, stats.nan_rows,
+            stats.inf_rows, stats.bwd, stats.bwd_ok, stats.bwd_rows, stats.nan_dx_rows,
+            stats.dw_checked, stats.bwd_reruns);
 }
 
 /* ------------------------------------------------------------ memory */
@@ -598,6 +599,83 @@ static void saved_y_row(const refctx *X, const fusedrope_tensor *sv, const fused
     *dmean_out = dmean / (double)hd;
 }
 
+/* The decoded fusedrope_norm_backward_qk (its fusedrope_norm in R->nmbuf). */
+static fusedrope_status backward_call(const cache_t *ct, const fz_call *fc, const nrun *R,
+                                      const bpair *bp)
+{
+    return fusedrope_norm_backward_qk(ct->cache, (fusedrope_style)fc->style,
+                                      fc->ps.given ? &fc->ps.p : NULL,
+                                      (const fusedrope_norm *)(void *)R->nmbuf, &bp[0].saved.t,
+                                      &bp[0].dout.t, &bp[0].din.t,
+                                      fc->count == 2 ? &bp[1].saved.t : NULL,
+                                      fc->count == 2 ? &bp[1].dout.t : NULL,
+                                      fc->count == 2 ? &bp[1].din.t : NULL, fc->stream);
+}
+
+/* Whether a and b (float32 at p and q, or of dtype dt) are the same bytes or
+ * both NaN (a NaN may change its payload between paths). */
+static int same_or_nans(const unsigned char *p, const unsigned char *q, size_t es, int dt)
+{
+    return memcmp(p, q, es) == 0 || (isnan(load(p, dt)) && isnan(load(q, dt)));
+}
+
+/*
+ * An accepted backward again on another CPU path (fz_cpu_path), from the
+ * same inputs: dq_in/dk_in and dw the same bytes (dw is a reduction across
+ * tokens: its order may depend on neither the SIMD path nor the team,
+ * fusedrope_norm_backward_qk(3)), a NaN element a NaN in both runs.
+ */
+static void rerun_backward(const cache_t *ct, const fz_call *fc, nrun *R, const bpair *bp,
+                           bbuf *bb, int nb, int path)
+{
+    unsigned char *first[8], *own_first[MAX_OWN];
+    fusedrope_status st;
+
+    for (int i = 0; i < nb; i++) {
+        first[i] = malloc(bb[i].size);
+        if (!first[i])
+            abort();
+        memcpy(first[i], bb[i].p, bb[i].size);
+        memcpy(bb[i].p, bb[i].snap, bb[i].size);
+    }
+    for (int i = 0; i < R->nown; i++) {
+        own_first[i] = malloc(R->own[i].size ? R->own[i].size : 1);
+        if (!own_first[i])
+            abort();
+        memcpy(own_first[i], R->own[i].p, R->own[i].size);
+        memcpy(R->own[i].p, R->own[i].snap, R->own[i].size);
+    }
+    fz_cpu_path(path);
+    st = backward_call(ct, fc, R, bp);
+    fz_cpu_path(0);
+    stats.bwd_reruns++;
+    CHECK(st == FUSEDROPE_OK, "norm_backward_qk was accepted, but refused (%d) on CPU path %d",
+          st, path);
+    for (int k = 0; k < fc->count; k++) {
+        /* dq_in's elements (bytes elsewhere were checked unchanged) */
+        const bbuf *b = &bb[bp[k].din.buf];
+        const size_t es = (size_t)dtype_size((int)bp[k].din.t.dtype);
+        for (size_t j = 0; j + es <= b->size; j++) {
+            if (!(b->map[j] & 1) || (j - bp[k].din.off) % es != 0)
+                continue;
+            CHECK(same_or_nans(first[bp[k].din.buf] + j, b->p + j, es, (int)bp[k].din.t.dtype),
+                  "%s backward: dq_in element at byte %zu: %.9g on the first run, %.9g on CPU "
+                  "path %d", k ? "k" : "q", j, load(first[bp[k].din.buf] + j,
+                  (int)bp[k].din.t.dtype), load(b->p + j, (int)bp[k].din.t.dtype), path);
+        }
+    }
+    for (int i = 0; i < R->nown; i++)
+        for (size_t j = 0; j + 4 <= R->own[i].size; j += 4)
+            CHECK(same_or_nans(own_first[i] + j, R->own[i].p + j, 4, FUSEDROPE_FLOAT32),
+                  "norm_backward_qk own array %d (dw) float %zu: %.9g on the first run, %.9g "
+                  "on CPU path %d", i, j / 4, load(own_first[i] + j, FUSEDROPE_FLOAT32),
+                  load(R->own[i].p + j, FUSEDROPE_FLOAT32), path);
+    for (int i = 0; i < nb; i++)
+        free(first[i]);
+    for (int i = 0; i < R->nown; i++)
+        free(own_first[i]);
+}
+
 static void run_backward(src_t *s, const cache_t *ct, fz_call *fc, nrun *R, const refctx *X,
                          rng_t *r)
 {
@@ -731,13 +809,7 @@ static void run_backward(src_t *s, const cache_t *ct, fz_call *fc, nrun *R, cons
     snprintf(before, sizeof before, "%s", fusedrope_last_error());
     stats.bwd++;
     memcpy(R->nmbuf, &nm, sizeof nm); /* (struct_size may say more: a zero tail) */
-    st = fusedrope_norm_backward_qk(ct->cache, (fusedrope_style)fc->style,
-                                    fc->ps.given ? &fc->ps.p : NULL,
-                                    (const fusedrope_norm *)(void *)R->nmbuf, &bp[0].saved.t,
-                                    &bp[0].dout.t, &bp[0].din.t,
-                                    fc->count == 2 ? &bp[1].saved.t : NULL,
-                                    fc->count == 2 ? &bp[1].dout.t : NULL,
-                                    fc->count == 2 ? &bp[1].din.t : NULL, fc->stream);
+    st = backward_call(ct, fc, R, bp);
     if (verbose_mode)
         fprintf(stderr, "backward: %d %s | model 0x%x %s\n", st, fusedrope_last_error(),
                 v.allowed, v.why);
@@ -906,6 +978,8 @@ static void run_backward(src_t *s, const cache_t *ct, fz_call *fc, nrun *R, cons
         free(en);
         free(dwy);
     }
+    for (int path = 1; path < FZ_CPU_PATHS; path++)
+        rerun_backward(ct, fc, R, bp, bb, nb, path);
 out:
     for (int i = 0; i < nb; i++) {
         free(bb[i].p);
@@ -929,7 +1003,8 @@ static fusedrope_status norm_forward(const cache_t *ct, fz_call *fc, const nrun 
 
 /*
  * An accepted forward again on another CPU path (fz_cpu_path: the AVX2 rows
- * alone, the portable loops, or streamed outputs and prefetched inputs),
+ * alone, the portable loops, streamed outputs and prefetched inputs, or a
+ * team of threads),
  * from the same inputs: every byte the same, a NaN element a NaN in both
  * runs; rstd in own memory compared the same way, float by float.  The AVX2
  * and AVX-512 rows promise the portable loops' bits.
