@@ -441,7 +441,7 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
         /* the team of a call on as many elements (cpu_team.c) */
         const int nth = fr_cpu_team_size(c, (int64_t)((uint64_t)c->max_positions * half));
         fr_fpenv outer;
-        fr_team_enter(&outer, nth);
+        fr_fpenv_enter(&outer);
 #pragma omp parallel num_threads(nth) if (nth > 1)
         {
             fr_fpenv fpenv; /* each thread's, as in cpu_apply.c */

@@ -709,7 +709,7 @@ void fr_cpu_apply(const fr_apply_args *args)
 #ifdef _OPENMP
         if (nthreads > 1 || omp_in_parallel()) {
             fr_fpenv outer; /* the team's start (cpu_team.c) */
-            fr_team_enter(&outer, nthreads);
+            fr_fpenv_enter(&outer);
 #pragma omp parallel num_threads(nthreads)
             {
                 cpu_share(args, rc, stream, direct, steps, step_axis, step_col, gp);

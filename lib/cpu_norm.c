@@ -348,7 +348,7 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
      * rounds as the default environment says, fwd_fin's arithmetic
      * (sqrt(head_dim) is inexact for most head_dims) and the team's start
      * (cpu_team.c) leave the caller's exception flags as they were */
-    fr_team_enter(&outer, nth);
+    fr_fpenv_enter(&outer);
     for (int k = 0; k < a->count; k++) {
         wf[k] = fc.scratch + (size_t)nth * fc.per + (size_t)k * (size_t)fr_line_floats(fc.hdmax);
         weight_factors(na, k, a->io[k].head_dim, wf[k]);
@@ -475,7 +475,7 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     /* every thread's part, and the caller's weight factors and dw sums, in
      * the default floating-point environment, and the team's start
      * (cpu_team.c) */
-    fr_team_enter(&outer, nth);
+    fr_fpenv_enter(&outer);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nth) if (nth > 1)
 #endif

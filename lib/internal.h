@@ -248,7 +248,7 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
  * per element: an MXCSR read and two writes on x86-64, fegetenv/fesetenv
  * elsewhere.  OpenMP workers have their own registers, so the bracket goes
  * inside the parallel region; and around it on the calling thread too, for
- * the team's start (fr_team_enter, lib/cpu_team.c). */
+ * the team's start (lib/cpu_team.c). */
 #if !defined(__cplusplus)
 #if defined(__x86_64__) && defined(__SSE2__)
 /* x86-64 does its float and double arithmetic (the library's and libm's) in
@@ -288,10 +288,6 @@ static inline void fr_fpenv_leave(const fr_fpenv *saved)
 #endif
 }
 
-/* The calling thread before a parallel region of nth threads (1: the
- * region is inactive) (lib/cpu_team.c): the fork handler registered if a
- * team starts, then fr_fpenv_enter; fr_fpenv_leave after it. */
-void fr_team_enter(fr_fpenv *outer, int nth);
 #endif /* !__cplusplus: the kernels compute on the GPU */
 
 /* fr_apply's checks alone (lib/apply.c): on success *args is the validated

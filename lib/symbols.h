@@ -24,7 +24,6 @@
 #define fr_cpu_team fusedrope__cpu_team
 #define fr_cpu_team_size fusedrope__cpu_team_size
 #define fr_team_all fusedrope__team_all
-#define fr_team_enter fusedrope__team_enter
 #define fr_avx2_usable fusedrope__avx2_usable
 #define fr_x86_has fusedrope__x86_has
 #define fr_avx2_off fusedrope__avx2_off

@@ -17,6 +17,7 @@
 #endif
 
 #include <check.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -373,11 +374,61 @@ static void fork_calls(fork_run *r)
     }
 }
 
+/* Whether this process runs one thread now (the /proc/self/task entries). */
+static int one_thread(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    struct dirent *e;
+    int n = 0;
+    if (!d)
+        return 0;
+    while ((e = readdir(d)))
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n == 1;
+}
+
+/* The child of a fork (under child_alarm): fork_calls, its bytes against
+ * want's and its teams against team (0: on the calling thread); exits with
+ * the verdict. */
+static void child_calls(const fork_run *want, int team)
+{
+    fork_run child;
+    fork_calls(&child);
+    if (memcmp(child.table, want->table, want->nt * sizeof(float)) != 0 ||
+        memcmp(child.y, want->y, want->n) != 0 || memcmp(child.yn, want->yn, want->n) != 0) {
+        fprintf(stderr, "the forked child's table or outputs differ from the parent's\n");
+        _exit(1);
+    }
+    if (child.team_call != team || child.team_norm != team) {
+        fprintf(stderr, "the forked child's calls ran on teams of %d and %d, not %d\n",
+                child.team_call, child.team_norm, team);
+        _exit(2);
+    }
+    _exit(0);
+}
+
+/* A child's first step: a hang becomes SIGALRM. */
+static void child_alarm(void)
+{
+    alarm(tu_under_valgrind() ? 300 : 30);
+}
+
+static void wait_child(pid_t pid)
+{
+    int status = 0;
+    ck_assert_int_ge(pid, 0);
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(!WIFSIGNALED(status), "the forked child died of signal %d%s", WTERMSIG(status),
+                  WTERMSIG(status) == SIGALRM ? " (it hung)" : "");
+    ck_assert_msg(WEXITSTATUS(status) == 0, "the forked child failed (exit %d)",
+                  WEXITSTATUS(status));
+}
+
 START_TEST(calls_after_fork)
 {
     fork_run parent, again;
     pid_t pid;
-    int status = 0;
     tu_threads(2);
     fork_calls(&parent);
 #ifdef _OPENMP
@@ -388,34 +439,85 @@ START_TEST(calls_after_fork)
     fflush(stdout);
     fflush(stderr);
     pid = fork();
-    ck_assert_int_ge(pid, 0);
     if (pid == 0) {
-        fork_run child;
-        alarm(tu_under_valgrind() ? 300 : 30);
-        fork_calls(&child);
-        if (memcmp(child.table, parent.table, parent.nt * sizeof(float)) != 0 ||
-            memcmp(child.y, parent.y, parent.n) != 0 || memcmp(child.yn, parent.yn, parent.n) != 0) {
-            fprintf(stderr, "the forked child's table or outputs differ from the parent's\n");
-            _exit(1);
-        }
-        if (child.team_call != 0 || child.team_norm != 0) {
-            fprintf(stderr, "the forked child's calls ran on teams of %d and %d\n",
-                    child.team_call, child.team_norm);
-            _exit(2);
-        }
-        _exit(0);
+        child_alarm();
+        child_calls(&parent, 0);
     }
-    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-    ck_assert_msg(!WIFSIGNALED(status), "the forked child died of signal %d%s", WTERMSIG(status),
-                  WTERMSIG(status) == SIGALRM ? " (it hung)" : "");
-    ck_assert_msg(WEXITSTATUS(status) == 0, "the forked child failed (exit %d)",
-                  WEXITSTATUS(status));
+    wait_child(pid);
     /* and the parent's teams still run */
     fork_calls(&again);
 #ifdef _OPENMP
     ck_assert_int_eq(again.team_call, 2);
 #endif
     ck_assert(memcmp(again.y, parent.y, parent.n) == 0);
+    tu_free_all();
+}
+END_TEST
+
+/* The thread pool a child cannot use may be the host's, or another copy's
+ * of the library (a second plugin, or this one closed and loaded again):
+ * here the test program's own team, before this process's library started
+ * any (in libcheck's fork mode; without it, earlier tests' teams are
+ * there too).  The child hung on its first team (a reviewer's reproducer,
+ * two plugins and a fork, 2026-11-30). */
+START_TEST(calls_after_host_team_fork)
+{
+    fork_run want;
+    int team = 0;
+    pid_t pid;
+    tu_threads(2);
+#ifdef _OPENMP
+#pragma omp parallel num_threads(2)
+    {
+#pragma omp master
+        team = omp_get_num_threads();
+    }
+    ck_assert_int_eq(team, 2);
+#endif
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid == 0) {
+        /* the parent's bytes: computed here first, on the calling thread too */
+        fork_run first;
+        child_alarm();
+        fork_calls(&first);
+        child_calls(&first, 0);
+    }
+    wait_child(pid);
+    fork_calls(&want); /* and the parent's teams still run */
+#ifdef _OPENMP
+    ck_assert_int_eq(want.team_call, 2);
+#endif
+    tu_free_all();
+}
+END_TEST
+
+/* A process that runs one thread as it forks has no pool to lose: its
+ * child keeps its teams. */
+START_TEST(single_thread_fork_keeps_teams)
+{
+    pid_t pid;
+    tu_threads(2);
+    if (!one_thread()) {
+        printf("single_thread_fork_keeps_teams: this process runs other threads (libcheck's "
+               "no-fork mode, or valgrind); skipped\n");
+        return;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid == 0) {
+        fork_run first;
+        child_alarm();
+        fork_calls(&first); /* builds the reference bytes on a team */
+#ifdef _OPENMP
+        child_calls(&first, 2);
+#else
+        child_calls(&first, 0);
+#endif
+    }
+    wait_child(pid);
     tu_free_all();
 }
 END_TEST
@@ -433,6 +535,8 @@ int main(void)
     suite_add_tcase(s, tc);
     tcase_set_timeout(tf, tu_under_valgrind() ? 600 : 60);
     tcase_add_test(tf, calls_after_fork);
+    tcase_add_test(tf, calls_after_host_team_fork);
+    tcase_add_test(tf, single_thread_fork_keeps_teams);
     suite_add_tcase(s, tf);
     return tu_main(s, "test_threads");
 }
