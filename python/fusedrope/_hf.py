@@ -3,6 +3,16 @@
 Mirrors transformers' modeling_rope_utils (checked against transformers
 5.23.0 and 5.24.0; the older rope_scaling layout of 4.x is read too):
 
+- the language model's config: a config object's get_text_config() when
+  its top level has no num_attention_heads (text_config; Qwen2.5-Omni's and
+  Qwen3-Omni's thinker text config; ColQwen2's, T5Gemma's, ...), else its
+  text_config; a dict's "text_config", else "thinker_config"'s;
+- a config with no RoPE setting at all (no rope_parameters, rope_scaling,
+  rope_theta, rotary_dim, rotary_pct, rotary_emb_base,
+  partial_rotary_factor, qk_rope_head_dim, rope_local_base_freq: GPT-2,
+  BERT, SAM 3's CLIP text encoder) is refused (ValueError); a config.json
+  dict with none is judged by its transformers config class where
+  installed (an older Llama config.json without rope_theta maps);
 - rope parameters: ``rope_parameters`` (transformers >= 4.57/5), else
   ``rope_scaling`` (older); rope_type from "rope_type", else the legacy
   "type" ("su" is LongRoPE's old name); ``rope_theta`` and
@@ -17,8 +27,10 @@ Mirrors transformers' modeling_rope_utils (checked against transformers
 - a config.json dict's legacy names, as transformers' config classes
   translate them on loading: n_embd / n_head / n_positions (GPT-2, GPT-J,
   whose base is a fixed 10000), rotary_emb_base and rotary_pct (GPT-NeoX,
-  0.25 by default), rotary_dim (GPT-J, CodeGen: the rotated channels, also
-  F), qk_rope_head_dim (DeepSeek: the rotated head), and Gemma 3's flat
+  0.25 by default), rotary_dim (the rotated channels, also F; read only
+  for GPT-J and CodeGen, 64 by default, and MiniMax-M2, whose config class
+  makes it partial_rotary_factor: transformers' code for other models,
+  MiniMax-M3-VL's included, ignores it), qk_rope_head_dim (DeepSeek: the rotated head), and Gemma 3's flat
   rope_theta / rope_scaling / rope_local_base_freq, which become per layer
   type (full_attention, sliding_attention: layer_type= is then needed);
 - llama3, yarn, longrope: original_max_position_embeddings from the
@@ -29,6 +41,10 @@ Mirrors transformers' modeling_rope_utils (checked against transformers
 - yarn and longrope: a missing ``factor`` is max_position_embeddings /
   original_max_position_embeddings; yarn's beta_fast/beta_slow default to
   32/1 when missing or 0, ``truncate`` to True (gpt-oss sets it False);
+  as in transformers 5.24 (modeling_rope_utils' _compute_yarn_parameters),
+  ``truncate`` is read from the config's rope parameters as a whole: with
+  parameters per layer type, from the outer dict, where it is normally
+  absent (so True), not from the layer type's own dict;
   an explicit attention_factor of 0 is refused (transformers would scale
   cos and sin by it; the library reads 0 as "derive it");
 - dynamic: transformers scales from config.max_position_embeddings (not the
@@ -56,20 +72,31 @@ Mirrors transformers' modeling_rope_utils (checked against transformers
   the model class in transformers, not from the config, so it is chosen by
   model_type where known: Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni,
   PaddleOCR-VL, GLM-4.1V, GLM-4.5V, GLM-OCR, GLM-Image: axes "sections";
-  Qwen3-VL, Qwen3-Omni, Qwen3.5 (and any config with
-  ``mrope_interleaved: true``): axes "interleaved".  HunYuan-VL's
-  mrope_section is refused: transformers' code for it is not a rotation
-  per pair.  A model type without
+  Qwen3-VL, Qwen3-Omni, Qwen3.5, Qwen4-Exp, Cosmos3-Edge, HY-V4-VL (and
+  any config with ``mrope_interleaved: true``): axes "interleaved", or
+  axes "custom" with transformers' same map where the sections do not
+  fill the pairs exactly (Qwen4-Exp's default [11, 11, 10] on 128 pairs);
+  NeoMME: two axes, row and column alternating per pair (axes "custom",
+  pair_axis j % 2; position ids [2, batch, seq]; per layer type).  A
+  model type not listed here whose config has an mrope_section is refused
+  (ValueError): the layout is chosen per model class, so build the Cache
+  with axes= directly.  HunYuan-VL's mrope_section is refused: transformers'
+  code for it is not a rotation per pair.  A listed model type without
   mrope_section in its rope dict gets transformers' class default.  The
-  rotation style is not in the config either: GLM-4.1V (model_type glm4v)
-  and GLM-OCR (glm_ocr) rotate interleaved pairs, so call forward with
-  style="interleaved";
+  rotation style is not in the config either: GLM-4.1V (model_type glm4v),
+  GLM-OCR (glm_ocr) and HY-V4-VL (hy_v4_vl) rotate interleaved pairs, so
+  call forward with style="interleaved" (HY-V4-VL: on the trailing
+  qk_rope_head_dim channels of each head, the q_rot/k_rot that its
+  attention splits off, as for DeepSeek);
   the others use "neox".  Ernie-4.5-VL (ernie4_5_vl_moe): axes
   "alternating"; its config lists the sections as [h, w, t] (default
   [22, 22, 20]), which become sections [t, h, w]; transformers pre-permutes
   the H/W frequencies and undoes it when it interleaves them, so pair j
   keeps frequency column j; it rotates GPT-J pairs: style="interleaved".
   Position ids then have a row per axis: [3, batch, seq] (or [3, tokens]).
+- NanoChat is refused (NotImplementedError): its rotate_half is
+  cat(x2, -x1), a rotation by minus the angle; the message gives the
+  cache to build instead, Cache.from_table(cos, -sin) of the plain table.
 """
 
 _KNOWN_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")
@@ -77,6 +104,7 @@ _KNOWN_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "p
 _UNSUPPORTED_KEYS = ("axial", "rope_section")
 # model_type (without "_text") -> (axes, transformers' default mrope_section)
 # for the models whose rotary embedding recomposes frequencies per axis.
+# "row_col" (NeoMME): two axes, pair j on axis j % 2 (axes="custom").
 _MROPE_MODELS = {
     "qwen2_vl": ("sections", [16, 24, 24]),
     "qwen2_5_vl": ("sections", [16, 24, 24]),
@@ -91,6 +119,12 @@ _MROPE_MODELS = {
     "qwen3_vl_moe": ("interleaved", [24, 20, 20]),
     "qwen3_5": ("interleaved", [11, 11, 10]),
     "qwen3_5_moe": ("interleaved", [11, 11, 10]),
+    "qwen4_exp": ("interleaved", [11, 11, 10]),
+    "cosmos3_edge": ("interleaved", [24, 20, 20]),
+    # HY-V4-VL: its config class fills in [12, 10, 10] (the modeling code's
+    # own fallback, [24, 20, 20], never applies); GPT-J pairs
+    "hy_v4_vl": ("interleaved", [12, 10, 10]),
+    "neomme": ("row_col", None),
 }
 # HunYuan-VL: transformers' rotation splits a NeoX pair's two halves over
 # different axes (not a rotation per pair), which no axis map reproduces.
@@ -98,6 +132,19 @@ _NOT_PER_PAIR = ("hunyuan_vl",)
 # Ernie-4.5-VL: sections given as [h, w, t]; transformers' default.
 _ERNIE_MROPE = ("ernie4_5_vl", "ernie4_5_vl_moe")
 _ERNIE_DEFAULT_SECTION = [22, 22, 20]
+# Model types whose transformers code reads the legacy `rotary_dim` (the
+# rotated channels): GPT-J and CodeGen in their attention (64 by default in
+# their config classes), MiniMax-M2 through its config class
+# (partial_rotary_factor = rotary_dim / head_dim).  Others ignore it
+# (MiniMax-M3-VL's rotary_dim=64 is not read: it rotates the whole head).
+_ROTARY_DIM_MODELS = ("gptj", "codegen", "minimax_m2")
+# NanoChat: rotate_half is cat(x2, -x1), a rotation by -angle.
+_NEGATED_ROTATION = ("nanochat",)
+# Keys that make a config one with RoPE (a config with none of them, as
+# GPT-2's or BERT's, has no rotary embedding).
+_ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "rotary_dim", "rotary_pct",
+              "rotary_emb_base", "partial_rotary_factor", "qk_rope_head_dim",
+              "rope_local_base_freq")
 
 
 def _getter(config):
@@ -119,21 +166,60 @@ def _getter(config):
 
 
 def _text_config(config):
-    """The language model's config of a multimodal config (text_config),
-    when the top level has no attention heads of its own: a config object's
-    own text_config object (to_dict() would flatten its per-layer-type view,
-    Gemma 4's full-attention head_dim)."""
+    """The language model's config of a multimodal or composite config, when
+    the top level has no attention heads of its own: a config object's
+    get_text_config() (transformers' own choice: text_config, decoder,
+    Qwen2.5-Omni's and Qwen3-Omni's thinker's text_config, ...; a config
+    object, as to_dict() would flatten Gemma 4's per-layer-type view), else
+    its text_config; a dict's "text_config", else "thinker_config"'s."""
     if isinstance(config, dict):
-        text, heads = config.get("text_config"), config.get("num_attention_heads")
-    else:
-        text = getattr(config, "text_config", None)
+        if config.get("num_attention_heads") is not None:
+            return config
+        text = config.get("text_config")
+        if text is None and isinstance(config.get("thinker_config"), dict):
+            text = config["thinker_config"].get("text_config")
+        return config if text is None else text
+    try:
+        heads = getattr(config, "num_attention_heads", None)
+    except RuntimeError:     # a heterogeneous config's per-layer attribute
+        heads = 1
+    if heads is not None:
+        return config
+    text = None
+    if callable(getattr(config, "get_text_config", None)):
         try:
-            heads = getattr(config, "num_attention_heads", None)
-        except RuntimeError:     # a heterogeneous config's per-layer attribute
-            heads = 1
-    if text is not None and heads is None:
-        return text
-    return config
+            text = config.get_text_config()
+        except (ValueError, TypeError, AttributeError):   # ambiguous: several text configs
+            text = None
+    if text is None or text is config:
+        text = getattr(config, "text_config", None)
+    return config if text is None else text
+
+
+def _has_rope(config, get):
+    """Whether the config has any RoPE setting; a config.json dict with none
+    is judged by its transformers config class's defaults where installed
+    (an older Llama config.json gives no rope_theta: LlamaConfig fills one in)."""
+    for k in _ROPE_KEYS:
+        try:
+            if get(k, None) is not None:
+                return True
+        except ValueError:      # set, differently per layer type
+            return True
+    if not isinstance(config, dict):
+        return False
+    model_type = config.get("model_type")
+    try:
+        from transformers import CONFIG_MAPPING
+        cls = CONFIG_MAPPING[model_type]
+    except (ImportError, KeyError, TypeError):
+        return True     # unknown here: judged by what follows (rope_theta is looked up)
+    try:
+        obj = cls()
+    except Exception:   # a config class that cannot be built bare: leave it be
+        return True
+    obj = _text_config(obj)
+    return any(getattr(obj, k, None) is not None for k in _ROPE_KEYS)
 
 
 # Model types whose config.json leaves per-layer-type rope settings to the
@@ -202,6 +288,8 @@ def _standard_keys(d):
         d["partial_rotary_factor"] = 0.25
     if d.get("model_type") == "gptj" and d.get("rope_theta") is None:
         d["rope_theta"] = 10000.0    # modeling_gptj's fixed base
+    if d.get("model_type") in ("gptj", "codegen") and "rotary_dim" not in d:
+        d["rotary_dim"] = 64         # their config classes' default
     if d.get("qk_rope_head_dim"):
         d["head_dim"] = d["qk_rope_head_dim"]
     rope = d.get("rope_parameters") or d.get("rope_scaling")
@@ -222,9 +310,15 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
     if isinstance(config, dict):
         config = _standard_keys(config)
     get = _getter(config)
+    if not _has_rope(config, get):
+        raise ValueError(f"the config (model_type {get('model_type', None)!r}) has no RoPE "
+                         f"setting (no rope_parameters, rope_scaling, rope_theta, rotary_dim, "
+                         f"partial_rotary_factor, ...): nothing to map (a model without rotary "
+                         f"embedding, or one whose rope is in a sub-config: pass that one)")
     rope = get("rope_parameters") or get("rope_scaling") or {}
     if not isinstance(rope, dict):
         rope = dict(rope)
+    outer = rope     # transformers' yarn reads `truncate` from this one
     nested = [k for k, v in rope.items() if isinstance(v, dict)]
     if nested:
         if layer_type is None:
@@ -253,8 +347,11 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
     if theta is None:
         theta = _default_theta(get)
     prf = rope.get("partial_rotary_factor", get("partial_rotary_factor", None))
-    # GPT-J (and CodeGen) give the rotated channels, whose count is also F
-    rotary_dim = get("rotary_dim", None) if prf is None else None
+    # GPT-J, CodeGen (and MiniMax-M2) give the rotated channels, whose count
+    # is also F; other models' code does not read rotary_dim
+    rotary_dim = None
+    if prf is None and _base_type(get) in _ROTARY_DIM_MODELS:
+        rotary_dim = get("rotary_dim", None)
     prf = 1.0 if prf is None else prf
     head_dim = None
     if layer_type == "full_attention" and isinstance(config, dict):
@@ -299,7 +396,24 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
                 theta=float(theta))
     if freq_dim is not None:
         args["freq_dim"] = freq_dim
-    args.update(_mrope_arguments(get, rope))
+    mrope = _mrope_arguments(get, rope, rot_dim // 2)
+    if isinstance(mrope, list):
+        raise ValueError(
+            f"model_type {get('model_type', None)!r} has mrope_section {mrope} but is not one "
+            f"this mapping knows: the multimodal layout (sections, interleaved, ...) and "
+            f"rotation style are chosen per model class in transformers, not by the config. "
+            f"Read the model's rotary embedding and build the cache with axes= directly, e.g. "
+            f"fusedrope.Cache(**{dict(args)!r}, axes='sections' or 'interleaved', "
+            f"sections={mrope}), or set mrope_interleaved: true in the rope parameters if "
+            f"it interleaves T/H/W as Qwen3-VL does")
+    args.update(mrope)
+    if _base_type(get) in _NEGATED_ROTATION:
+        raise NotImplementedError(
+            f"model_type {get('model_type', None)!r}: transformers' rotate_half for this model "
+            f"is cat(x2, -x1), a rotation by minus the angle, which no rotation style of "
+            f"libfusedrope applies; build the table and negate its sin: "
+            f"cos, sin = fusedrope.Cache(**{dict(args)!r}).table(); "
+            f"cache = fusedrope.Cache.from_table(cos, -sin)")
     if rope_type in ("llama3", "yarn", "longrope"):
         # a flat rope dict: the config's top level first (Phi-3); a layer
         # type's own dict: its own value (transformers' setdefault)
@@ -338,7 +452,7 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
         if rope_type == "yarn":
             args.update(beta_fast=float(rope.get("beta_fast") or 32),
                         beta_slow=float(rope.get("beta_slow") or 1),
-                        truncate=bool(rope.get("truncate", True)))
+                        truncate=bool(outer.get("truncate", True)))
             for k in ("mscale", "mscale_all_dim"):
                 if rope.get(k):
                     args[k] = float(rope[k])
@@ -368,10 +482,25 @@ def _default_theta(get):
                          f"transformers to look up: add rope_theta to the config") from None
 
 
-def _mrope_arguments(get, rope):
-    """axes= and sections= for a multimodal-rope config, else {}."""
+def _base_type(get):
+    """The config's model_type without a trailing "_text"."""
     model_type = str(get("model_type", "") or "")
-    base = model_type[:-5] if model_type.endswith("_text") else model_type
+    return model_type[:-5] if model_type.endswith("_text") else model_type
+
+
+def _interleaved_map(section, pairs):
+    """transformers' interleaved T/H/W recomposition (Qwen3-VL's
+    apply_interleaved_mrope): pair j takes axis 1 if j % 3 == 1 and
+    j < 3*section[1], axis 2 if j % 3 == 2 and j < 3*section[2], else 0."""
+    return [1 if j % 3 == 1 and j < 3 * section[1] else
+            2 if j % 3 == 2 and j < 3 * section[2] else 0 for j in range(pairs)]
+
+
+def _mrope_arguments(get, rope, pairs):
+    """axes= and sections= (or pair_axis=) for a multimodal-rope config, else
+    {}; the mrope_section list of a model type this mapping does not know."""
+    model_type = str(get("model_type", "") or "")
+    base = _base_type(get)
     section = rope.get("mrope_section")
     if base in _NOT_PER_PAIR and section is not None:
         raise NotImplementedError(
@@ -382,6 +511,9 @@ def _mrope_arguments(get, rope):
         h, w, t = [int(v) for v in (section or _ERNIE_DEFAULT_SECTION)]
         return dict(axes="alternating", sections=[t, h, w])
     known = _MROPE_MODELS.get(base)
+    if known is not None and known[0] == "row_col":
+        # NeoMME: row0-col0-row1-col1..., two axes, frequency column j
+        return dict(axes="custom", pair_axis=[j % 2 for j in range(pairs)])
     if section is None:
         if known is None:
             return {}
@@ -389,6 +521,15 @@ def _mrope_arguments(get, rope):
     section = [int(v) for v in section]
     if rope.get("mrope_interleaved"):
         axes = "interleaved"
+    elif known is None:
+        return section      # refused by the caller: the layout is the model class's
     else:
-        axes = known[0] if known else "sections"
+        axes = known[0]
+    if axes == "interleaved":
+        amap = _interleaved_map(section, pairs)
+        if len(section) != 3 or sum(section) != pairs or \
+                [amap.count(a) for a in range(3)] != section:
+            # transformers' rule where the sections do not cover the pairs
+            # exactly (e.g. Qwen4-Exp's default [11, 11, 10] of 128 pairs)
+            return dict(axes="custom", pair_axis=amap)
     return dict(axes=axes, sections=section)

@@ -126,11 +126,18 @@ def test_mapping_multimodal_and_proportional():
     q3 = dict(QWEN3_VL["text_config"], rope_scaling={"rope_type": "default"})
     assert cache_arguments(q3, max_positions=7)["axes"] == "interleaved"
     assert cache_arguments(q3, max_positions=7)["sections"] == [24, 20, 20]
-    # an unknown model with mrope_section: sections, or interleaved by the flag
+    # an unknown model with mrope_section: refused (the layout is the model
+    # class's), unless the flag says interleaved
     other = dict(QWEN3, rope_scaling={"rope_type": "default", "mrope_section": [16, 24, 24]})
-    assert cache_arguments(other)["axes"] == "sections"
-    other["rope_scaling"]["mrope_interleaved"] = True
+    with pytest.raises(ValueError, match="chosen per model class"):
+        cache_arguments(other)
+    other["rope_scaling"].update(mrope_interleaved=True, mrope_section=[24, 20, 20])
     assert cache_arguments(other)["axes"] == "interleaved"
+    # sections that transformers' interleave does not fill exactly (its H
+    # and W stop at pair 63 of 64): the same map, as axes="custom"
+    other["rope_scaling"]["mrope_section"] = [16, 24, 24]
+    a = cache_arguments(other)
+    assert a["axes"] == "custom" and [a["pair_axis"].count(i) for i in range(3)] == [22, 21, 21]
     # Ernie-4.5-VL: sections given as [h, w, t], alternating H/W, then T
     ernie = dict(QWEN3, model_type="ernie4_5_vl_moe",
                  rope_scaling={"rope_type": "default", "mrope_section": [22, 22, 18]})
@@ -980,3 +987,247 @@ def test_ernie_multimodal_rope_against_transformers(dtype):
                          what="ernie float64")
         err = np.abs(g64 - hf.transpose(1, 2).double().numpy())
         assert (err <= 2.0 ** -8 * mag + 1e-6).all(), float(err.max())
+
+
+
+# --- transformers 5.24 model types a review found mapped wrongly or not refused
+
+
+def _default_config(model_type):
+    """transformers' default config of model_type and its modeling module,
+    or a skip where this transformers lacks the model."""
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import importlib
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"this transformers ({transformers.__version__}) has no {model_type}")
+    mod = model_type_to_module_name(model_type)
+    return CONFIG_MAPPING[model_type](), importlib.import_module(
+        f"transformers.models.{mod}.modeling_{mod}")
+
+
+def _model_rotation(m, rotary, q, pos, **kw):
+    """q [b, h, s, d] rotated by the model's own rotary class and apply."""
+    cos, sin = rotary(q, pos, **kw)
+    return m.apply_rotary_pos_emb(q, q, cos, sin)[0]
+
+
+def _lib_rotation(cache, q, pos, style):
+    """The same through the library: q [b, h, s, d], ids [axes, b, s]."""
+    x = q.transpose(1, 2).contiguous()
+    fusedrope.forward(cache, x, style=style, layout="bshd", ids=pos.numpy().astype(np.int64))
+    return x.transpose(1, 2)
+
+
+# model_type -> (rotary class, axes, style, layer types)
+_MM_524 = {
+    "cosmos3_edge": ("Cosmos3EdgeTextRotaryEmbedding", 3, "neox", (None,)),
+    "hy_v4_vl": ("HYV4VLRotaryEmbedding", 3, "interleaved", (None,)),
+    "qwen4_exp": ("Qwen4ExpTextRotaryEmbedding", 3, "neox", (None,)),
+    "neomme": ("NeoMMERotaryEmbedding", 2, "neox", ("full_attention", "sliding_attention")),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(_MM_524))
+def test_multimodal_models_of_transformers_5_24(model_type):
+    """Cosmos3-Edge and HY-V4-VL (mrope_section in the config, T/H/W
+    interleaved as Qwen3-VL: were given axes "sections"), Qwen4-Exp and
+    NeoMME (no mrope_section; the class's default layout, NeoMME's a
+    row/column interleave on two axes: were given a 1-D cache): from_config
+    of the top-level default config against the model's own rotary class
+    and apply_rotary_pos_emb, with an image's positions per axis."""
+    cfg, m = _default_config(model_type)
+    import torch
+    rname, naxes, style, layer_types = _MM_524[model_type]
+    text = cfg.get_text_config()
+    d = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    rotary = getattr(m, rname)(text)
+    g = torch.Generator().manual_seed(ref.SEED)
+    s = 24
+    pos = torch.cat([torch.arange(s)[None], torch.randint(0, 40, (naxes - 1, s), generator=g)])
+    pos = pos[:, None, :]                                   # [axes, 1, s]
+    q = torch.randn(1, 2, s, d, generator=g)
+    for lt in layer_types:
+        kw = {} if lt is None else {"layer_type": lt}
+        want = _model_rotation(m, rotary, q, pos, **kw)
+        cache = fusedrope.Cache.from_config(cfg, max_positions=64, layer_type=lt)
+        got = _lib_rotation(cache, q, pos, style)
+        err = float((got - want).abs().max())
+        assert err < 2e-5, (model_type, lt, err, cache.params)
+
+
+def test_unknown_multimodal_model_refused():
+    """A model type this mapping does not know, with an mrope_section: the
+    layout (and style) are the model class's, so a ValueError that says so
+    and how to build the cache, not a guessed "sections" (which was silently
+    wrong for Cosmos3-Edge and HY-V4-VL); `mrope_interleaved: true` still
+    maps to "interleaved"."""
+    import importlib
+    cfg = {"model_type": "some_future_vl_text", "hidden_size": 512, "num_attention_heads": 4,
+           "max_position_embeddings": 4096,
+           "rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
+                               "mrope_section": [24, 20, 20]}}
+    with pytest.raises(ValueError, match="chosen per model class.*axes="):
+        fusedrope.Cache.from_config(cfg)
+    cfg["rope_parameters"]["mrope_interleaved"] = True
+    c = fusedrope.Cache.from_config(cfg)
+    assert (c.params["axes"], c.params["sections"]) == ("interleaved", [24, 20, 20])
+    # and the refused one, built as the message says, is the interleaved
+    # model's rotation (Cosmos3-Edge's class)
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import torch
+    try:
+        m = importlib.import_module("transformers.models.cosmos3_edge.modeling_cosmos3_edge")
+        from transformers import CONFIG_MAPPING
+        text = CONFIG_MAPPING["cosmos3_edge_text"](
+            hidden_size=512, num_attention_heads=4, head_dim=128, max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                             "mrope_section": [24, 20, 20]})
+    except (ImportError, KeyError):
+        pytest.skip("this transformers has no Cosmos3-Edge")
+    rotary = m.Cosmos3EdgeTextRotaryEmbedding(text)
+    g = torch.Generator().manual_seed(ref.SEED)
+    pos = torch.cat([torch.arange(16)[None], torch.randint(0, 40, (2, 16), generator=g)])[:, None]
+    q = torch.randn(1, 2, 16, 128, generator=g)
+    want = _model_rotation(m, rotary, q, pos)
+    got = _lib_rotation(fusedrope.Cache.from_config(dict(cfg, model_type="cosmos3_edge_text")),
+                        q, pos, "neox")
+    assert float((got - want).abs().max()) < 2e-5
+
+
+def test_rotary_dim_only_where_transformers_reads_it():
+    """MiniMax-M3-VL's text config has rotary_dim=64, which its code never
+    reads (it rotates all 128 channels; was rot_dim 64); GPT-J, CodeGen and
+    MiniMax-M2 (whose config class turns it into partial_rotary_factor)
+    keep it."""
+    cfg, m = _default_config("minimax_m3_vl")
+    import torch
+    text = cfg.get_text_config()
+    assert text.rotary_dim == 64 and text.head_dim == 128
+    rotary = m.MiniMaxM3VLRotaryEmbedding(text)
+    g = torch.Generator().manual_seed(ref.SEED)
+    pos = torch.arange(64).view(1, -1)
+    q = torch.randn(1, 2, 64, 128, generator=g)
+    want = _model_rotation(m, rotary, q, pos)
+    for config in (cfg, text, dict(text.to_dict(), model_type="minimax_m3_vl_text")):
+        cache = fusedrope.Cache.from_config(config, max_positions=64)
+        assert cache.rot_dim == 128
+        got = _lib_rotation(cache, q, pos, "neox")
+        assert float((got - want).abs().max()) < 2e-5
+    m2 = {"model_type": "minimax_m2", "hidden_size": 3072, "num_attention_heads": 48,
+          "head_dim": 128, "rotary_dim": 64, "max_position_embeddings": 4096,
+          "rope_theta": 5e6}
+    from transformers import CONFIG_MAPPING
+    obj = CONFIG_MAPPING["minimax_m2"](**{k: v for k, v in m2.items() if k != "model_type"})
+    assert cache_arguments(m2)["rot_dim"] == cache_arguments(obj)["rot_dim"] == 64
+    assert cache_arguments(GPTJ_6B)["rot_dim"] == 64
+    assert cache_arguments({k: v for k, v in GPTJ_6B.items() if k != "rotary_dim"})[
+        "rot_dim"] == 64           # GPTJConfig's default
+
+
+def test_nanochat_refused_and_negated_table():
+    """NanoChat's rotate_half is cat(x2, -x1): a rotation by minus the angle
+    (was accepted as a plain NeoX rope).  Refused with the way to get it,
+    a table whose sin is negated, which matches the model."""
+    cfg, m = _default_config("nanochat")
+    import torch
+    with pytest.raises(NotImplementedError, match=r"minus the angle.*from_table\(cos, -sin\)"):
+        fusedrope.Cache.from_config(cfg, max_positions=64)
+    d = cfg.hidden_size // cfg.num_attention_heads
+    rotary = m.NanoChatRotaryEmbedding(cfg)
+    g = torch.Generator().manual_seed(ref.SEED)
+    pos = torch.arange(64).view(1, -1)
+    q = torch.randn(1, 2, 64, d, generator=g)
+    want = _model_rotation(m, rotary, q, pos)
+    cos, sin = fusedrope.Cache("default", rot_dim=d, max_positions=64,
+                               theta=cfg.rope_parameters["rope_theta"]).table()
+    got = _lib_rotation(fusedrope.Cache.from_table(cos, -sin), q, pos, "neox")
+    assert float((got - want).abs().max()) < 2e-5
+
+
+def test_per_layer_type_yarn_truncate_as_transformers():
+    """transformers' yarn reads `truncate` from config.rope_parameters, the
+    per-layer-type dict, where it is absent: a layer's own truncate: false
+    is not applied (it was), and the library follows."""
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RotaryEmbedding
+    rp = {"full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0,
+                             "truncate": False, "original_max_position_embeddings": 4096},
+          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    hf = transformers.Gemma3TextConfig(rope_parameters=rp, max_position_embeddings=32768)
+    rotary = Gemma3RotaryEmbedding(hf)
+    want = rotary.full_attention_inv_freq.double().numpy()
+    for config in (hf, {"model_type": "gemma3_text", "hidden_size": hf.hidden_size,
+                        "num_attention_heads": hf.num_attention_heads, "head_dim": hf.head_dim,
+                        "max_position_embeddings": 32768, "rope_parameters": rp}):
+        a = cache_arguments(config, layer_type="full_attention", max_positions=4)
+        assert a["truncate"] is True
+        inv, att = _lib_inv(fusedrope.Cache(**a))
+        np.testing.assert_allclose(inv, want, rtol=5e-6, atol=0)
+        assert math.isclose(att, rotary.full_attention_attention_scaling, rel_tol=2e-7)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_omni", "qwen3_omni_moe"])
+def test_omni_top_level_config_against_thinker(model_type):
+    """Composite configs whose language model is not at .text_config
+    (Qwen2.5-Omni's and Qwen3-Omni's thinker; were refused for want of
+    head_dim): from_config takes transformers' get_text_config(), and
+    matches the thinker's own rotary class with T/H/W positions."""
+    cfg, m = _default_config(model_type)
+    import torch
+    text = cfg.get_text_config()
+    rp = dict(text.rope_parameters)
+    if model_type == "qwen3_omni_moe":
+        # sized so that the default sections cover the pairs
+        text.head_dim, rp["mrope_section"], rp["mrope_interleaved"] = 128, [24, 20, 20], True
+        text.rope_parameters = rp
+    rname = ("Qwen2_5OmniRotaryEmbedding" if model_type == "qwen2_5_omni"
+             else "Qwen3OmniMoeThinkerTextRotaryEmbedding")
+    rotary = getattr(m, rname)(text)
+    d = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    cache = fusedrope.Cache.from_config(cfg, max_positions=64)
+    assert cache.params == fusedrope.Cache.from_config(text, max_positions=64).params
+    assert cache.params["axes"] in ("sections", "interleaved")
+    g = torch.Generator().manual_seed(ref.SEED)
+    pos = torch.cat([torch.arange(20)[None], torch.randint(0, 40, (2, 20), generator=g)])[:, None]
+    q = torch.randn(1, 2, 20, d, generator=g)
+    want = _model_rotation(m, rotary, q, pos)
+    got = _lib_rotation(cache, q, pos, "neox")
+    assert float((got - want).abs().max()) < 2e-5
+
+
+def test_composite_configs_use_get_text_config():
+    """ColQwen2 (vlm_config), T5Gemma (encoder/decoder): the language
+    model's config as transformers' get_text_config() gives it."""
+    _default_config("llama")
+    from transformers import CONFIG_MAPPING
+    for model_type in ("colqwen2", "t5gemma"):
+        if model_type not in CONFIG_MAPPING:
+            continue
+        cfg = CONFIG_MAPPING[model_type]()
+        assert cache_arguments(cfg, max_positions=8) == cache_arguments(
+            cfg.get_text_config(), max_positions=8), model_type
+
+
+def test_configs_without_rope_refused():
+    """GPT-2, BERT and SAM 3's CLIP text encoder have no rotary embedding:
+    refused (they were given a default 10000 cache); a config.json dict
+    with no rope key is judged by its config class (an older Llama
+    config.json without rope_theta still maps)."""
+    _default_config("llama")
+    from transformers import CONFIG_MAPPING
+    for model_type in ("gpt2", "bert", "sam3"):
+        if model_type not in CONFIG_MAPPING:
+            continue
+        with pytest.raises(ValueError, match="no RoPE setting"):
+            fusedrope.Cache.from_config(CONFIG_MAPPING[model_type](), max_positions=8)
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_positions": 1024}
+    with pytest.raises(ValueError, match="no RoPE setting"):
+        cache_arguments(gpt2)
+    llama1 = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+              "max_position_embeddings": 2048}
+    assert cache_arguments(llama1)["theta"] == 10000.0
