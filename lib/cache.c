@@ -162,9 +162,9 @@ static fusedrope_status check_config(const fusedrope_cache_config *c)
     case FUSEDROPE_ROPE_LLAMA3:
         TRY(check_real("low_freq_factor", c->low_freq_factor, 0.0, 0, tn));
         TRY(check_real("high_freq_factor", c->high_freq_factor, 0.0, 0, tn));
-        if (!(c->low_freq_factor < c->high_freq_factor))
+        if (!(c->low_freq_factor <= c->high_freq_factor))
             return fr_fail(FUSEDROPE_ERR_INVALID,
-                           "low_freq_factor %g is not below high_freq_factor %g",
+                           "low_freq_factor %g is above high_freq_factor %g",
                            c->low_freq_factor, c->high_freq_factor);
         break;
     default:
@@ -264,7 +264,7 @@ static void compute_frequencies(const fusedrope_cache_config *c, double *inv, do
             double lo = orig / c->low_freq_factor, hi = orig / c->high_freq_factor;
             if (w > lo) {
                 f /= c->factor;
-            } else if (w >= hi) {
+            } else if (w >= hi && lo > hi) { /* (equal factors: no band between) */
                 double t = (orig / w - c->low_freq_factor) /
                            (c->high_freq_factor - c->low_freq_factor);
                 f = (1.0 - t) * f / c->factor + t * f;

@@ -341,7 +341,7 @@ int ref_inv_freq(const fusedrope_cache_config *cfg, double *inv, double *attn)
         for (i = 0; i < half; i++) {
             double v = pow(base, -(2.0 * i) / d);
             double w = 2.0 * REF_PI / v;
-            if (w < hi) {
+            if (w < hi || (w <= lo && lo == hi)) { /* equal factors: no band */
                 inv[i] = v;
             } else if (w > lo) {
                 inv[i] = v / cfg->factor;

@@ -234,6 +234,10 @@ static table_case tcases[] = {
      0, 0, 1, 1, 4, 1, 0, 0},
     {"llama3 2/8 x32 attn ignored", FUSEDROPE_ROPE_LLAMA3, 64, 1024, 10000, 32, 1024, 0, 9,
      32, 1, 0, 0, 1, 2, 8, 1, 0, 0},
+    /* Llama 4 Scout's config.json: low_freq_factor = high_freq_factor = 1
+     * (no band between the divided and the unchanged wavelengths) */
+    {"llama3 low == high (Llama 4 Scout)", FUSEDROPE_ROPE_LLAMA3, 128, 512, 500000, 16, 8192, 0,
+     0, 32, 1, 0, 0, 1, 1, 1, 1, 0, 0},
     /* F = freq_dim other than rot_dim in every rope type: odd (an odd
      * partial rotary dimension, rot_dim F + 1) and larger than rot_dim */
     {"default freq_dim 21", FUSEDROPE_ROPE_DEFAULT, 22, 300, 10000, 1, 0, 0, 0, 32, 1, 0, 0, 1,
@@ -896,11 +900,10 @@ static const bad_case bad_cases[] = {
     {"longrope long_factor[last] -2", LR, F_LONG_AT, -2, INV, "long_factor"},
     {"longrope long_factor[last] NaN", LR, F_LONG_AT, NAN, INV, "long_factor"},
     {"longrope long_factor[last] Inf", LR, F_LONG_AT, INFINITY, INV, "long_factor"},
-    /* llama3: 0 < low < high, finite */
+    /* llama3: 0 < low <= high, finite */
     {"llama3 low 0", L3, F_LOWF, 0, INV, "low_freq_factor"},
     {"llama3 low -1", L3, F_LOWF, -1, INV, "low_freq_factor"},
     {"llama3 low NaN", L3, F_LOWF, NAN, INV, "low_freq_factor"},
-    {"llama3 low == high", L3, F_LOWF, 4, INV, "freq_factor"},
     {"llama3 low > high", L3, F_LOWF, 5, INV, "freq_factor"},
     {"llama3 high < low", L3, F_HIGHF, 0.5, INV, "freq_factor"},
     {"llama3 high Inf", L3, F_HIGHF, INFINITY, INV, "high_freq_factor"},
@@ -998,6 +1001,7 @@ END_TEST
 
 /* Values that are valid: the border of each rule, and fields each type ignores. */
 static const bad_case ok_cases[] = {
+    {"llama3 low == high", L3, F_LOWF, 4, FUSEDROPE_OK, ""},
     {"rot_dim 2", D, F_ROT, 2, FUSEDROPE_OK, ""},
     {"rot_dim 8192", D, F_ROT, 8192, FUSEDROPE_OK, ""},
     {"dynamic rot_dim 4", DY, F_ROT, 4, FUSEDROPE_OK, ""},

@@ -77,6 +77,8 @@ def inv_freq(type, d, theta, max_positions, factor=None, original_max_positions=
     if type == "llama3":
         w = 2 * math.pi / base_inv
         lo_w, hi_w = orig / low_freq_factor, orig / high_freq_factor
+        if high_freq_factor == low_freq_factor:   # no band between (Llama 4 Scout)
+            return np.where(w > lo_w, base_inv / factor, base_inv), 1.0
         t = (orig / w - low_freq_factor) / (high_freq_factor - low_freq_factor)
         out = np.where(w < hi_w, base_inv,
                        np.where(w > lo_w, base_inv / factor,

@@ -40,8 +40,16 @@ GPT_OSS = {"model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 
            "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
                             "original_max_position_embeddings": 4096, "rope_type": "yarn",
                             "truncate": False}}
+# Llama 4 Scout's text config: llama3 with low_freq_factor == high_freq_factor
+LLAMA4_SCOUT = {"model_type": "llama4_text", "hidden_size": 5120, "num_attention_heads": 40,
+                "head_dim": 128, "num_key_value_heads": 8,
+                "max_position_embeddings": 10485760, "rope_theta": 500000.0,
+                "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0,
+                                 "low_freq_factor": 1.0,
+                                 "original_max_position_embeddings": 8192,
+                                 "rope_type": "llama3"}}
 CONFIGS = {"llama3.1": LLAMA31, "qwen3": QWEN3, "qwen2.5-yarn": QWEN25_YARN,
-           "phi3-longrope": PHI3_LONGROPE, "gpt-oss": GPT_OSS}
+           "phi3-longrope": PHI3_LONGROPE, "gpt-oss": GPT_OSS, "llama4-scout": LLAMA4_SCOUT}
 
 # Multimodal rope configs (config.json excerpts: Qwen2-VL-7B-Instruct with
 # the legacy "mrope" type at the top level; Qwen3-VL-8B-Instruct and
@@ -364,7 +372,7 @@ def _lib_inv(cache):
 
 @pytest.mark.parametrize("name,max_positions,seq_len", [
     ("llama3.1", None, None), ("qwen3", None, None), ("qwen2.5-yarn", 131072, None),
-    ("gpt-oss", None, None),
+    ("gpt-oss", None, None), ("llama4-scout", None, None),
     ("phi3-longrope", 4096, None),       # short factors: HF at or below the original context
     ("phi3-longrope", None, 131072),     # long factors: HF past the original context
 ])

@@ -340,7 +340,7 @@ unsigned config_allowed(const fusedrope_cache_config *c, int device, int have_cf
         }
         if (t == FUSEDROPE_ROPE_LLAMA3 &&
             !(FIN(c->low_freq_factor) && FIN(c->high_freq_factor) && c->low_freq_factor > 0 &&
-              c->low_freq_factor < c->high_freq_factor))
+              c->low_freq_factor <= c->high_freq_factor))
             bad = 1;
         /* position axes: the layouts' rules (ref_axes_map refuses what the
          * library must); the harness only makes freq_dim 0 or even <= rot_dim
