@@ -23,8 +23,23 @@
 # peers script's.  Every summary line carries the seconds
 # since the start, to plan the next lease.
 # Logs go to /tmp/logs; $OUT gets summary.txt, bench.txt and logs.tgz (the
-# device tool brings back at most 8 files).
+# device tool brings back at most 8 files).  Exit status: 0 when every
+# requested section ran and nothing failed; 1 when a build, a test, a
+# sanitizer run or a verification failed (summary.txt's last lines list
+# them; a test that skips, rc 77, is listed apart and fails nothing); 2,
+# with nothing run, when a section name is unknown.
 set -uo pipefail
+sections=${*:-check sanitize downstream bench peers}
+# every section this script has (section_NAME below): an unknown name fails
+# here, before any device time is spent
+known_sections="check cuda sanitize downstream core graph sweep normwarp cpunorm normbwd normprof bench peers norm"
+for sec in $sections; do
+  case " $known_sections " in *" $sec "*) ;;
+    *) mkdir -p "${OUT:-/tmp/out}"
+       echo "gpu-session.sh: unknown section '$sec' (known: $known_sections); nothing run" |
+         tee "${OUT:-/tmp/out}/summary.txt" >&2
+       exit 2 ;; esac
+done
 out=/tmp/logs; rm -rf "$out"; mkdir -p "$out"
 finish() {
   dest=${OUT:-/tmp/out}; mkdir -p "$dest"
@@ -33,7 +48,6 @@ finish() {
 }
 trap finish EXIT
 here=$(pwd)
-sections=${*:-check sanitize downstream bench peers}
 sys=/tmp/sysroot; mkdir -p "$sys"
 for deb in "$here"/.devcarry/debs/*.deb; do dpkg -x "$deb" "$sys"; done
 lib="$sys/usr/lib/x86_64-linux-gnu"
@@ -46,25 +60,74 @@ summary="$out/summary.txt"; : > "$summary"
 mkdir -p "${OUT:-/tmp/out}"
 t0=$(date +%s)
 note() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$summary" "${OUT:-/tmp/out}/summary-live.txt"; }
+# fail WHAT: a failed build, test, sanitizer run or verification, listed at
+# the end and making the exit status 1; skipped WHAT: a test that skipped (77)
+failures=() skips=()
+fail() { failures+=("$*"); }
+skipped() { skips+=("$*"); }
+test_rc() {  # WHAT RC: a test program's exit status judged (77: skipped)
+  case $2 in 0) ;; 77) skipped "$1" ;; *) fail "$1: rc $2" ;; esac
+}
+# bench_grep PATTERN COMMAND...: COMMAND's output lines that match PATTERN
+# (and its FAIL lines); a non-zero exit of COMMAND is a FAIL line too, and
+# kept in brc (set brc=0 before)
+bench_grep() {
+  local pat=$1 r; shift
+  "$@" | grep -E "^FAIL|$pat"; r=${PIPESTATUS[0]}
+  [ "$r" = 0 ] || { echo "FAIL: rc $r: $*"; brc=$r; }
+  return 0
+}
+conclude() {  # the last lines of the summary, and the exit status
+  local f
+  for f in ${skips[@]+"${skips[@]}"}; do note "skipped: $f"; done
+  if [ ${#failures[@]} -eq 0 ]; then note "done: nothing failed"; exit 0; fi
+  note "FAILED (${#failures[@]}):"
+  for f in "${failures[@]}"; do note "  $f"; done
+  exit 1
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$out/device.txt"
 nvcc --version | tail -1 >> "$out/device.txt"
 note "device: $(head -1 "$out/device.txt")"
 
 # REUSE_BUILD=1 on a machine still warm from a call of the same tarball: its
 # build and install kept (a build took 46 s of device time on the 2026-11-28
-# lease, 170 s on an earlier one)
-if [ "${REUSE_BUILD:-0}" = 1 ] && [ -x /tmp/inst/bin/fusedrope-bench ] &&
-   cmp -s "$here"/.devcarry/fusedrope-*.tar.gz /tmp/build/built.tar.gz; then
+# lease, 170 s on an earlier one).  "The same" is judged by content (each
+# member's name, mode and bytes): two `make dist` of one tree differ in their
+# bytes (timestamps) but not there.  Refused (noted, with the reason) where
+# there is no install, the tarball's content differs, or bench/sweep-knobs.sh
+# left the tree's cuda_apply built with other flags (its marker).
+tar_content() {  # TARBALL: a hash of its members' names, modes and contents
+  tar -xzf "$1" --to-command='printf "%s %s " "$TAR_MODE" "$TAR_FILENAME"; sha256sum' |
+    LC_ALL=C sort | sha256sum | cut -d' ' -f1
+}
+reuse=
+if [ "${REUSE_BUILD:-0}" = 1 ]; then
+  if [ ! -x /tmp/inst/bin/fusedrope-bench ] || [ ! -f /tmp/build/built.tar.gz ]; then
+    reuse="no earlier build on this machine (/tmp/inst, /tmp/build/built.tar.gz)"
+  elif [ "$(tar_content "$here"/.devcarry/fusedrope-*.tar.gz)" != \
+         "$(cat /tmp/build/built.content 2>/dev/null || tar_content /tmp/build/built.tar.gz)" ]; then
+    reuse="the tarball's content differs from the one built"
+  elif compgen -G '/tmp/build/fusedrope-*/.sweep-nvccflags' > /dev/null; then
+    reuse="sweep-knobs.sh left the tree's cuda_apply other than the default ($(cat /tmp/build/fusedrope-*/.sweep-nvccflags))"
+  else
+    reuse=yes
+  fi
+fi
+if [ "$reuse" = yes ]; then
   cd /tmp/build/fusedrope-*/ || exit 1
   src=$(pwd)
   note "build and install reused"
 else
+  [ -n "$reuse" ] && note "REUSE_BUILD=1 refused: $reuse; building"
   rm -rf /tmp/build && mkdir -p /tmp/build && tar -xzf "$here"/.devcarry/fusedrope-*.tar.gz -C /tmp/build
   cd /tmp/build/fusedrope-*/ || exit 1
   src=$(pwd)
-  ./configure --with-cuda-arch=90 --prefix=/tmp/inst > "$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
-  make -j16 > "$out/make.log" 2>&1 && make install >> "$out/make.log" 2>&1 || { tail -40 "$out/make.log"; exit 1; }
+  ./configure --with-cuda-arch=90 --prefix=/tmp/inst > "$out/configure.log" 2>&1 ||
+    { tail -30 "$out/configure.log"; fail "configure (configure.log)"; conclude; }
+  make -j16 > "$out/make.log" 2>&1 && make install >> "$out/make.log" 2>&1 ||
+    { tail -40 "$out/make.log"; fail "build or install (make.log)"; conclude; }
   cp "$here"/.devcarry/fusedrope-*.tar.gz /tmp/build/built.tar.gz
+  tar_content /tmp/build/built.tar.gz > /tmp/build/built.content
   note "built and installed"
 fi
 
@@ -73,22 +136,27 @@ fi
 # built niced in the background from here on, while the sections before the
 # sweeps run (a rebuild in the one tree took 50-75 s of device time each);
 # a section that times what the host's load could change waits for them
-# first (quiet_host).
-declare -A vdir vpid
+# first (quiet_host), which keeps each build's exit status (vrc).  Each tree
+# is emptied first: a tree an earlier call on this machine built must not
+# stand in for a build of this call that failed.
+declare -A vdir vpid vrc
 prebuild() {  # SECTION VARIANT KNOB... (VARIANT: A:B:... one value a knob)
   local sec=$1 v=$2 dir=/tmp/var/$1-${2//:/-} flags= vals i
   shift 2; local knobs=("$@")
   IFS=: read -r -a vals <<< "$v"
   for i in "${!vals[@]}"; do flags="$flags -D${knobs[$i]}=${vals[$i]}"; done
-  mkdir -p "$dir" && tar -xzf "$here"/.devcarry/fusedrope-*.tar.gz -C "$dir" --strip-components=1
+  vdir[$sec:$v]=$dir vrc[$sec:$v]=1
+  rm -rf "$dir" && mkdir -p "$dir" &&
+    tar -xzf "$here"/.devcarry/fusedrope-*.tar.gz -C "$dir" --strip-components=1 ||
+    { echo "unpacking the tarball into $dir failed" > "$dir/build.log"; return; }
   ( cd "$dir" && nice ./configure --with-cuda-arch=90 > configure.log 2>&1 &&
       nice make -j4 NVCCFLAGS="$flags" libfusedrope_core.la tools/fusedrope-bench \
         tests/test_norm_gpu > build.log 2>&1 ) &
-  vdir[$sec:$v]=$dir vpid[$sec:$v]=$!
+  vpid[$sec:$v]=$!
 }
 quiet_host() {
   local k n=0
-  for k in "${!vpid[@]}"; do wait "${vpid[$k]}" 2> /dev/null; n=$((n + 1)); done
+  for k in "${!vpid[@]}"; do wait "${vpid[$k]}" 2> /dev/null; vrc[$k]=$?; n=$((n + 1)); done
   [ $n -gt 0 ] && note "quiet host: the $n variant builds done"
   vpid=()
 }
@@ -114,16 +182,20 @@ section_check() {
   cat tests/*.log > "$out/tests.log" 2>/dev/null
   note "make check: rc $rc; $(grep -E '^(PASS|FAIL|SKIP|ERROR):' "$out/check.log" | tr '\n' ' ')"
   grep -E '^[0-9]+%: Checks' tests/*.log | sed 's/^/  /' | tee -a "$summary"
+  [ $rc = 0 ] || fail "make check: rc $rc (check.log)"
 }
 
 cuda_tests=${CUDA_TESTS:-tests/test_cuda tests/test_cache tests/test_norm_gpu tests/test_apply_gpu tests/test_axes_gpu}
 section_cuda() {
   # a failed build skips this section only (note it: the later sections still run)
+  local rc
   make -j16 $cuda_tests > "$out/cuda-build.log" 2>&1 ||
-    { note "cuda tests' build failed: $(grep -m3 -E 'error' "$out/cuda-build.log")"; return 1; }
+    { note "cuda tests' build failed: $(grep -m3 -E 'error' "$out/cuda-build.log")"
+      fail "cuda tests' build (cuda-build.log)"; return 1; }
   for t in $cuda_tests; do
-    timeout ${TEST_TIMEOUT:-300} ./$t > "$out/$(basename $t).log" 2>&1
-    note "$t: rc $? $(grep -E '^[0-9]+%: Checks' "$out/$(basename $t).log")"
+    timeout ${TEST_TIMEOUT:-300} ./$t > "$out/$(basename $t).log" 2>&1; rc=$?
+    note "$t: rc $rc $(grep -E '^[0-9]+%: Checks' "$out/$(basename $t).log")"
+    test_rc "$t" $rc
     grep -E ':[EF]:|differ|abort|Abort|fr_cuda|under capture' "$out/$(basename $t).log" | head -5 |
       while IFS= read -r l; do note "  $l"; done
   done
@@ -134,7 +206,8 @@ section_sanitize() {
   for entry in ${SAN_PROGRAMS:-tests/test_cuda}; do
     prog=${entry%%=*} tools=${SAN_TOOLS:-memcheck racecheck initcheck synccheck}
     [ "$entry" != "$prog" ] && tools=$(echo "${entry#*=}" | tr , ' ')
-    [ -x $prog ] || make -j16 $prog > "$out/sanitize-build.log" 2>&1
+    [ -x $prog ] || make -j16 $prog > "$out/sanitize-build.log" 2>&1 ||
+      { note "$prog: build failed (sanitize-build.log)"; fail "$prog: build for compute-sanitizer"; continue; }
     for tool in $tools; do
       if [ $(( $(date +%s) - t0 )) -ge ${SAN_UNTIL:-999999} ]; then
         note "compute-sanitizer $tool $prog: not run (past SAN_UNTIL=$SAN_UNTIL s)"; continue
@@ -142,34 +215,44 @@ section_sanitize() {
       extra=; [ $tool = memcheck ] && extra="--leak-check full"
       log="$out/sanitize-$tool-$(basename $prog).log"
       timeout ${SAN_TIMEOUT:-240} compute-sanitizer --tool $tool $extra --error-exitcode 9 ./$prog \
-        > "$log" 2>&1
-      note "compute-sanitizer $tool $prog: rc $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1); $(grep -cE '^========= +(Invalid|Uninitialized|Race|Barrier|Program hit)' "$log") error reports)"
+        > "$log" 2>&1; rc=$?
+      [ $rc = 0 ] || fail "compute-sanitizer $tool $prog: rc $rc"
+      note "compute-sanitizer $tool $prog: rc $rc ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1); $(grep -cE '^========= +(Invalid|Uninitialized|Race|Barrier|Program hit)' "$log") error reports)"
     done
   done
 }
 
-section_downstream() (
-  # a subshell: its pkg-config settings stay here, whatever section comes next
+downstream_run() (
+  # a subshell: its pkg-config settings stay here, whatever section comes next;
+  # exits 1 where either program failed to build or run (noted)
+  local st=0 rc
   export PKG_CONFIG_PATH="/tmp/inst/lib/pkgconfig:$PKG_CONFIG_PATH"
   unset PKG_CONFIG_SYSROOT_DIR
   cc -o /tmp/downstream_gpu "$src/tests/downstream_gpu.c" -I/usr/local/cuda/include \
      $(pkg-config --cflags --libs fusedrope) > "$out/downstream.log" 2>&1 &&
-    /tmp/downstream_gpu >> "$out/downstream.log" 2>&1
-  note "downstream (pkg-config, GPU): rc $? $(tail -1 "$out/downstream.log")"
+    /tmp/downstream_gpu >> "$out/downstream.log" 2>&1; rc=$?
+  note "downstream (pkg-config, GPU): rc $rc $(tail -1 "$out/downstream.log")"
+  [ $rc = 0 ] || st=1
   cc -O2 -DRUNTIME_PARTS -I/usr/local/cuda/include -o /tmp/cache_time "$src/bench/cache-build-time.c" \
      $(pkg-config --cflags --libs fusedrope) &&
-    /tmp/cache_time > "$out/cache-time.log" 2>&1
-  note "$(cat "$out/cache-time.log")"
+    /tmp/cache_time > "$out/cache-time.log" 2>&1; rc=$?
+  note "$(cat "$out/cache-time.log" 2>/dev/null)"
+  [ $rc = 0 ] || { note "cache-build-time: rc $rc"; st=1; }
+  exit $st
 )
+section_downstream() {
+  downstream_run || fail "downstream: downstream_gpu or cache-build-time (downstream.log, cache-time.log)"
+}
 
 section_core() {
   quiet_host
-  b=/tmp/inst/bin/fusedrope-bench
-  { $b --iters 200
-    $b --shape 1,64,32,128 --qk 32,8 --iters 1000
-    $b --shape 1,64,32,128 --qk 32,8 --iters 1000 --offsets
+  b=/tmp/inst/bin/fusedrope-bench rc=0
+  { $b --iters 200 || rc=$?
+    $b --shape 1,64,32,128 --qk 32,8 --iters 1000 || rc=$?
+    $b --shape 1,64,32,128 --qk 32,8 --iters 1000 --offsets || rc=$?
   } > "$out/bench.txt" 2> "$out/bench-progress.txt"
-  note "bench (core): rc $?"
+  note "bench (core): rc $rc (the last failing run's; 0: all verified)"
+  [ $rc = 0 ] || fail "bench (core): rc $rc (bench.txt)"
   grep -E '^(forward|backward)' "$out/bench.txt" | awk '{print "  " $0}' | tee -a "$summary"
   # Kernel time alone (gpu__time_duration) at the GPU's own clocks: the decode
   # step with cold caches (ncu's default flush) and warm ones (its inputs just
@@ -180,7 +263,8 @@ section_core() {
            "none minimal --shape 1,1,1,16"; do
     set -- $c; cc=$1 name=$2; shift 2
     timeout 120 ncu --clock-control none --cache-control $cc --metrics gpu__time_duration.sum --csv \
-      $b "$@" --iters 20 --warmup 2 > "$out/ncu-$name-$cc.csv" 2>&1
+      $b "$@" --iters 20 --warmup 2 > "$out/ncu-$name-$cc.csv" 2>&1; rc=$?
+    [ $rc = 0 ] || fail "ncu $name --cache-control $cc: rc $rc (ncu-$name-$cc.csv)"
     note "kernel time, $name ($*), ncu --cache-control $cc: $(grep rope_kernel "$out/ncu-$name-$cc.csv" |
       awk -F'","' '{gsub(/[",]/, "", $NF); print $NF, $(NF-1)}' | sort -n |
       awk '{v[NR]=$1; u=$2} END {print "min", v[1], "median", v[int((NR+1)/2)], "max", v[NR], u, "over", NR, "kernels"}')"
@@ -197,6 +281,7 @@ section_graph() {
       >> "$out/bench-graph.txt" 2>> "$out/bench-progress.txt" || rc=$?
   done
   note "bench (graph): rc $rc"
+  [ $rc = 0 ] || fail "bench (graph): rc $rc (bench-graph.txt)"
   grep -A4 -E '^op +shape +one call' "$out/bench-graph.txt" | grep -E '^(forward|backward|norm)' |
     awk '{print "  " $0}' | tee -a "$summary"
 }
@@ -204,25 +289,32 @@ section_graph() {
 section_sweep() {
   quiet_host
   # bench/sweep-knobs.sh on this build (VARIANTS chooses the launch knobs)
-  bash "$here/bench/sweep-knobs.sh" > "$out/sweep.log" 2>&1
-  note "sweep: rc $?"
-  grep -E '^(==|forward|backward)' "${OUT:-/tmp/out}/sweep.txt" | tee -a "$summary"
+  local rc
+  bash "$here/bench/sweep-knobs.sh" > "$out/sweep.log" 2>&1; rc=$?
+  note "sweep: rc $rc"
+  [ $rc = 0 ] || fail "sweep: rc $rc (a variant's build or a bench run; sweep.txt)"
+  grep -E '^(==|forward|backward|FAIL)|build failed' "${OUT:-/tmp/out}/sweep.txt" | tee -a "$summary"
 }
 
 # variant_tree SECTION VARIANT (after quiet_host): vt= the variant's tree
 # (the variant "default": the main build's), its test_norm_gpu run and
-# noted (VARIANT_TESTS=0: not run); fails (noted) where its build failed
+# noted (VARIANT_TESTS=0: not run); fails (noted) where its build failed,
+# judged by the build's exit status
 variant_tree() {
+  local rc
   vt=$src
   [ "$2" = default ] && return 0
   vt=${vdir[$1:$2]}
-  if [ ! -x "$vt/tools/fusedrope-bench" ] || [ ! -x "$vt/tests/test_norm_gpu" ]; then
-    note "$1 $2: build failed: $(grep -h -m3 -E 'error' "$vt/build.log" "$vt/configure.log" 2>/dev/null)"
+  if [ "${vrc[$1:$2]:-1}" != 0 ]; then
+    note "$1 $2: build failed (rc ${vrc[$1:$2]:-1}): $(grep -h -m3 -E 'error' "$vt/build.log" "$vt/configure.log" 2>/dev/null)"
+    fail "$1 $2: build ($vt/build.log, configure.log)"
     return 1
   fi
   [ "${VARIANT_TESTS:-1}" = 0 ] && return 0  # the bench still verifies each output
-  ( cd "$vt" && timeout 120 ./tests/test_norm_gpu > test.log 2>&1 )
-  note "$1 $2: test_norm_gpu rc $? $(grep -E '^[0-9]+%: Checks' "$vt/test.log")"
+  ( cd "$vt" && timeout 120 ./tests/test_norm_gpu > test.log 2>&1 ); rc=$?
+  note "$1 $2: test_norm_gpu rc $rc $(grep -E '^[0-9]+%: Checks' "$vt/test.log")"
+  [ $rc = 0 ] || fail "$1 $2: test_norm_gpu rc $rc"
+  return 0
 }
 
 section_normwarp() {
@@ -244,21 +336,24 @@ section_normwarp() {
   # a grid of a warp an item (GRID 0), of one wave (7 blocks an SM), and
   # the items' rows prefetched);
   # NORMWARP_TOKENS the sizes
+  local brc r
   quiet_host
   for v in default $normwarp_variants; do
     variant_tree normwarp $v || continue
-    b=$vt/tools/fusedrope-bench
+    b=$vt/tools/fusedrope-bench brc=0
     { echo "== FR_CUDA_NORM_WARP_ROWS:RPW:HEADS:AHEAD:MINB:GRID:HALF:PREFETCH=$v"
       for tokens in ${NORMWARP_TOKENS:-64 256 1024 4096 16384}; do
-        $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_fwd|FAIL)'
+        bench_grep '^norm_fwd' $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3
       done
       for opts in "--norm gemma" "--norm once" "--norm qwen3 --style interleaved" \
                   "--norm qwen3 --dtype fp16"; do
-        $b --qk 32,8 --shape 4096,1,1,128 --iters 100 $opts | grep -E '^(norm_fwd|FAIL)'
+        bench_grep '^norm_fwd' $b --qk 32,8 --shape 4096,1,1,128 --iters 100 $opts
       done
       $b --shape 1,64,32,128 --qk 32,8 --offsets --iters 200 --graph 100 --norm qwen3 |
-        grep -A3 -E '^op +shape +one call' | grep -E '^norm_fwd'
+        grep -E -A3 '^FAIL|^op +shape +one call' | grep -E '^(norm_fwd|FAIL)'; r=${PIPESTATUS[0]}
+      [ "$r" = 0 ] || { echo "FAIL: rc $r: $b ... --graph 100 --norm qwen3"; brc=$r; }
     } >> "$out/bench-normwarp.txt" 2>> "$out/bench-progress.txt"
+    [ $brc = 0 ] || fail "normwarp $v: a bench run failed (rc $brc; bench-normwarp.txt)"
   done
   grep -E '^(==|norm_fwd|FAIL)' "$out/bench-normwarp.txt" | tee -a "$summary"
 }
@@ -269,7 +364,7 @@ section_cpunorm() {
   # build machine has 2): bf16, plain / once / gemma / qwen3 alternated,
   # CPUNORM_ROUNDS rounds at each of CPUNORM_THREADS; the bench's lines
   # (forward and backward, ms and of copy) go to bench-cpunorm.txt
-  local b=/tmp/inst/bin/fusedrope-bench nt r n
+  local b=/tmp/inst/bin/fusedrope-bench nt r n rc brc=0
   quiet_host
   note "host CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $(nproc) CPUs"
   for nt in ${CPUNORM_THREADS:-1 4 $(nproc)}; do
@@ -279,11 +374,14 @@ section_cpunorm() {
         OMP_NUM_THREADS=$nt timeout 120 $b --device cpu --qk 32,8 --shape 4096,1,1,128 \
           --layout bshd $([ $n = plain ] || echo --norm $n) --iters 30 2>&1 |
           grep -E '^(forward_qk|backward_qk|norm_fwd|norm_bwd|FAIL)' >> "$out/bench-cpunorm.txt"
+        rc=${PIPESTATUS[0]}
+        [ $rc = 0 ] || { echo "FAIL: rc $rc" >> "$out/bench-cpunorm.txt"; brc=$rc; }
       done
     done
     note "cpunorm $nt threads: forward ms (plain once gemma qwen3) by round: $(awk -v t="$nt" '
       /^== / { on = ($3 == t) } on && /^(forward_qk|norm_fwd)/ { printf "%s ", $6 }' "$out/bench-cpunorm.txt")"
   done
+  [ $brc = 0 ] || fail "cpunorm: a bench run failed (rc $brc; bench-cpunorm.txt)"
 }
 
 section_normbwd() {
@@ -306,18 +404,20 @@ section_normbwd() {
   # test_norm_gpu on each, then the backward lines (dw for q and k) at 1024,
   # 4096 and 16384 tokens and in fp16 and interleaved, on the default
   # build first and on each
+  local brc
   quiet_host
   for v in default $normbwd_variants; do
     variant_tree normbwd $v || continue
-    b=$vt/tools/fusedrope-bench
+    b=$vt/tools/fusedrope-bench brc=0
     { echo "== FR_CUDA_NORM_BWD_HEADS:AHEAD:MINB:WAVE:HALF:PIPE:PDL:PREFETCH=$v"
       for tokens in 1024 4096 16384; do
-        $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3 | grep -E '^(norm_bwd|FAIL)'
+        bench_grep '^norm_bwd' $b --qk 32,8 --shape $tokens,1,1,128 --iters 100 --norm qwen3
       done
       for opts in "--dtype fp16" "--style interleaved"; do
-        $b --qk 32,8 --shape 4096,1,1,128 --iters 100 --norm qwen3 $opts | grep -E '^(norm_bwd|FAIL)'
+        bench_grep '^norm_bwd' $b --qk 32,8 --shape 4096,1,1,128 --iters 100 --norm qwen3 $opts
       done
     } >> "$out/bench-normbwd.txt" 2>> "$out/bench-progress.txt"
+    [ $brc = 0 ] || fail "normbwd $v: a bench run failed (rc $brc; bench-normbwd.txt)"
   done
   grep -E '^(==|norm_bwd|FAIL)' "$out/bench-normbwd.txt" | tee -a "$summary"
 }
@@ -335,8 +435,9 @@ section_normprof() {
     timeout ${NCU_TIMEOUT:-150} ncu --clock-control none -k regex:norm_ --launch-count 6 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section ComputeWorkloadAnalysis --section InstructionStats \
-      $b "$@" --norm qwen3 --iters 1 --warmup 0 > "$out/ncu-norm-$name.txt" 2>&1
-    note "ncu norm $name ($*): rc $?"
+      $b "$@" --norm qwen3 --iters 1 --warmup 0 > "$out/ncu-norm-$name.txt" 2>&1; rc=$?
+    note "ncu norm $name ($*): rc $rc"
+    [ $rc = 0 ] || fail "ncu norm $name: rc $rc (ncu-norm-$name.txt)"
     grep -E '^  [a-z_:<>0-9, ()A-Za-z]+\(|Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per Issued|stalled|Block Limit|Issue Slots Busy|Executed Ipc|pipeline|Pipe' \
       "$out/ncu-norm-$name.txt" | cut -c1-200 | head -120 | tee -a "$summary"
   done
@@ -344,25 +445,43 @@ section_normprof() {
 
 section_bench() {
   quiet_host
-  b=/tmp/inst/bin/fusedrope-bench
-  { $b
-    $b --dtype fp16; $b --dtype fp32
-    $b --style interleaved
-    $b --layout bshd; $b --layout thd
-    $b --shape 4096,1,128,128 --rot-dim 64 --inplace
-    $b --shape 1,64,32,128 --qk 32,8 --iters 1000
-    $b --shape 65536,2,32,128 --qk 32,8 --inplace --iters 50
+  b=/tmp/inst/bin/fusedrope-bench rc=0
+  { $b || rc=$?
+    $b --dtype fp16 || rc=$?; $b --dtype fp32 || rc=$?
+    $b --style interleaved || rc=$?
+    $b --layout bshd || rc=$?; $b --layout thd || rc=$?
+    $b --shape 4096,1,128,128 --rot-dim 64 --inplace || rc=$?
+    $b --shape 1,64,32,128 --qk 32,8 --iters 1000 || rc=$?
+    $b --shape 65536,2,32,128 --qk 32,8 --inplace --iters 50 || rc=$?
   } > "$out/bench.txt" 2> "$out/bench-progress.txt"
-  note "bench: rc $?"
+  note "bench: rc $rc (the last failing run's; 0: all verified)"
+  [ $rc = 0 ] || fail "bench: rc $rc (bench.txt)"
   grep -E '^(forward|backward)' "$out/bench.txt" | awk '{print "  " $0}' | tee -a "$summary"
 }
 
+# python_binding: the Python binding (peers.py's and peers_norm.py's
+# fusedrope-py row) built in place in $src/python against the install, once
+# a call; the peers scripts run with PYTHONPATH="$src/python"
+binding_rc=
+python_binding() {
+  [ -n "$binding_rc" ] && return "$binding_rc"
+  ( unset PKG_CONFIG_SYSROOT_DIR; cd "$src/python" && FUSEDROPE_PREFIX=/tmp/inst PKG_CONFIG_PATH=/tmp/inst/lib/pkgconfig \
+      timeout 120 python3 setup.py build_ext --inplace ) > "$out/python-build.log" 2>&1
+  binding_rc=$?
+  note "python binding build: rc $binding_rc"
+  [ $binding_rc = 0 ] || fail "python binding build: rc $binding_rc (python-build.log)"
+  return "$binding_rc"
+}
+
 section_peers() {
-  quiet_host
+  local rc
+  python_binding
+  quiet_host   # the peers are timed from Python
   for shape in 4096,1,128,128 512,32,24,128; do
-    PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 "$src/bench/peers.py" --bench /tmp/inst/bin/fusedrope-bench \
-      --shape $shape > "$out/peers-$shape.txt" 2>&1
-    note "peers $shape: rc $?"
+    PYTHONPATH="$src/python" PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 "$src/bench/peers.py" \
+      --bench /tmp/inst/bin/fusedrope-bench --shape $shape > "$out/peers-$shape.txt" 2>&1; rc=$?
+    note "peers $shape: rc $rc"
+    [ $rc = 0 ] || fail "peers $shape: rc $rc (peers-$shape.txt)"
     tail -8 "$out/peers-$shape.txt" | tee -a "$summary"
   done
 }
@@ -378,22 +497,23 @@ section_norm() {
     $b --qk 32,8 --shape 4096,1,1,128 --norm qwen3 --iters 100 $opts >> "$out/bench-norm.txt" 2>> "$progress" || rc=$?
   done
   note "bench (norm): rc $rc (the last failing run's; 0: all verified)"
+  [ $rc = 0 ] || fail "bench (norm): rc $rc (bench-norm.txt)"
   grep -E '^(norm_|forward|backward)' "$out/bench-norm.txt" | awk '{print "  " $0}' | tee -a "$summary"
-  # the binding for peers_norm's fusedrope-py row: built in place against the install
-  ( unset PKG_CONFIG_SYSROOT_DIR; cd "$src/python" && FUSEDROPE_PREFIX=/tmp/inst PKG_CONFIG_PATH=/tmp/inst/lib/pkgconfig \
-      timeout 120 python3 setup.py build_ext --inplace ) > "$out/python-build.log" 2>&1
-  note "python binding build: rc $?"
+  python_binding   # for peers_norm's fusedrope-py row
   quiet_host   # the peers are timed a call at a time from Python
   for family in ${NORM_FAMILIES-qwen3 gemma3}; do   # NORM_FAMILIES="": none
     PYTHONPATH="$src/python" PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 "$src/bench/peers_norm.py" \
       --bench /tmp/inst/bin/fusedrope-bench --family $family --shape 4096,1,32,8,128 \
-      > "$out/peers-norm-$family.txt" 2>&1
-    note "peers_norm $family: rc $?"
+      > "$out/peers-norm-$family.txt" 2>&1; rc=$?
+    note "peers_norm $family: rc $rc"
+    [ $rc = 0 ] || fail "peers_norm $family: rc $rc (peers-norm-$family.txt)"
     tail -8 "$out/peers-norm-$family.txt" | tee -a "$summary"
   done
 }
 
 # The sections in the order given (a short lease runs its most wanted first).
 for sec in $sections; do
-  if declare -F "section_$sec" > /dev/null; then "section_$sec"; else note "unknown section $sec"; fi
+  if declare -F "section_$sec" > /dev/null; then "section_$sec"
+  else note "section $sec: in known_sections but not defined"; fail "section $sec: not defined"; fi
 done
+conclude

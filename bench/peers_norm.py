@@ -42,7 +42,10 @@ twice the fraction: bench/RESULTS.md.)
   python3 bench/peers_norm.py [--device cuda|cpu] [--shape S,B,HQ,HK,D]
       [--family qwen3|gemma3] [--dtype bf16|fp16|fp32] [--iters N]
       [--no-compile] [--bench BUILD/tools/fusedrope-bench]
-Exits 77 when torch (or, for the binding row, fusedrope) is missing.
+Exits 1 when a check fails, the fusedrope-bench run (--bench) included (its
+nonzero exit: an output that did not verify, or a crash), as peers.py does;
+77 when torch is missing or sees no CUDA device (1 if that bench run failed);
+without the fusedrope package there is no fusedrope-py row.
 """
 import argparse
 import math
@@ -79,12 +82,18 @@ def main():
                "--qk", "%d,%d" % (a.HQ, a.HK), "--shape", "%d,%d,1,%d" % (a.S, a.B, a.D),
                "--norm", "qwen3" if a.family == "qwen3" else "gemma", "--iters", str(a.iters)]
         print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-        subprocess.run(cmd, check=False)
+        bench_rc = subprocess.run(cmd, check=False).returncode
+        if bench_rc != 0:
+            print("peers_norm.py: fusedrope-bench exited %d: FAIL" % bench_rc, flush=True)
+    else:
+        bench_rc = 0
+    # where there is nothing to compare: 77, or 1 when the bench run failed
+    skip = 77 if bench_rc == 0 else 1
     try:
         import torch
     except ImportError:
         print("peers_norm.py: PyTorch is not installed; nothing to compare", file=sys.stderr)
-        sys.exit(77)
+        sys.exit(skip)
     try:
         import fusedrope
     except ImportError:
@@ -94,7 +103,7 @@ def main():
     if a.device == "cuda" and not torch.cuda.is_available():
         print("peers_norm.py: no CUDA device visible to PyTorch (use --device cpu)",
               file=sys.stderr)
-        sys.exit(77)
+        sys.exit(skip)
     dev = torch.device(a.device)
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     p = {"bf16": 8, "fp16": 11, "fp32": 24}[a.dtype]  # unit roundoff 2^-p
@@ -181,7 +190,7 @@ def main():
     impls = [("torch-eager", unfused)]
     if not a.no_compile:
         impls.append(("torch-compile", torch.compile(unfused, fullgraph=True)))
-    results, ok_all = [], True
+    results, ok_all = [], bench_rc == 0
     for name, fn in impls:
         leaves = [t.clone().requires_grad_(True) for t in (q, k, qw, kw)]
         yq, yk = fn(*leaves)
@@ -266,6 +275,8 @@ def main():
                  copy_bwd / tb if tb > 0 else math.inf, "ok" if ok else "FAIL", note))
     print("(torch backward = forward+backward minus forward; its autograd also recomputes "
           "nothing: the activations are kept)")
+    if bench_rc != 0:
+        print("fusedrope-bench (--bench) exited %d: FAIL" % bench_rc)
     sys.exit(0 if ok_all else 1)
 
 

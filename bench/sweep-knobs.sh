@@ -3,6 +3,7 @@
 # over the issue-4 shapes, plus the kernel-only time of a decode step under
 # Nsight Compute.  Run after bench/gpu-session.sh has built /tmp/build:
 #   device run, carry [".devcarry"]: bash bench/gpu-session.sh check && bash bench/sweep-knobs.sh
+# Exits 1 where a variant's build or a bench run (its verification) failed.
 set -uo pipefail
 dest=${OUT:-/tmp/out}; mkdir -p "$dest"
 cd /tmp/build/fusedrope-*/ || exit 1
@@ -21,24 +22,47 @@ log="$dest/sweep.txt"; : > "$log"
 # shape [512,32,24,128] 9 points slower), the register caps (MAXNREG=80, 72,
 # 64), WAVES=2, MAX_HPT=16, MAX_HPT=4.
 variants=${VARIANTS:-"default -DFR_CUDA_U_INTER=2"}
+# The tree's cuda_apply is rebuilt only where a variant's flags differ from
+# those it was last built with: .sweep-nvccflags holds them ("building ..."
+# while a build runs, so one cut off is never taken for done; no file: the
+# default, as gpu-session.sh built it), so the default, first, costs no
+# compile, and gpu-session.sh's REUSE_BUILD refuses a tree left marked.
+mark=.sweep-nvccflags
+build() {  # FLAGS ("" = the default)
+  if [ -x tools/fusedrope-bench ] && { { [ -z "$1" ] && [ ! -e $mark ]; } ||
+       { [ -e $mark ] && [ "$(cat $mark)" = "$1" ]; }; }; then
+    return 0
+  fi
+  echo "building $1" > $mark
+  rm -f kernels/cuda_apply.o kernels/cuda_apply.lo libfusedrope_core.la tools/fusedrope-bench
+  make -j16 NVCCFLAGS="$1" libfusedrope_core.la tools/fusedrope-bench >/dev/null 2>&1 || return 1
+  if [ -z "$1" ]; then rm -f $mark; else echo "$1" > $mark; fi
+}
+# each run's forward/backward lines (and FAIL lines); a failing run noted, st=1
+st=0
+run() {
+  local o r
+  o=$($b "$@"); r=$?
+  printf '%s\n' "$o" | grep -E '^(forward|backward|FAIL)'
+  [ $r = 0 ] || { echo "FAIL: fusedrope-bench $*: rc $r"; st=1; }
+}
 # a variant of several flags joins them with commas
 for v in $variants; do
   flags=$(echo "$v" | tr , ' '); [ "$v" = default ] && flags=
-  rm -f kernels/cuda_apply.o kernels/cuda_apply.lo libfusedrope_core.la tools/fusedrope-bench
-  make -j16 NVCCFLAGS="$flags" libfusedrope_core.la tools/fusedrope-bench >/dev/null 2>&1 || { echo "$v: build failed" | tee -a "$log"; continue; }
+  build "$flags" || { echo "$v: build failed" | tee -a "$log"; st=1; continue; }
   b=./tools/fusedrope-bench
   {
     echo "== $v"
-    $b --iters 200 | grep -E '^(forward|backward)'
-    $b --iters 200 --dtype fp16 --shape 512,32,24,128 | grep -E '^(forward|backward)'
-    $b --iters 200 --shape 4096,1,128,128 --rot-dim 64 --inplace | grep -E '^(forward|backward)'
+    run --iters 200
+    run --iters 200 --dtype fp16 --shape 512,32,24,128
+    run --iters 200 --shape 4096,1,128,128 --rot-dim 64 --inplace
     for dt in bf16 fp16 fp32; do
-      $b --iters 200 --shape 4096,1,128,128 --style interleaved --dtype $dt | grep -E '^(forward|backward)'
+      run --iters 200 --shape 4096,1,128,128 --style interleaved --dtype $dt
     done
   } >> "$log" 2>&1
 done
-rm -f kernels/cuda_apply.o kernels/cuda_apply.lo libfusedrope_core.la tools/fusedrope-bench
-make -j16 libfusedrope_core.la tools/fusedrope-bench >/dev/null 2>&1
+# the tree back to the default build (nothing to do where it is)
+build "" || { echo "restoring the default build failed" | tee -a "$log"; st=1; }
 if [ "${SWEEP_NCU:-1}" = 1 ]; then   # SWEEP_NCU=0: no decode timing under ncu
   echo "== decode under ncu (gpu__time_duration of each kernel)" >> "$log"
   timeout 180 ncu --metrics gpu__time_duration.sum --csv ./tools/fusedrope-bench \
@@ -46,3 +70,4 @@ if [ "${SWEEP_NCU:-1}" = 1 ]; then   # SWEEP_NCU=0: no decode timing under ncu
   grep -E 'rope_kernel' "$dest/ncu-decode.csv" | awk -F'","' '{print $5, $(NF)}' | sort | uniq -c | head -20 >> "$log"
 fi
 cat "$log"
+exit $st
