@@ -15,7 +15,7 @@ fr_cmake_subst = sed \
 	-e 's|@libdir[@]|$(libdir)|g' \
 	-e 's|@includedir[@]|$(includedir)|g' \
 	-e 's|@PACKAGE_VERSION[@]|$(PACKAGE_VERSION)|g' \
-	-e 's|@OPENMP_CFLAGS[@]|$(OPENMP_CFLAGS)|g' \
+	-e 's|@OPENMP_LIBS[@]|$(OPENMP_LIBS)|g' \
 	-e 's|@THREAD_LIBS[@]|$(THREAD_LIBS)|g' \
 	-e 's|@CUDA_LIBS[@]|$(CUDA_LIBS)|g'
 
