@@ -344,7 +344,8 @@ void fr_cpu_apply(const fr_apply_args *args);
  * work ~0.2 ns an element on one core: 2 threads broke even at 10-20K
  * elements and saved >= 15% from 30K on, decode calls in bench/RESULTS.md);
  * larger ones the cache's num_threads, or the OpenMP default.  1 without
- * OpenMP, and in a process forked after a team ran. */
+ * OpenMP, and in a child forked from a process that ran more than one
+ * thread (cpu_team.c). */
 #define FR_TEAM_MIN_ELEMS ((int64_t)1 << 15)
 int fr_cpu_team_size(const fusedrope_cache *cache, int64_t elems);
 /* Set by tests only (the fuzz harness, whose calls stay under

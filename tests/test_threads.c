@@ -425,6 +425,24 @@ static void wait_child(pid_t pid)
                   WEXITSTATUS(status));
 }
 
+/* Forks; the child (under child_alarm) computes fork_calls' bytes, then
+ * checks another run's against them and its teams against team; the parent
+ * waits for its verdict. */
+static void fork_twice_in_child(int team)
+{
+    pid_t pid;
+    fflush(stdout);
+    fflush(stderr);
+    pid = fork();
+    if (pid == 0) {
+        fork_run first;
+        child_alarm();
+        fork_calls(&first);
+        child_calls(&first, team);
+    }
+    wait_child(pid);
+}
+
 START_TEST(calls_after_fork)
 {
     fork_run parent, again;
@@ -463,10 +481,9 @@ END_TEST
 START_TEST(calls_after_host_team_fork)
 {
     fork_run want;
-    int team = 0;
-    pid_t pid;
     tu_threads(2);
 #ifdef _OPENMP
+    int team = 0;
 #pragma omp parallel num_threads(2)
     {
 #pragma omp master
@@ -474,18 +491,8 @@ START_TEST(calls_after_host_team_fork)
     }
     ck_assert_int_eq(team, 2);
 #endif
-    fflush(stdout);
-    fflush(stderr);
-    pid = fork();
-    if (pid == 0) {
-        /* the parent's bytes: computed here first, on the calling thread too */
-        fork_run first;
-        child_alarm();
-        fork_calls(&first);
-        child_calls(&first, 0);
-    }
-    wait_child(pid);
-    fork_calls(&want); /* and the parent's teams still run */
+    fork_twice_in_child(0); /* the parent's bytes: computed in the child too */
+    fork_calls(&want);      /* and the parent's teams still run */
 #ifdef _OPENMP
     ck_assert_int_eq(want.team_call, 2);
 #endif
@@ -497,27 +504,17 @@ END_TEST
  * child keeps its teams. */
 START_TEST(single_thread_fork_keeps_teams)
 {
-    pid_t pid;
     tu_threads(2);
     if (!one_thread()) {
         printf("single_thread_fork_keeps_teams: this process runs other threads (libcheck's "
                "no-fork mode, or valgrind); skipped\n");
         return;
     }
-    fflush(stdout);
-    fflush(stderr);
-    pid = fork();
-    if (pid == 0) {
-        fork_run first;
-        child_alarm();
-        fork_calls(&first); /* builds the reference bytes on a team */
 #ifdef _OPENMP
-        child_calls(&first, 2);
+    fork_twice_in_child(2);
 #else
-        child_calls(&first, 0);
+    fork_twice_in_child(0);
 #endif
-    }
-    wait_child(pid);
     tu_free_all();
 }
 END_TEST

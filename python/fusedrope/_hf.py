@@ -397,23 +397,8 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
     if freq_dim is not None:
         args["freq_dim"] = freq_dim
     mrope = _mrope_arguments(get, rope, rot_dim // 2)
-    if isinstance(mrope, list):
-        raise ValueError(
-            f"model_type {get('model_type', None)!r} has mrope_section {mrope} but is not one "
-            f"this mapping knows: the multimodal layout (sections, interleaved, ...) and "
-            f"rotation style are chosen per model class in transformers, not by the config. "
-            f"Read the model's rotary embedding and build the cache with axes= directly, e.g. "
-            f"fusedrope.Cache(**{dict(args)!r}, axes='sections' or 'interleaved', "
-            f"sections={mrope}), or set mrope_interleaved: true in the rope parameters if "
-            f"it interleaves T/H/W as Qwen3-VL does")
-    args.update(mrope)
-    if _base_type(get) in _NEGATED_ROTATION:
-        raise NotImplementedError(
-            f"model_type {get('model_type', None)!r}: transformers' rotate_half for this model "
-            f"is cat(x2, -x1), a rotation by minus the angle, which no rotation style of "
-            f"libfusedrope applies; build the table and negate its sin: "
-            f"cos, sin = fusedrope.Cache(**{dict(args)!r}).table(); "
-            f"cache = fusedrope.Cache.from_table(cos, -sin)")
+    if not isinstance(mrope, list):     # (a list: refused below, once args are whole)
+        args.update(mrope)
     if rope_type in ("llama3", "yarn", "longrope"):
         # a flat rope dict: the config's top level first (Phi-3); a layer
         # type's own dict: its own value (transformers' setdefault)
@@ -463,6 +448,22 @@ def cache_arguments(config, max_positions=None, seq_len=None, layer_type=None):
                         long_factor=[float(v) for v in long])
             if seq_len is not None:
                 args["seq_len"] = int(seq_len)
+    if isinstance(mrope, list):
+        raise ValueError(
+            f"model_type {get('model_type', None)!r} has mrope_section {mrope} but is not one "
+            f"this mapping knows: the multimodal layout (sections, interleaved, ...) and "
+            f"rotation style are chosen per model class in transformers, not by the config. "
+            f"Read the model's rotary embedding and build the cache with axes= directly, e.g. "
+            f"fusedrope.Cache(**{dict(args)!r}, axes='sections' or 'interleaved', "
+            f"sections={mrope}), or set mrope_interleaved: true in the rope parameters if "
+            f"it interleaves T/H/W as Qwen3-VL does")
+    if _base_type(get) in _NEGATED_ROTATION:
+        raise NotImplementedError(
+            f"model_type {get('model_type', None)!r}: transformers' rotate_half for this model "
+            f"is cat(x2, -x1), a rotation by minus the angle, which no rotation style of "
+            f"libfusedrope applies; build the table and negate its sin: "
+            f"cos, sin = fusedrope.Cache(**{dict(args)!r}).table(); "
+            f"cache = fusedrope.Cache.from_table(cos, -sin)")
     return args
 
 
@@ -526,9 +527,11 @@ def _mrope_arguments(get, rope, pairs):
     else:
         axes = known[0]
     if axes == "interleaved":
+        if len(section) != 3:
+            raise ValueError(f"{model_type}: mrope_section {section} has {len(section)} "
+                             f"entries; the interleaved layout takes three (T, H, W)")
         amap = _interleaved_map(section, pairs)
-        if len(section) != 3 or sum(section) != pairs or \
-                [amap.count(a) for a in range(3)] != section:
+        if sum(section) != pairs or [amap.count(a) for a in range(3)] != section:
             # transformers' rule where the sections do not cover the pairs
             # exactly (e.g. Qwen4-Exp's default [11, 11, 10] of 128 pairs)
             return dict(axes="custom", pair_axis=amap)

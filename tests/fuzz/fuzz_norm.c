@@ -29,9 +29,10 @@
  * eps past FLT_MAX (a huge eps).  Rows at the float32 edges (sum of squares
  * or mean + eps near FLT_MAX, mean + eps below 2^-100) and elements beyond a
  * quarter of the dtype's range are not value-checked.  An accepted forward
- * runs again with the CPU's vector rows off, from the same inputs, and must
- * give the same bytes and rstd (a NaN element NaN in both; not where rstd
- * lies in a tensor buffer).
+ * runs again on each other CPU path (fz_cpu_path: the AVX2 rows alone, the
+ * portable loops, streamed outputs, a team of threads), from the same
+ * inputs, and must give the same bytes and rstd (a NaN element NaN in both;
+ * not where rstd lies in a tensor buffer).
  *
  * Backward (after an accepted forward, 3 times in 4): the saved x (a copy of
  * the forward's input) or y (saved_output 1), a random dq_out, dq_in in place
@@ -41,7 +42,9 @@
  * dq_in against ref_norm_backward (with the forward's rstd) within
  * ref_norm_dx_tolerance, dw within ref_norm_dw_tolerance; with the saved y
  * and a weight w' = 0 in a channel the row's dq_in must be NaN and that
- * channel's dw not finite (the man page: "become NaN").
+ * channel's dw not finite (the man page: "become NaN").  An accepted
+ * backward runs again on each other CPU path: dq_in and dw the same bytes
+ * (a NaN element NaN in both), nothing else written.
  *
  * Any disagreement aborts (a libFuzzer crash).  FUSEDROPE_FUZZ_VERBOSE=1
  * prints each call's status and trace.
@@ -599,6 +602,19 @@ static void saved_y_row(const refctx *X, const fusedrope_tensor *sv, const fused
     *dmean_out = dmean / (double)hd;
 }
 
+/* Before a rerun: the own arrays' first results kept in own_first[] (each
+ * to free), and their bytes from before the first run put back. */
+static void own_rerun_begin(nrun *R, unsigned char **own_first)
+{
+    for (int i = 0; i < R->nown; i++) {
+        own_first[i] = malloc(R->own[i].size ? R->own[i].size : 1);
+        if (!own_first[i])
+            abort();
+        memcpy(own_first[i], R->own[i].p, R->own[i].size);
+        memcpy(R->own[i].p, R->own[i].snap, R->own[i].size);
+    }
+}
+
 /* The decoded fusedrope_norm_backward_qk (its fusedrope_norm in R->nmbuf). */
 static fusedrope_status backward_call(const cache_t *ct, const fz_call *fc, const nrun *R,
                                       const bpair *bp)
@@ -638,21 +654,20 @@ static void rerun_backward(const cache_t *ct, const fz_call *fc, nrun *R, const 
         memcpy(first[i], bb[i].p, bb[i].size);
         memcpy(bb[i].p, bb[i].snap, bb[i].size);
     }
-    for (int i = 0; i < R->nown; i++) {
-        own_first[i] = malloc(R->own[i].size ? R->own[i].size : 1);
-        if (!own_first[i])
-            abort();
-        memcpy(own_first[i], R->own[i].p, R->own[i].size);
-        memcpy(R->own[i].p, R->own[i].snap, R->own[i].size);
-    }
+    own_rerun_begin(R, own_first);
     fz_cpu_path(path);
     st = backward_call(ct, fc, R, bp);
     fz_cpu_path(0);
     stats.bwd_reruns++;
     CHECK(st == FUSEDROPE_OK, "norm_backward_qk was accepted, but refused (%d) on CPU path %d",
           st, path);
+    for (int i = 0; i < nb; i++)
+        for (size_t j = 0; j < bb[i].size; j++)
+            CHECK((bb[i].map[j] & 1) || bb[i].p[j] == bb[i].snap[j],
+                  "norm_backward_qk on CPU path %d wrote byte %zu of backward buffer %d, "
+                  "outside dq_in", path, j, i);
     for (int k = 0; k < fc->count; k++) {
-        /* dq_in's elements (bytes elsewhere were checked unchanged) */
+        /* dq_in's elements */
         const bbuf *b = &bb[bp[k].din.buf];
         const size_t es = (size_t)dtype_size((int)bp[k].din.t.dtype);
         for (size_t j = 0; j + es <= b->size; j++) {
@@ -1014,13 +1029,7 @@ static void rerun_path(const cache_t *ct, fz_call *fc, nrun *R, int path)
     unsigned char **first = fz_rerun_begin(fc), *own_first[MAX_OWN];
     fusedrope_status st;
 
-    for (int i = 0; i < R->nown; i++) {
-        own_first[i] = malloc(R->own[i].size ? R->own[i].size : 1);
-        if (!own_first[i])
-            abort();
-        memcpy(own_first[i], R->own[i].p, R->own[i].size);
-        memcpy(R->own[i].p, R->own[i].snap, R->own[i].size);
-    }
+    own_rerun_begin(R, own_first);
     fz_cpu_path(path);
     st = norm_forward(ct, fc, R, 0);
     fz_cpu_path(0);

@@ -41,8 +41,12 @@ static consumer_forward_fn load(const char *path, void **plugin)
     *plugin = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (*plugin)
         *(void **)&forward = dlsym(*plugin, "wrap_rope_forward");
-    if (!forward)
+    if (!forward) {
         printf("reload of %s: %s\n", path, dlerror());
+        if (*plugin)
+            dlclose(*plugin);
+        *plugin = NULL;
+    }
     return forward;
 }
 
@@ -60,22 +64,23 @@ static int reload_and_fork(const char *path)
     float *x = (float *)malloc(BIG_N * sizeof *x), *y0 = (float *)malloc(BIG_N * sizeof *y0);
     float *y = (float *)malloc(BIG_N * sizeof *y);
     consumer_forward_fn forward;
-    void *plugin;
-    int status = 0, i;
+    void *plugin = NULL;
+    int status = 0, i, rc = 1;
     pid_t pid;
     if (!x || !y0 || !y)
-        return 1;
+        goto out;
     for (size_t j = 0; j < BIG_N; j++)
         x[j] = (float)((int)(j % 251) - 125) / 64.0f;
     for (i = 0; i < RELOADS; i++) {
         if (!(forward = load(path, &plugin)) || big_call(forward, x, i ? y : y0, i ? y0 : NULL)) {
             printf("%s: reload %d: the call failed or gave other bytes\n", base(path), i);
-            return 1;
+            goto out;
         }
         dlclose(plugin);
+        plugin = NULL;
     }
     if (!(forward = load(path, &plugin)))
-        return 1;
+        goto out;
     fflush(stdout);
     pid = fork();
     if (pid == 0) {
@@ -88,15 +93,18 @@ static int reload_and_fork(const char *path)
                pid < 0 ? "could not start"
                : WIFSIGNALED(status) ? (WTERMSIG(status) == SIGALRM ? "hung" : "died of a signal")
                                      : "failed or gave other bytes");
-        return 1;
+        goto out;
     }
-    dlclose(plugin);
     printf("%s: %d closes and loads after calls of %zu elements, then a fork: the same bytes\n",
            base(path), RELOADS, BIG_N);
+    rc = 0;
+out:
+    if (plugin)
+        dlclose(plugin);
     free(x);
     free(y0);
     free(y);
-    return 0;
+    return rc;
 }
 
 int main(int argc, char **argv)
