@@ -425,10 +425,10 @@ static void wait_child(pid_t pid)
                   WEXITSTATUS(status));
 }
 
-/* Forks; the child (under child_alarm) computes fork_calls' bytes, then
- * checks another run's against them and its teams against team; the parent
- * waits for its verdict. */
-static void fork_twice_in_child(int team)
+/* Forks; the child (under child_alarm) runs child_calls against want's
+ * bytes (NULL: against a first run of its own) and team; the parent waits
+ * for its verdict. */
+static void fork_check(const fork_run *want, int team)
 {
     pid_t pid;
     fflush(stdout);
@@ -437,8 +437,11 @@ static void fork_twice_in_child(int team)
     if (pid == 0) {
         fork_run first;
         child_alarm();
-        fork_calls(&first);
-        child_calls(&first, team);
+        if (!want) {
+            fork_calls(&first);
+            want = &first;
+        }
+        child_calls(want, team);
     }
     wait_child(pid);
 }
@@ -446,7 +449,6 @@ static void fork_twice_in_child(int team)
 START_TEST(calls_after_fork)
 {
     fork_run parent, again;
-    pid_t pid;
     tu_threads(2);
     fork_calls(&parent);
 #ifdef _OPENMP
@@ -454,14 +456,7 @@ START_TEST(calls_after_fork)
                   "the parent's calls ran on teams of %d and %d, not 2: the test would fork a "
                   "process without a thread pool", parent.team_call, parent.team_norm);
 #endif
-    fflush(stdout);
-    fflush(stderr);
-    pid = fork();
-    if (pid == 0) {
-        child_alarm();
-        child_calls(&parent, 0);
-    }
-    wait_child(pid);
+    fork_check(&parent, 0);
     /* and the parent's teams still run */
     fork_calls(&again);
 #ifdef _OPENMP
@@ -491,7 +486,7 @@ START_TEST(calls_after_host_team_fork)
     }
     ck_assert_int_eq(team, 2);
 #endif
-    fork_twice_in_child(0); /* the parent's bytes: computed in the child too */
+    fork_check(NULL, 0); /* the parent's bytes: computed in the child too */
     fork_calls(&want);      /* and the parent's teams still run */
 #ifdef _OPENMP
     ck_assert_int_eq(want.team_call, 2);
@@ -511,9 +506,9 @@ START_TEST(single_thread_fork_keeps_teams)
         return;
     }
 #ifdef _OPENMP
-    fork_twice_in_child(2);
+    fork_check(NULL, 2);
 #else
-    fork_twice_in_child(0);
+    fork_check(NULL, 0);
 #endif
     tu_free_all();
 }

@@ -635,6 +635,17 @@ static int same_or_nans(const unsigned char *p, const unsigned char *q, size_t e
     return memcmp(p, q, es) == 0 || (isnan(load(p, dt)) && isnan(load(q, dt)));
 }
 
+/* After an accepted backward (on CPU path `path`): every byte of the
+ * backward buffers outside dq_in/dk_in (map bit 1) as it was before. */
+static void only_din_written(const bbuf *bb, int nb, int path)
+{
+    for (int i = 0; i < nb; i++)
+        for (size_t j = 0; j < bb[i].size; j++)
+            CHECK((bb[i].map[j] & 1) || bb[i].p[j] == bb[i].snap[j],
+                  "norm_backward_qk (CPU path %d) wrote byte %zu of backward buffer %d, "
+                  "outside dq_in", path, j, i);
+}
+
 /*
  * An accepted backward again on another CPU path (fz_cpu_path), from the
  * same inputs: dq_in/dk_in and dw the same bytes (dw is a reduction across
@@ -661,11 +672,7 @@ static void rerun_backward(const cache_t *ct, const fz_call *fc, nrun *R, const 
     stats.bwd_reruns++;
     CHECK(st == FUSEDROPE_OK, "norm_backward_qk was accepted, but refused (%d) on CPU path %d",
           st, path);
-    for (int i = 0; i < nb; i++)
-        for (size_t j = 0; j < bb[i].size; j++)
-            CHECK((bb[i].map[j] & 1) || bb[i].p[j] == bb[i].snap[j],
-                  "norm_backward_qk on CPU path %d wrote byte %zu of backward buffer %d, "
-                  "outside dq_in", path, j, i);
+    only_din_written(bb, nb, path);
     for (int k = 0; k < fc->count; k++) {
         /* dq_in's elements */
         const bbuf *b = &bb[bp[k].din.buf];
@@ -849,11 +856,7 @@ static void run_backward(src_t *s, const cache_t *ct, fz_call *fc, nrun *R, cons
     stats.bwd_ok++;
     CHECK(strcmp(before, fusedrope_last_error()) == 0, "a successful norm_backward_qk changed "
           "fusedrope_last_error()");
-    for (int i = 0; i < nb; i++)
-        for (size_t j = 0; j < bb[i].size; j++)
-            if (!(bb[i].map[j] & 1))
-                CHECK(bb[i].p[j] == bb[i].snap[j],
-                      "norm_backward_qk wrote byte %zu of backward buffer %d, outside dq_in", j, i);
+    only_din_written(bb, nb, 0);
 
     /* values; not where the table's float32 entries are subnormal (attention
      * factor below 2^-100: the table holds cos * attn with an absolute error

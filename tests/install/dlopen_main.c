@@ -35,6 +35,9 @@ enum { BIG_S = 256, BIG_H = 4, BIG_D = 64 };
 #define BIG_N ((size_t)BIG_S * BIG_H * BIG_D)
 #define RELOADS 24
 
+/* The plugin at path, RTLD_NOW (a link need missing from it fails here, not
+ * mid-call), and its forward; NULL (said) and *plugin NULL where either
+ * fails. */
 static consumer_forward_fn load(const char *path, void **plugin)
 {
     consumer_forward_fn forward = NULL;
@@ -42,7 +45,7 @@ static consumer_forward_fn load(const char *path, void **plugin)
     if (*plugin)
         *(void **)&forward = dlsym(*plugin, "wrap_rope_forward");
     if (!forward) {
-        printf("reload of %s: %s\n", path, dlerror());
+        printf("dlopen %s: %s\n", path, dlerror());
         if (*plugin)
             dlclose(*plugin);
         *plugin = NULL;
@@ -123,16 +126,11 @@ int main(int argc, char **argv)
     /* a team for reload_and_fork's calls on a one-core machine too (the
      * OpenMP runtime reads it when the plugin brings it in) */
     setenv("OMP_NUM_THREADS", "2", 0);
-    /* RTLD_NOW: a link need missing from the plugin fails here, not mid-call */
-    plugin = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-    if (!plugin) {
-        printf("dlopen %s: %s\n", argv[1], dlerror());
+    if (!(forward = load(argv[1], &plugin)))
         return 1;
-    }
-    *(void **)&forward = dlsym(plugin, "wrap_rope_forward");
     *(void **)&version = dlsym(plugin, "wrap_rope_version");
     sym = dlsym(plugin, "fusedrope_forward");
-    if (!forward || !version || !sym || !dladdr(sym, &info) || !info.dli_fname) {
+    if (!version || !sym || !dladdr(sym, &info) || !info.dli_fname) {
         printf("%s: a symbol is missing: %s\n", argv[1], dlerror());
         return 1;
     }
