@@ -194,6 +194,17 @@ static int longrope_long(const fusedrope_cache_config *c)
     return (c->seq_len > 0 ? c->seq_len : c->max_positions) > c->original_max_positions;
 }
 
+/* Dynamic NTK's theta, scaled for the length the table is built for. */
+static double dynamic_base(const fusedrope_cache_config *c)
+{
+    const int d = freq_dim(c);
+    const double orig = (double)c->original_max_positions;
+    double len = (double)(c->seq_len ? c->seq_len : c->max_positions);
+    if (len < orig)
+        len = orig;
+    return c->theta * pow(c->factor * len / orig - (c->factor - 1.0), (double)d / (d - 2));
+}
+
 /* inv[i] for i < d/2 and the attention factor, as fusedrope_cache_create(3) writes them. */
 static void compute_frequencies(const fusedrope_cache_config *c, double *inv, double *attn)
 {
@@ -207,12 +218,8 @@ static void compute_frequencies(const fusedrope_cache_config *c, double *inv, do
     double low = 0, high = 0, s;
     *attn = 1.0;
 
-    if (c->type == FUSEDROPE_ROPE_DYNAMIC) {
-        double len = (double)(c->seq_len ? c->seq_len : c->max_positions);
-        if (len < orig)
-            len = orig;
-        base *= pow(c->factor * len / orig - (c->factor - 1.0), (double)d / (d - 2));
-    }
+    if (c->type == FUSEDROPE_ROPE_DYNAMIC)
+        base = dynamic_base(c);
     if (c->type == FUSEDROPE_ROPE_YARN) {
         low = yarn_corr(c->beta_fast, d, base, orig);
         high = yarn_corr(c->beta_slow, d, base, orig);
@@ -377,6 +384,7 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
     int32_t *map;
     int num_axes;
     size_t half;
+    int base_finite;
 
     if (!out)
         return fr_fail(FUSEDROPE_ERR_INVALID, "out is NULL");
@@ -404,6 +412,7 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
         fr_fpenv fpenv; /* the thread's own environment must not change the table */
         fr_fpenv_enter(&fpenv);
         compute_frequencies(config, c->inv_freq, &c->attention_factor);
+        base_finite = config->type != FUSEDROPE_ROPE_DYNAMIC || isfinite(dynamic_base(config));
         fr_fpenv_leave(&fpenv);
     }
     if (config->type == FUSEDROPE_ROPE_LONGROPE)
@@ -420,6 +429,17 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
                        "the config gives attention factor %g for rope type %s (factor %g, "
                        "original_max_positions %lld); it must be > 0 and finite in float32",
                        a, type_name(config->type), config->factor,
+                       (long long)config->original_max_positions);
+    }
+    /* A scaled base past DBL_MAX would leave pair 0's frequency at 1 and
+     * every other at pow(Inf, -e) = 0, which passes the check below. */
+    if (!base_finite) {
+        fusedrope_cache_destroy(c);
+        return fr_fail(FUSEDROPE_ERR_INVALID,
+                       "rope type dynamic scales theta %g past the double range (factor %g, "
+                       "length %lld, original_max_positions %lld)",
+                       config->theta, config->factor,
+                       (long long)(config->seq_len ? config->seq_len : config->max_positions),
                        (long long)config->original_max_positions);
     }
     /* DBL_MAX / 2^63: the angle p * inv_freq stays finite for every int64 p. */

@@ -292,6 +292,8 @@ int ref_inv_freq(const fusedrope_cache_config *cfg, double *inv, double *attn)
         if (L < orig)
             L = orig;
         b2 = base * pow(cfg->factor * L / orig - (cfg->factor - 1.0), (double)d / (d - 2));
+        if (!isfinite(b2)) /* past double: no frequencies to compare */
+            return -1;
         for (i = 0; i < half; i++)
             inv[i] = pow(b2, -(2.0 * i) / d);
         return 0;

@@ -849,6 +849,9 @@ static const bad_case bad_cases[] = {
     {"dynamic factor 0", DY, F_FACTOR, 0, INV, "factor"},
     {"dynamic factor -2", DY, F_FACTOR, -2, INV, "factor"},
     {"dynamic factor NaN", DY, F_FACTOR, NAN, INV, "factor"},
+    /* theta (factor + 1)^(16/14) = 1e343: past double, pairs 1.. would get 0 */
+    {"dynamic factor 1e300 (scaled theta overflows)", DY, F_FACTOR, 1e300, INV,
+     "past the double range"},
     {"yarn factor 0", YA, F_FACTOR, 0, INV, "factor"},
     {"yarn factor Inf", YA, F_FACTOR, INFINITY, INV, "factor"},
     {"yarn factor -0.5", YA, F_FACTOR, -0.5, INV, "factor"},
@@ -1020,6 +1023,7 @@ static const bad_case ok_cases[] = {
     {"yarn mscale 0", YA, F_MSCALE, 0, FUSEDROPE_OK, ""},
     {"yarn attention_factor 0", YA, F_ATTN, 0, FUSEDROPE_OK, ""},
     {"dynamic seq_len 0", DY, F_SEQ, 0, FUSEDROPE_OK, ""},
+    {"dynamic factor 1e200 (scaled theta 1e233)", DY, F_FACTOR, 1e200, FUSEDROPE_OK, ""},
     {"max_positions 0", YA, F_MAXPOS, 0, FUSEDROPE_OK, ""},
     {"max_positions 1", L3, F_MAXPOS, 1, FUSEDROPE_OK, ""},
     {"llama3 low 3.9", L3, F_LOWF, 3.9, FUSEDROPE_OK, ""},
