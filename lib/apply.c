@@ -508,8 +508,8 @@ static fusedrope_status check_position_values(const fr_pos_args *pa, int64_t bat
             if (hi < lo)
                 continue;
             TRY(token_check(pa, b, lo, max_positions));
-            if (token_check(pa, b, hi, max_positions) == FUSEDROPE_OK)
-                continue;
+            if (hi == lo || token_check(pa, b, hi, max_positions) == FUSEDROPE_OK)
+                continue; /* (one token: every decode step's sequence) */
             while (hi - lo > 1) { /* lo good, hi bad (a refusal sets the message only) */
                 const int64_t mid = lo + (hi - lo) / 2;
                 if (token_check(pa, b, mid, max_positions) != FUSEDROPE_OK)

@@ -699,15 +699,11 @@ void fr_cpu_apply(const fr_apply_args *args)
     }
 
     {
-        /* Small calls run on the calling thread: a team, even an inactive
-         * one (a false if clause), costs more than such a call (~0.3 us,
-         * bench/RESULTS.md).  Larger ones use the cache's bound, or the
-         * OpenMP default.  Inside the caller's active parallel region the
-         * nested region is normally inactive (one thread) and still gives
-         * cpu_share its own team of one. */
+        /* Small calls run on the calling thread (fr_cpu_needs_team); larger
+         * ones use the cache's bound, or the OpenMP default. */
         const int nthreads = fr_cpu_team_size(cache, elems);
 #ifdef _OPENMP
-        if (nthreads > 1 || omp_in_parallel()) {
+        if (fr_cpu_needs_team(nthreads)) {
             fr_fpenv outer; /* the team's start (cpu_team.c) */
             fr_fpenv_enter(&outer);
 #pragma omp parallel num_threads(nthreads)

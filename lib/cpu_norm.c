@@ -273,6 +273,32 @@ static int fwd_fin(const fr_norm_args *na, const float *wf, int64_t hd)
                                                                                : 0x1p100);
 }
 
+/* A thread's share of a forward call's rows, in the team of nth (or, for
+ * nth 1 outside a parallel region, on the calling thread alone). */
+static void fwd_share(const fwd_call *fc, fr_norm_rows_fn rows, int nth)
+{
+    const int threads = thread_count(), id = thread_id();
+    int64_t n0, n1;
+    fwd_walk w;
+    fr_fpenv fpenv; /* this thread's, restored at the end (internal.h) */
+    fr_fpenv_enter(&fpenv);
+    if (id == 0) /* the tests' and the bench's hook, as fr_cpu_apply sets it */
+        fr_cpu_team = nth > 1 ? threads : 0;
+    fr_thread_share(fc->items, threads, id, &n0, &n1);
+    w.mine = fc->scratch + (size_t)id * fc->per;
+    w.stage = (char *)(w.mine + FWD_V_ROWS * fc->hdmax + 2 * fc->na->a.cache->rot_dim);
+    w.t = fc->heads ? n0 / fc->heads : 0;
+    w.hh = fc->heads ? n0 % fc->heads : 0;
+    w.b = w.s = 0;
+    w.token = -1;
+    if (rows)
+        rows(fc, &w, n0, n1);
+    else
+        fwd_rows_portable(fc, &w, n0, n1);
+    FR_STREAM_FENCE();
+    fr_fpenv_leave(&fpenv);
+}
+
 fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
 {
     const fr_apply_args *a = &na->a;
@@ -359,32 +385,18 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
         fc.fin[k] = fc.wf_ok[k] && fwd_fin(na, wf[k], a->io[k].head_dim);
     }
 
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nth) if (nth > 1)
-#endif
     {
-        const int threads = thread_count(), id = thread_id();
-        int64_t n0, n1;
-        fwd_walk w;
-        fr_fpenv fpenv; /* this thread's, restored at the end (internal.h) */
-        fr_fpenv_enter(&fpenv);
-        if (id == 0) /* the tests' and the bench's hook, as fr_cpu_apply sets it */
-            fr_cpu_team = nth > 1 ? threads : 0;
-        fr_thread_share(fc.items, threads, id, &n0, &n1);
-        w.mine = fc.scratch + (size_t)id * fc.per;
-        w.stage = (char *)(w.mine + FWD_V_ROWS * fc.hdmax + 2 * cache->rot_dim);
-        w.t = fc.heads ? n0 / fc.heads : 0;
-        w.hh = fc.heads ? n0 % fc.heads : 0;
-        w.b = w.s = 0;
-        w.token = -1;
+        fr_norm_rows_fn rows = NULL; /* the portable rows */
 #ifdef FR_HAVE_AVX2
-        if (avx2_rows)
-            avx2_rows(&fc, &w, n0, n1);
-        else
+        rows = avx2_rows;
 #endif
-            fwd_rows_portable(&fc, &w, n0, n1);
-        FR_STREAM_FENCE();
-        fr_fpenv_leave(&fpenv);
+#ifdef _OPENMP
+        if (fr_cpu_needs_team(nth)) {
+#pragma omp parallel num_threads(nth)
+            fwd_share(&fc, rows, nth);
+        } else
+#endif
+            fwd_share(&fc, rows, nth);
     }
     fr_fpenv_leave(&outer);
     free(block);
@@ -401,19 +413,169 @@ static void zero_empty_dw(const fr_norm_args *na)
             memset(na->dw_zero[k], 0, (size_t)na->dw_zero_n[k] * sizeof(float));
 }
 
+/* A backward call's constants, shared by its threads. */
+typedef struct {
+    const fr_norm_args *na;
+    float *scratch;      /* per thread `per` floats, then the weight factors */
+    float *partial;      /* the chunks' dw partials, slot k's from pbase[k] */
+    float *heads_part;   /* per thread `hper` floats: its chunk's heads' partials */
+    float *wf[2];        /* per io slot: the weight factors (the team's master's) */
+    size_t per;
+    int64_t hdmax, hper, chunks, items, pbase[2], pstride[2];
+    int nth;
+    fr_norm_brun_fn vrun[2]; /* slot k's runs' vector function, or NULL */
+} bwd_call;
+
+/* A thread's share of a backward call's chunks, in the team of nth (or, for
+ * nth 1 outside a parallel region, on the calling thread alone: its
+ * worksharing then binds to no team and runs every chunk). */
+static void bwd_share(bwd_call *bc)
+{
+    const fr_norm_args *na = bc->na;
+    const fr_apply_args *a = &na->a;
+    const fusedrope_cache *cache = a->cache;
+    const int64_t half = cache->rot_dim / 2, C = FUSEDROPE_NORM_DW_CHUNK;
+    const int64_t tokens = a->seq_len * a->batch, chunks = bc->chunks, hdmax = bc->hdmax;
+    const int64_t *pbase = bc->pbase, *pstride = bc->pstride;
+    const size_t es = fr_dtype_size(a->dtype), per = bc->per;
+    const int nth = bc->nth;
+    float *scratch = bc->scratch, *partial = bc->partial, *heads_part = bc->heads_part;
+    float **wf = bc->wf;
+#ifdef FR_HAVE_AVX2
+    fr_norm_brun_fn *vrun = bc->vrun;
+#endif
+    fr_fpenv fpenv;
+    fr_fpenv_enter(&fpenv);
+    if (thread_id() == 0) /* the tests' and the bench's hook, as the forward */
+        fr_cpu_team = nth > 1 ? thread_count() : 0;
+#ifdef _OPENMP
+#pragma omp master
+#endif
+    for (int k = 0; k < a->count; k++) {
+        wf[k] = scratch + (size_t)nth * per + (size_t)k * (size_t)fr_line_floats(hdmax);
+        weight_factors(na, k, a->io[k].head_dim, wf[k]);
+    }
+#ifdef _OPENMP
+#pragma omp barrier
+#pragma omp for schedule(dynamic, 1)
+#endif
+    for (int64_t it = 0; it < bc->items; it++) {
+        const int k = (int)(it / chunks);
+        const int64_t ch = it % chunks;
+        const fr_io *io = &a->io[k];
+        const int64_t hd = io->head_dim, rot = cache->rot_dim;
+        float *g = scratch + (size_t)thread_id() * per, *nv = g + hdmax, *xs = nv + hdmax;
+        float *row_c = xs + 2 * hdmax, *row_s = row_c + half;
+        /* the chunk's heads' partials, head h's at hacc + h * pstride[k] */
+        float *hacc = na->dw[k] ? heads_part + (size_t)thread_id() * (size_t)bc->hper : NULL;
+        const int64_t t1 = (ch + 1) * C < tokens ? (ch + 1) * C : tokens;
+
+        if (hacc)
+            memset(hacc, 0, (size_t)(io->heads * pstride[k]) * sizeof(float));
+        for (int64_t t = ch * C; t < t1; t++) {
+            const int64_t b = t / a->seq_len, s = t % a->seq_len;
+            const float *cs, *sn;
+            token_angles(cache, &a->pos, b, s, row_c, row_s, &cs, &sn);
+#ifdef FR_HAVE_AVX2
+            if (vrun[k]) {
+                nb_run_args ra;
+                ra.dy = (const char *)io->in + (size_t)(s * io->in_ss + b * io->in_sb) * es;
+                ra.sv = (const char *)na->x[k] + (size_t)(s * na->x_ss[k] + b * na->x_sb[k]) * es;
+                ra.dx = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb) * es;
+                ra.dy_step = io->in_sh * (int64_t)es;
+                ra.sv_step = na->x_sh[k] * (int64_t)es;
+                ra.dx_step = io->out_sh * (int64_t)es;
+                ra.rstd = na->rstd[k] + t * io->heads;
+                ra.heads = io->heads;
+                ra.wf = wf[k];
+                ra.cs = cs;
+                ra.sn = sn;
+                ra.acc = hacc;
+                ra.acc_step = pstride[k];
+                ra.hd = hd;
+                ra.half = half;
+                ra.rows = g;
+                vrun[k](&ra);
+                continue;
+            }
+#endif
+            for (int64_t h = 0; h < io->heads; h++) {
+                const float r = na->rstd[k][t * io->heads + h];
+                float m;
+                /* g = R^T dy */
+                widen((const char *)io->in +
+                          (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es,
+                      a->dtype, g, hd);
+                row_rotate(g, cs, sn, half, a->interleaved, -1.0f);
+                /* n = x * rstd, or R^T y / w' */
+                widen((const char *)na->x[k] +
+                          (size_t)(s * na->x_ss[k] + b * na->x_sb[k] + h * na->x_sh[k]) * es,
+                      a->dtype, xs, hd);
+                if (na->saved_y) {
+                    row_rotate(xs, cs, sn, half, a->interleaved, -1.0f);
+                    for (int64_t c = 0; c < hd; c++)
+                        nv[c] = xs[c] / wf[k][c];
+                } else {
+                    for (int64_t c = 0; c < hd; c++)
+                        nv[c] = xs[c] * r;
+                }
+                if (hacc) {
+                    float *acc = hacc + h * pstride[k];
+                    for (int64_t c = 0; c < hd; c++)
+                        acc[c] = acc[c] + g[c] * nv[c];
+                }
+                /* dn = g * w' (in g); dx = rstd * (dn - n * mean(dn * n)) */
+                for (int64_t c = 0; c < hd; c++)
+                    g[c] = g[c] * wf[k][c];
+                m = fr_norm_mean(row_dot(g, nv, hd), hd);
+                for (int64_t c = 0; c < hd; c++)
+                    nv[c] = r * (g[c] - nv[c] * m);
+                narrow(nv, (char *)io->out +
+                               (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es,
+                       a->dtype, hd);
+            }
+        }
+        /* the chunk's partial: its heads' in head order (each channel's
+         * own sum; the loop over channels innermost, in vectors) */
+        if (hacc) {
+            float *acc = partial + pbase[k] + ch * pstride[k];
+            for (int64_t c = 0; c < hd; c++)
+                acc[c] = 0.0f;
+            for (int64_t h = 0; h < io->heads; h++)
+                for (int64_t c = 0; c < hd; c++)
+                    acc[c] = acc[c] + hacc[h * pstride[k] + c];
+        }
+        (void)rot;
+    }
+    /* dw[c]: the chunks' partials in chunk order (after the loop's barrier) */
+#ifdef _OPENMP
+#pragma omp master
+#endif
+    for (int k = 0; k < a->count; k++) {
+        if (!na->dw[k])
+            continue;
+        for (int64_t c = 0; c < a->io[k].head_dim; c++) {
+            float sum = 0.0f;
+            for (int64_t ch = 0; ch < chunks; ch++)
+                sum = sum + partial[pbase[k] + ch * pstride[k] + c];
+            na->dw[k][c] = sum;
+        }
+    }
+    fr_fpenv_leave(&fpenv);
+}
+
 fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
 {
     const fr_apply_args *a = &na->a;
     const fusedrope_cache *cache = a->cache;
     const int64_t half = cache->rot_dim / 2;
-    const size_t es = fr_dtype_size(a->dtype);
     const int64_t tokens = a->seq_len * a->batch;
     const int64_t C = FUSEDROPE_NORM_DW_CHUNK;
     const int64_t chunks = (tokens + C - 1) / C;
     int nth;
     int64_t hdmax = 0, elems = 0, pbase[2] = { 0, 0 }, pstride[2] = { 0, 0 }, ptotal = 0, items;
     int64_t hper = 0; /* a thread's heads' partials: the most floats a slot's take */
-    float *wf[2] = { NULL, NULL }, *scratch, *partial, *heads_part;
+    float *scratch, *partial, *heads_part;
     void *block;
     size_t per, total;
     fr_fpenv outer;
@@ -476,128 +638,33 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
      * the default floating-point environment, and the team's start
      * (cpu_team.c) */
     fr_fpenv_enter(&outer);
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nth) if (nth > 1)
-#endif
     {
-        fr_fpenv fpenv;
-        fr_fpenv_enter(&fpenv);
-        if (thread_id() == 0) /* the tests' and the bench's hook, as the forward */
-            fr_cpu_team = nth > 1 ? thread_count() : 0;
-#ifdef _OPENMP
-#pragma omp master
-#endif
-        for (int k = 0; k < a->count; k++) {
-            wf[k] = scratch + (size_t)nth * per + (size_t)k * (size_t)fr_line_floats(hdmax);
-            weight_factors(na, k, a->io[k].head_dim, wf[k]);
-        }
-#ifdef _OPENMP
-#pragma omp barrier
-#pragma omp for schedule(dynamic, 1)
-#endif
-        for (int64_t it = 0; it < items; it++) {
-            const int k = (int)(it / chunks);
-            const int64_t ch = it % chunks;
-            const fr_io *io = &a->io[k];
-            const int64_t hd = io->head_dim, rot = cache->rot_dim;
-            float *g = scratch + (size_t)thread_id() * per, *nv = g + hdmax, *xs = nv + hdmax;
-            float *row_c = xs + 2 * hdmax, *row_s = row_c + half;
-            /* the chunk's heads' partials, head h's at hacc + h * pstride[k] */
-            float *hacc = na->dw[k] ? heads_part + (size_t)thread_id() * (size_t)hper : NULL;
-            const int64_t t1 = (ch + 1) * C < tokens ? (ch + 1) * C : tokens;
-
-            if (hacc)
-                memset(hacc, 0, (size_t)(io->heads * pstride[k]) * sizeof(float));
-            for (int64_t t = ch * C; t < t1; t++) {
-                const int64_t b = t / a->seq_len, s = t % a->seq_len;
-                const float *cs, *sn;
-                token_angles(cache, &a->pos, b, s, row_c, row_s, &cs, &sn);
+        bwd_call bc;
+        memset(&bc, 0, sizeof bc);
+        bc.na = na;
+        bc.scratch = scratch;
+        bc.partial = partial;
+        bc.heads_part = heads_part;
+        bc.per = per;
+        bc.hdmax = hdmax;
+        bc.hper = hper;
+        bc.chunks = chunks;
+        bc.items = items;
+        bc.nth = nth;
+        for (int k = 0; k < 2; k++) {
+            bc.pbase[k] = pbase[k];
+            bc.pstride[k] = pstride[k];
 #ifdef FR_HAVE_AVX2
-                if (vrun[k]) {
-                    nb_run_args ra;
-                    ra.dy = (const char *)io->in + (size_t)(s * io->in_ss + b * io->in_sb) * es;
-                    ra.sv = (const char *)na->x[k] + (size_t)(s * na->x_ss[k] + b * na->x_sb[k]) * es;
-                    ra.dx = (char *)io->out + (size_t)(s * io->out_ss + b * io->out_sb) * es;
-                    ra.dy_step = io->in_sh * (int64_t)es;
-                    ra.sv_step = na->x_sh[k] * (int64_t)es;
-                    ra.dx_step = io->out_sh * (int64_t)es;
-                    ra.rstd = na->rstd[k] + t * io->heads;
-                    ra.heads = io->heads;
-                    ra.wf = wf[k];
-                    ra.cs = cs;
-                    ra.sn = sn;
-                    ra.acc = hacc;
-                    ra.acc_step = pstride[k];
-                    ra.hd = hd;
-                    ra.half = half;
-                    ra.rows = g;
-                    vrun[k](&ra);
-                    continue;
-                }
+            bc.vrun[k] = vrun[k];
 #endif
-                for (int64_t h = 0; h < io->heads; h++) {
-                    const float r = na->rstd[k][t * io->heads + h];
-                    float m;
-                    /* g = R^T dy */
-                    widen((const char *)io->in +
-                              (size_t)(s * io->in_ss + b * io->in_sb + h * io->in_sh) * es,
-                          a->dtype, g, hd);
-                    row_rotate(g, cs, sn, half, a->interleaved, -1.0f);
-                    /* n = x * rstd, or R^T y / w' */
-                    widen((const char *)na->x[k] +
-                              (size_t)(s * na->x_ss[k] + b * na->x_sb[k] + h * na->x_sh[k]) * es,
-                          a->dtype, xs, hd);
-                    if (na->saved_y) {
-                        row_rotate(xs, cs, sn, half, a->interleaved, -1.0f);
-                        for (int64_t c = 0; c < hd; c++)
-                            nv[c] = xs[c] / wf[k][c];
-                    } else {
-                        for (int64_t c = 0; c < hd; c++)
-                            nv[c] = xs[c] * r;
-                    }
-                    if (hacc) {
-                        float *acc = hacc + h * pstride[k];
-                        for (int64_t c = 0; c < hd; c++)
-                            acc[c] = acc[c] + g[c] * nv[c];
-                    }
-                    /* dn = g * w' (in g); dx = rstd * (dn - n * mean(dn * n)) */
-                    for (int64_t c = 0; c < hd; c++)
-                        g[c] = g[c] * wf[k][c];
-                    m = fr_norm_mean(row_dot(g, nv, hd), hd);
-                    for (int64_t c = 0; c < hd; c++)
-                        nv[c] = r * (g[c] - nv[c] * m);
-                    narrow(nv, (char *)io->out +
-                                   (size_t)(s * io->out_ss + b * io->out_sb + h * io->out_sh) * es,
-                           a->dtype, hd);
-                }
-            }
-            /* the chunk's partial: its heads' in head order (each channel's
-             * own sum; the loop over channels innermost, in vectors) */
-            if (hacc) {
-                float *acc = partial + pbase[k] + ch * pstride[k];
-                for (int64_t c = 0; c < hd; c++)
-                    acc[c] = 0.0f;
-                for (int64_t h = 0; h < io->heads; h++)
-                    for (int64_t c = 0; c < hd; c++)
-                        acc[c] = acc[c] + hacc[h * pstride[k] + c];
-            }
-            (void)rot;
         }
-        /* dw[c]: the chunks' partials in chunk order (after the loop's barrier) */
 #ifdef _OPENMP
-#pragma omp master
+        if (fr_cpu_needs_team(nth)) {
+#pragma omp parallel num_threads(nth)
+            bwd_share(&bc);
+        } else
 #endif
-        for (int k = 0; k < a->count; k++) {
-            if (!na->dw[k])
-                continue;
-            for (int64_t c = 0; c < a->io[k].head_dim; c++) {
-                float sum = 0.0f;
-                for (int64_t ch = 0; ch < chunks; ch++)
-                    sum = sum + partial[pbase[k] + ch * pstride[k] + c];
-                na->dw[k][c] = sum;
-            }
-        }
-        fr_fpenv_leave(&fpenv);
+            bwd_share(&bc);
     }
     fr_fpenv_leave(&outer);
     free(block);

@@ -117,3 +117,13 @@ int fr_cpu_team_size(const fusedrope_cache *cache, int64_t elems)
     (void)elems;
     return 1;
 }
+
+int fr_cpu_needs_team(int nth)
+{
+#ifdef _OPENMP
+    return nth > 1 || omp_in_parallel();
+#else
+    (void)nth;
+    return 0;
+#endif
+}

@@ -348,6 +348,13 @@ void fr_cpu_apply(const fr_apply_args *args);
  * thread (cpu_team.c). */
 #define FR_TEAM_MIN_ELEMS ((int64_t)1 << 15)
 int fr_cpu_team_size(const fusedrope_cache *cache, int64_t elems);
+/* Whether a call on nth threads (fr_cpu_team_size) opens a parallel region,
+ * as all three CPU backends decide (OpenMP builds): for a team, or inside
+ * the caller's active region, where the call's thread numbers and
+ * worksharing must be its own nested region's of one.  Otherwise it runs on
+ * the calling thread: even an inactive region (a false if clause) costs
+ * 0.3-0.5 us, more than a small call (bench/RESULTS.md). */
+int fr_cpu_needs_team(int nth);
 /* Set by tests only (the fuzz harness, whose calls stay under
  * FR_TEAM_MIN_ELEMS): when > 0, every call and table build, however small,
  * asks for a team of this many threads (the same bytes: no result depends

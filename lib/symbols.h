@@ -23,6 +23,7 @@
 #define fr_cpu_apply fusedrope__cpu_apply
 #define fr_cpu_team fusedrope__cpu_team
 #define fr_cpu_team_size fusedrope__cpu_team_size
+#define fr_cpu_needs_team fusedrope__cpu_needs_team
 #define fr_team_all fusedrope__team_all
 #define fr_avx2_usable fusedrope__avx2_usable
 #define fr_x86_has fusedrope__x86_has

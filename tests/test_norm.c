@@ -15,6 +15,9 @@
 #include <string.h>
 
 #include <check.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "fusedrope.h"
 #include "internal.h" /* fr_avx2_usable */
@@ -1345,6 +1348,89 @@ START_TEST(test_cache_num_threads)
 }
 END_TEST
 
+/* A norm call made inside the caller's active parallel region runs in its
+ * own nested region (of one, or of the cache's team where nesting is
+ * allowed), even a small one that otherwise runs on the calling thread
+ * without a region: the backward's chunks must not be shared out over the
+ * caller's team.  Each outer thread's forward and backward (three dw chunks)
+ * give the bytes of the same calls made outside any region. */
+START_TEST(test_calls_in_caller_region)
+{
+    /* (the OpenMP backend's rule: test_norm_emu's wraps replace that
+     * backend, one call at a time) */
+#if defined(_OPENMP) && !defined(TU_EMULATED)
+    const int64_t S = 70, H = 2, D = 64; /* 8960 elements: no team of its own */
+    tu_rng r;
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    tu_buf xb, dyb, yb[3], dxb[3];
+    fusedrope_tensor x, dy, y[3], dx[3];
+    fusedrope_norm nm[3];
+    float w[64];
+    int ok[2][2];
+
+    tu_rng_init(&r, 1300);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)D, S, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+    tu_track(cache);
+    x = tu_tensor(LAY_SBHD, FUSEDROPE_BFLOAT16, S, 1, H, D, &xb);
+    tu_fill_view(&x, &r, -2, 2);
+    dy = tu_tensor(LAY_SBHD, FUSEDROPE_BFLOAT16, S, 1, H, D, &dyb);
+    tu_fill_view(&dy, &r, -1, 1);
+    for (int64_t c = 0; c < D; c++)
+        w[c] = (float)tu_uniform(&r, 0.5, 1.5);
+    for (int i = 0; i < 3; i++) { /* 0: outside; 1, 2: the outer threads' */
+        y[i] = tu_tensor(LAY_SBHD, FUSEDROPE_BFLOAT16, S, 1, H, D, &yb[i]);
+        dx[i] = tu_tensor(LAY_SBHD, FUSEDROPE_BFLOAT16, S, 1, H, D, &dxb[i]);
+        fusedrope_norm_init(&nm[i]);
+        nm[i].weight = FUSEDROPE_NORM_WEIGHT;
+        nm[i].weight_dtype = FUSEDROPE_FLOAT32;
+        nm[i].q_weight = w;
+        nm[i].q_rstd = tu_alloc(sizeof(float) * (size_t)(S * H));
+        nm[i].dq_weight = tu_alloc(sizeof(float) * (size_t)D);
+    }
+    for (int levels = 1; levels <= 2; levels++) {
+        omp_set_max_active_levels(levels);
+        for (int i = 1; i < 3; i++) { /* poisoned */
+            memset(yb[i].p, 0xff, yb[i].nbytes);
+            memset(dxb[i].p, 0xff, dxb[i].nbytes);
+            memset(nm[i].dq_weight, 0xff, sizeof(float) * (size_t)D);
+            memset(nm[i].q_rstd, 0xff, sizeof(float) * (size_t)(S * H));
+        }
+#pragma omp parallel num_threads(3)
+        {
+            const int i = omp_get_thread_num(); /* thread 0 first, alone, then 1 and 2 */
+            if (i == 0 && levels == 1)
+                ok[0][0] = fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm[0], &x,
+                                                     &y[0], NULL, NULL, NULL) == FUSEDROPE_OK &&
+                           fusedrope_norm_backward_qk(cache, FUSEDROPE_NEOX, NULL, &nm[0], &x,
+                                                      &dy, &dx[0], NULL, NULL, NULL,
+                                                      NULL) == FUSEDROPE_OK;
+#pragma omp barrier
+            if (i > 0)
+                ok[levels - 1][i - 1] =
+                    fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm[i], &x, &y[i],
+                                              NULL, NULL, NULL) == FUSEDROPE_OK &&
+                    fusedrope_norm_backward_qk(cache, FUSEDROPE_NEOX, NULL, &nm[i], &x, &dy,
+                                               &dx[i], NULL, NULL, NULL, NULL) == FUSEDROPE_OK;
+        }
+        for (int i = 1; i < 3; i++) {
+            ck_assert_msg(ok[levels - 1][i - 1], "max-active-levels %d, thread %d: a call failed",
+                          levels, i);
+            ck_assert_msg(memcmp(yb[i].p, yb[0].p, yb[0].nbytes) == 0 &&
+                              memcmp(dxb[i].p, dxb[0].p, dxb[0].nbytes) == 0 &&
+                              memcmp(nm[i].q_rstd, nm[0].q_rstd, sizeof(float) * (size_t)(S * H)) == 0 &&
+                              memcmp(nm[i].dq_weight, nm[0].dq_weight, sizeof(float) * (size_t)D) == 0,
+                          "max-active-levels %d, thread %d: bytes differ from a call outside",
+                          levels, i);
+        }
+    }
+    omp_set_max_active_levels(1);
+    tu_free_all();
+#endif
+}
+END_TEST
+
 START_TEST(test_refusals)
 {
     tu_rng r;
@@ -1749,6 +1835,7 @@ static Suite *norm_suite(void)
     tc = tcase_create("refusals");
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_cache_num_threads);
+    tcase_add_test(tc, test_calls_in_caller_region);
     tcase_add_test(tc, test_empty);
     suite_add_tcase(s, tc);
     return s;
