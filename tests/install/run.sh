@@ -4,7 +4,8 @@
 # from the build tree but these sources.  The library is found through the
 # install alone: PKG_CONFIG_PATH=$pkgconfigdir and CMAKE_PREFIX_PATH=$prefix.
 #
-#   downstream  tests/downstream.c linked with `pkg-config --cflags --libs`
+#   downstream  tests/downstream.c linked with `pkg-config --cflags --libs`,
+#               and with the archive named by path (README's static link)
 #   a           a plugin (shared object) built from the installed static
 #               archive, dlopen'ed by a program not linked with libfusedrope
 #   b           the same plugin linked with the installed libfusedrope.so
@@ -65,6 +66,19 @@ if run $CC -o downstream "$top/tests/downstream.c" $cflags $libs -lm &&
     pass downstream
 else
     fail downstream
+fi
+
+# The archive named by path, as README's "An executable" links it where a
+# .so is installed beside it; run without the prefix on the loader's path,
+# so a program that still needed libfusedrope.so would not start.
+if [ $have_static = no ]; then
+    skip "downstream-archive: no libfusedrope.a in $libdir"
+elif run $CC -o downstream_archive "$top/tests/downstream.c" $cflags "$libdir/libfusedrope.a" \
+         `echo "$static_libs" | sed 's/-lfusedrope//'` -lm &&
+     run ./downstream_archive; then
+    pass "downstream-archive: libfusedrope.a named, pkg-config --static's needs"
+else
+    fail "downstream-archive: libfusedrope.a named, pkg-config --static's needs"
 fi
 
 # The loader of plugins (a, b): not linked with libfusedrope.
