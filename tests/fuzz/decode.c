@@ -427,8 +427,13 @@ int64_t pick_positions(src_t *s, int half)
 int pick_rot_dim(src_t *s)
 {
     static const int common[] = { 2, 4, 8, 16, 6, 32, 64, 10, 12, 128 };
+    /* the rarer draws: invalid sizes, the largest, and the mid-range
+     * (Phi-3's 96, Gemma's 256 and 512, vector tails of 65 and 129 pairs)
+     * that the common list leaves out; 20 entries, so each of the 20 bytes
+     * 236..255 picks a different one */
     static const int odd[] = { 0, -2, 1, 3, FUSEDROPE_MAX_ROT_DIM, FUSEDROPE_MAX_ROT_DIM + 2,
-                               INT_MAX, INT_MIN, 4096, 8190, 2, 4 };
+                               INT_MAX, INT_MIN, 4096, 8190, 2, 4,
+                               80, 96, 130, 192, 256, 258, 512, 1026 };
     unsigned b = u8(s);
     if (b < 236)
         return common[b % (sizeof common / sizeof common[0])];
