@@ -81,6 +81,36 @@ static inline int fr_cuda_cc_major(int dev)
 #endif
 }
 
+/* The virtual architecture (cudaFuncAttributes.ptxVersion: 90 for
+ * compute_90) of the code that device dev (the current one) runs for kernel
+ * func, asked once per device and kept in kept[64]; 0 when the query fails.
+ * A build with compute_80 code alone runs on an H100 JIT-compiled from that
+ * PTX and reports 80: code that exists only from sm_90 on (griddepcontrol)
+ * is not in it, whatever the device's compute capability.  The emulation's
+ * is 90, as its fr_cuda_cc_major is 9. */
+static inline int fr_cuda_code_arch(int dev, const void *func, int *kept)
+{
+#ifdef FR_CUDA_EMULATE
+    (void)dev;
+    (void)func;
+    (void)kept;
+    return 90;
+#else
+    int n = 0;
+    cudaFuncAttributes fa;
+    if (dev >= 0 && dev < 64 && (n = __atomic_load_n(&kept[dev], __ATOMIC_RELAXED)) > 0)
+        return n;
+    const cudaError_t err = cudaFuncGetAttributes(&fa, func);
+    if (err != cudaSuccess || fa.ptxVersion <= 0) {
+        fr_cuda_forget(err);
+        return 0;
+    }
+    if (dev >= 0 && dev < 64)
+        __atomic_store_n(&kept[dev], fa.ptxVersion, __ATOMIC_RELAXED);
+    return fa.ptxVersion;
+#endif
+}
+
 /* Programmatic dependent launch (compute capability 9.0 and later): a
  * kernel launched with fr_cuda_pdl_attr's attribute may start while the
  * kernel before it in the stream ends, so before its first read of global

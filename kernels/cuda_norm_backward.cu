@@ -1198,7 +1198,13 @@ extern "C" fusedrope_status fr_cuda_norm_backward(const fr_norm_args *na)
         return FUSEDROPE_OK;
     params(na, &P);
     P.sms = fr_cuda_sm_count(dev);
-    P.pdl = FR_CHOICE(fr_emu_norm_bwd_pdl, FR_CUDA_NORM_BWD_PDL) != 0 && fr_cuda_cc_major(dev) >= 9;
+    {
+        /* the attribute only where the kernels wait (fr_pdl_wait: sm_90 code) */
+        static int code_arch[64];
+        P.pdl = FR_CHOICE(fr_emu_norm_bwd_pdl, FR_CUDA_NORM_BWD_PDL) != 0 &&
+                fr_cuda_cc_major(dev) >= 9 &&
+                fr_cuda_code_arch(dev, (const void *)norm_dw_fold, code_arch) >= 90;
+    }
     P.prefetch = fr_cuda_cc_major(dev) >= 9 ? FR_CHOICE(fr_emu_norm_bwd_prefetch,
                                                         FR_CUDA_NORM_BWD_PREFETCH) : 0;
     if (P.cos == nullptr && P.inv_freq == nullptr)
