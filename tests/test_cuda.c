@@ -17,10 +17,13 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <spawn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <check.h>
 #include <cuda_runtime.h>
@@ -1683,9 +1686,10 @@ static cudaGraphExec_t graph_capture(graph_calls_fn calls, const fusedrope_cache
  * are poisoned after each check, so each batch of 100 replays must write
  * them again.  The positions' range word is a device word (range_status),
  * which needs no host sync and must stay 0: every id is inside the table.
- * The direct calls themselves must match the CPU backend.
+ * The direct calls themselves must match the CPU backend.  capture_first:
+ * the capture comes before the direct calls (test_capture_first).
  */
-START_TEST(test_graph_replay)
+static void graph_replay_case(int capture_first)
 {
     const int64_t S = 192, B = 2, HQ = 8, HK = 2, D = 128, T = S * B;
     const int64_t shape[5] = { S, B, HQ, HK, D };
@@ -1732,15 +1736,18 @@ START_TEST(test_graph_replay)
     fusedrope_positions_init(&ph);
     ph.ids = ids;
 
+    if (capture_first)
+        exec = graph_capture(graph_calls, gpu, &pos, b, 8, ob, 4, shape, st);
     /* the direct calls: their bytes are the reference, and the CPU
-     * backend's (they also load the kernels, so that the capture records
-     * only launches) */
+     * backend's (otherwise they also load the kernels, so that the capture
+     * records only launches) */
     direct_calls_match_cpu(graph_calls, gpu, cpu, &pos, &ph, b, 8, ob, out_names, 4, shape, st);
     CUDA_OK(cudaMemcpy(&word, dword, sizeof word, cudaMemcpyDeviceToHost));
     ck_assert_int_eq(word, 0);
     FR_OK(fusedrope_cache_check(gpu, st));
 
-    exec = graph_capture(graph_calls, gpu, &pos, b, 8, ob, 4, shape, st);
+    if (!capture_first)
+        exec = graph_capture(graph_calls, gpu, &pos, b, 8, ob, 4, shape, st);
     graph_replays_check(exec, st, ob, out_names, 4);
     CUDA_OK(cudaMemcpy(&word, dword, sizeof word, cudaMemcpyDeviceToHost));
     ck_assert_msg(word == 0, "range_status raised (%d) by in-table ids", word);
@@ -1755,6 +1762,11 @@ START_TEST(test_graph_replay)
     free(ids);
     fusedrope_cache_destroy(gpu);
     fusedrope_cache_destroy(cpu);
+}
+
+START_TEST(test_graph_replay)
+{
+    graph_replay_case(0);
 }
 END_TEST
 
@@ -1807,8 +1819,9 @@ static fusedrope_status norm_graph_calls(const fusedrope_cache *c, const fusedro
 /* The fused norm's forward and backward (whose dw takes a scratch
  * allocation and two kernels a call) captured in a CUDA graph, as
  * test_graph_replay: the direct calls' bytes are the CPU backend's, and
- * 1000 replays, their outputs poisoned between checks, give them. */
-START_TEST(test_norm_graph_replay)
+ * 1000 replays, their outputs poisoned between checks, give them;
+ * capture_first as there. */
+static void norm_graph_replay_case(int capture_first)
 {
     const int64_t S = 160, B = 2, HQ = 8, HK = 2, D = 128, T = S * B;
     const int64_t shape[5] = { S, B, HQ, HK, D };
@@ -1852,9 +1865,12 @@ START_TEST(test_norm_graph_replay)
     fusedrope_positions_init(&ph);
     ph.ids = ids;
 
+    if (capture_first)
+        exec = graph_capture(norm_graph_calls, gpu, &pos, b, 14, ob, 8, shape, st);
     direct_calls_match_cpu(norm_graph_calls, gpu, cpu, &pos, &ph, b, 14, ob, names, 8, shape, st);
     FR_OK(fusedrope_cache_check(gpu, st));
-    exec = graph_capture(norm_graph_calls, gpu, &pos, b, 14, ob, 8, shape, st);
+    if (!capture_first)
+        exec = graph_capture(norm_graph_calls, gpu, &pos, b, 14, ob, 8, shape, st);
     graph_replays_check(exec, st, ob, names, 8);
     FR_OK(fusedrope_cache_check(gpu, st));
 
@@ -1866,6 +1882,49 @@ START_TEST(test_norm_graph_replay)
     free(ids);
     fusedrope_cache_destroy(gpu);
     fusedrope_cache_destroy(cpu);
+}
+
+START_TEST(test_norm_graph_replay)
+{
+    norm_graph_replay_case(0);
+}
+END_TEST
+
+/*
+ * An engine may capture a call before any call has run in its process (a
+ * warm-up inside the capture): the first launch of each kernel then loads
+ * it (CUDA's lazy loading) and the launcher sizes its grid
+ * (cudaOccupancyMaxActiveBlocksPerMultiprocessor) under capture, which
+ * must record launches only.  This process has run every kernel already
+ * (CK_NOFORK), so the check runs in a fresh one: this program again, with
+ * FUSEDROPE_TEST_CAPTURE_FIRST=1, whose suite is test_capture_first_here
+ * alone (plain and norm calls captured first, then as their graph tests).
+ */
+START_TEST(test_capture_first_here)
+{
+    graph_replay_case(1);
+    norm_graph_replay_case(1);
+}
+END_TEST
+
+extern char **environ;
+
+START_TEST(test_capture_first)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    char *argv[2] = { self, NULL };
+    pid_t pid;
+    int status = 0;
+    ck_assert_msg(n > 0, "readlink /proc/self/exe failed");
+    self[n] = 0;
+    ck_assert_int_eq(setenv("FUSEDROPE_TEST_CAPTURE_FIRST", "1", 1), 0);
+    ck_assert_int_eq(posix_spawn(&pid, self, NULL, NULL, argv, environ), 0);
+    unsetenv("FUSEDROPE_TEST_CAPTURE_FIRST");
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                  "the fresh process's captured-first calls failed (status %#x; its output above)",
+                  (unsigned)status);
 }
 END_TEST
 
@@ -1996,6 +2055,10 @@ int main(void)
     s = suite_create("cuda");
     tc = tcase_create("backend");
     tcase_set_timeout(tc, 600);
+    if (getenv("FUSEDROPE_TEST_CAPTURE_FIRST")) { /* test_capture_first's process */
+        tcase_add_test(tc, test_capture_first_here);
+        goto run;
+    }
     tcase_add_test(tc, test_copy_table);
     tcase_add_test(tc, test_device_mismatch);
     tcase_add_test(tc, test_out_of_table);
@@ -2010,7 +2073,9 @@ int main(void)
     tcase_add_test(tc, test_threads);
     tcase_add_test(tc, test_graph_replay);
     tcase_add_test(tc, test_norm_graph_replay);
+    tcase_add_test(tc, test_capture_first);
     tcase_add_test(tc, test_offsets_past_2_32);
+run:
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK); /* CUDA does not survive fork() */
