@@ -36,8 +36,11 @@ def _keep(ctx, cache_id):
     """The ops take a cache by its id (an op's arguments are tensors and
     scalars); the autograd context holds the Cache itself, so that a cache
     the caller dropped after the forward (rope_qk(q, k, fusedrope.Cache(...)))
-    still serves the backward."""
-    ctx.fusedrope_cache = _cache(cache_id)
+    still serves the backward.  Under torch.compile a function given a
+    second Cache sees the id change, which its automatic dynamic shapes turn
+    into a SymInt: int() makes the graph specialise on the id (one graph a
+    cache) instead."""
+    ctx.fusedrope_cache = _cache(int(cache_id))
 
 
 def _run_qk(q, k, cache_id, style, layout, backward, ids, offsets, cu_seqlens, cp_size,
@@ -140,17 +143,23 @@ class RopeQKFunction(torch.autograd.Function):
         return dq, dk, None, None, None, None, None, None, None, None, None
 
 
-def _check(cache):
+def _check(cache, **tensors):
+    """The cache's id; a clear TypeError for a cache or a tensor of the
+    call that is neither (k=None: the q-only forms are fusedrope.forward
+    and fusedrope.norm_forward_qk, or rope for rotation alone)."""
     if not isinstance(cache, _fr.Cache):
         raise TypeError(f"cache must be a fusedrope.Cache, not {type(cache).__name__}")
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, not {type(t).__name__}")
     return cache.id
 
 
 def rope_qk(q, k, cache, *, style="neox", layout="sbhd", ids=None, offsets=None,
             cu_seqlens=None, cp_size=1, cp_rank=0):
     """(q_out, k_out): q and k rotated (fusedrope_forward_qk), differentiable."""
-    args = (_check(cache), style, layout, False, ids, offsets, cu_seqlens, int(cp_size),
-            int(cp_rank))
+    args = (_check(cache, q=q, k=k), style, layout, False, ids, offsets, cu_seqlens,
+            int(cp_size), int(cp_rank))
     if _HAS_CUSTOM_OP:
         return _rope_qk_op(q, k, *args)
     return RopeQKFunction.apply(q, k, *args)
@@ -159,11 +168,12 @@ def rope_qk(q, k, cache, *, style="neox", layout="sbhd", ids=None, offsets=None,
 def rope(x, cache, *, style="neox", layout="sbhd", ids=None, offsets=None, cu_seqlens=None,
          cp_size=1, cp_rank=0):
     """x rotated (fusedrope_forward), differentiable."""
+    cache_id = _check(cache, x=x)
     if _HAS_CUSTOM_OP:
-        return _rope_op(x, _check(cache), style, layout, False, ids, offsets, cu_seqlens,
+        return _rope_op(x, cache_id, style, layout, False, ids, offsets, cu_seqlens,
                         int(cp_size), int(cp_rank))
     k = x.new_empty(x.shape[:-2] + (0, x.shape[-1]))
-    return RopeQKFunction.apply(x, k, _check(cache), style, layout, False, ids, offsets,
+    return RopeQKFunction.apply(x, k, cache_id, style, layout, False, ids, offsets,
                                 cu_seqlens, int(cp_size), int(cp_rank))[0]
 
 
@@ -285,8 +295,25 @@ class NormRopeQKFunction(torch.autograd.Function):
         q, k, qw, kw, rq, rk = ctx.saved_tensors
         gq = torch.zeros_like(q) if gq is None else gq.contiguous()
         gk = torch.zeros_like(k) if gk is None else gk.contiguous()
-        dq, dk, dqw, dkw = _run_norm_grad(q, k, qw, kw, rq, rk, gq, gk, *ctx.args)
+        dq, dk, dqw, dkw = _NormGradFunction.apply(q, k, qw, kw, rq, rk, gq, gk, *ctx.args)
         return (dq, dk, dqw, dkw) + (None,) * 11
+
+
+class _NormGradFunction(torch.autograd.Function):
+    """NormRopeQKFunction's backward as a node of its own: under
+    create_graph=True its outputs hang on q, k, the weights and the incoming
+    gradients, so a double backward reaches this node and fails, as the
+    custom op's does (the library's backward has no derivative), instead of
+    returning a gradient without the norm's second-order term."""
+
+    @staticmethod
+    def forward(ctx, q, k, qw, kw, rq, rk, gq, gk, *args):
+        return _run_norm_grad(q, k, qw, kw, rq, rk, gq, gk, *args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("fusedrope: the fused norm's backward is not differentiable: a double "
+                           "backward (create_graph=True) through norm_rope_qk is not supported")
 
 
 def norm_rope_qk(q, k, q_weight, k_weight, cache, *, weight=None, rounding="once", eps=1e-6,
@@ -300,8 +327,8 @@ def norm_rope_qk(q, k, q_weight, k_weight, cache, *, weight=None, rounding="once
     (Gemma 3): see fusedrope.norm_forward_qk."""
     if weight is None:
         weight = "w" if q_weight is not None else "none"
-    args = (_check(cache), weight, rounding, _fr._real(eps, "eps"), style, layout, ids, offsets,
-            cu_seqlens, int(cp_size), int(cp_rank))
+    args = (_check(cache, q=q, k=k), weight, rounding, _fr._real(eps, "eps"), style, layout,
+            ids, offsets, cu_seqlens, int(cp_size), int(cp_rank))
     if _HAS_CUSTOM_OP:
         return _norm_op(q, k, q_weight, k_weight, *args)[:2]
     return NormRopeQKFunction.apply(q, k, q_weight, k_weight, *args)

@@ -477,6 +477,81 @@ def test_torch_empty_backward():
     assert torch.equal(qw.grad, torch.zeros(16)) and torch.equal(kw.grad, torch.zeros(16))
 
 
+def test_torch_compiled_with_two_caches():
+    """One compiled function given two Caches (a helper shared by Gemma 3's
+    local and global layers): the changed cache id became a SymInt under
+    automatic dynamic shapes, and the ops' autograd set-up raised
+    TypeError (unhashable SymInt) for the second cache.  Each cache now
+    gets its own graph, equal to eager, for all three ops."""
+    torch = pytest.importorskip("torch")
+    import fusedrope.torch as frt
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 8, 4, 32, generator=g)
+    k = torch.randn(2, 8, 2, 32, generator=g)
+    caches = [fusedrope.Cache("default", rot_dim=32, max_positions=64, theta=t)
+              for t in (10000.0, 1e6)]
+    ops = {
+        "rope_qk": lambda q, k, c: frt.rope_qk(q, k, c, layout="bshd"),
+        "rope": lambda q, k, c: (frt.rope(q, c, layout="bshd"), frt.rope(k, c, layout="bshd")),
+        "norm_rope_qk": lambda q, k, c: frt.norm_rope_qk(q, k, None, None, c, layout="bshd"),
+    }
+    for name, op in ops.items():
+        torch._dynamo.reset()
+
+        def f(q, k, cache, op=op):
+            a, b = op(q, k, cache)
+            return (a * a.roll(1, 1)).sum() + (b * b.roll(1, 1)).sum()
+
+        cf = torch.compile(f, fullgraph=True, backend="aot_eager")
+        for c in caches:
+            got, want = [], []
+            for fn, out in ((cf, got), (f, want)):
+                leaves = [t.clone().requires_grad_(True) for t in (q, k)]
+                r = fn(*leaves, c)
+                r.backward()
+                out += [r.detach()] + [t.grad for t in leaves]
+            for a, b in zip(got, want):
+                assert torch.equal(a, b), (name, c.params)
+
+
+def test_torch_norm_function_double_backward_refused():
+    """NormRopeQKFunction (norm_rope_qk's form on PyTorch < 2.4) under
+    create_graph=True: its gradient silently lacked the norm's
+    second-order term (a gradient penalty 99% off); a double backward now
+    fails as the custom op's does.  The single backward is unchanged."""
+    torch = pytest.importorskip("torch")
+    import fusedrope.torch as frt
+    g = torch.Generator().manual_seed(8)
+    cache = fusedrope.Cache("default", rot_dim=32, max_positions=64, theta=10000.0)
+    q = torch.randn(2, 8, 4, 32, generator=g, requires_grad=True)
+    k = torch.randn(2, 8, 2, 32, generator=g, requires_grad=True)
+    tail = (cache.id, "none", "once", 1e-6, "neox", "bshd", None, None, None, 1, 0)
+    a, b = frt.NormRopeQKFunction.apply(q, k, None, None, *tail)
+    (gq,) = torch.autograd.grad((a ** 3).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad((gq ** 2).sum() + (q ** 2).sum(), q)
+    a, b = frt.NormRopeQKFunction.apply(q, k, None, None, *tail)
+    (once,) = torch.autograd.grad((a ** 3).sum(), q)
+    want_a, _ = frt.norm_rope_qk(q, k, None, None, cache, layout="bshd")
+    (want,) = torch.autograd.grad((want_a ** 3).sum(), q)
+    assert torch.equal(once, want)
+
+
+def test_torch_missing_k_is_a_type_error():
+    """k=None (the q-only forms are fusedrope.forward and norm_forward_qk,
+    or rope): a TypeError that names k, not an AttributeError from inside."""
+    torch = pytest.importorskip("torch")
+    import fusedrope.torch as frt
+    cache = fusedrope.Cache("default", rot_dim=16, max_positions=64, theta=10000.0)
+    q = torch.randn(1, 4, 2, 16)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        frt.rope_qk(q, None, cache)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        frt.norm_rope_qk(q, None, None, None, cache)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        frt.rope(None, cache)
+
+
 def test_eps_is_a_number():
     cache = fusedrope.Cache("default", rot_dim=8, max_positions=16)
     q = np.ones((2, 1, 1, 8), np.float32)
