@@ -571,18 +571,14 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
     const int64_t half = cache->rot_dim / 2;
     const int64_t tokens = a->seq_len * a->batch;
     const int64_t C = FUSEDROPE_NORM_DW_CHUNK;
-    const int64_t chunks = (tokens + C - 1) / C;
-    int nth;
-    int64_t hdmax = 0, elems = 0, pbase[2] = { 0, 0 }, pstride[2] = { 0, 0 }, ptotal = 0, items;
-    int64_t hper = 0; /* a thread's heads' partials: the most floats a slot's take */
-    float *scratch, *partial, *heads_part;
+    int64_t elems = 0, ptotal = 0;
+    bwd_call bc;
     void *block;
-    size_t per, total;
+    size_t total;
     fr_fpenv outer;
 #ifdef FR_HAVE_AVX2
     const fr_norm_brun_fn avx2_run =
         fr_avx2_usable() ? fr_norm_avx2_brun((int)a->dtype, a->interleaved, na->saved_y) : NULL;
-    fr_norm_brun_fn vrun[2] = { NULL, NULL }; /* slot k's runs' vector function, or NULL */
 #endif
 #ifdef FR_HAVE_AVX512
     const fr_norm_brun_fn avx512_run =
@@ -593,23 +589,26 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
         zero_empty_dw(na);
         return FUSEDROPE_OK;
     }
+    memset(&bc, 0, sizeof bc);
+    bc.na = na;
+    bc.chunks = (tokens + C - 1) / C;
     for (int k = 0; k < a->count; k++) {
-        hdmax = a->io[k].head_dim > hdmax ? a->io[k].head_dim : hdmax;
+        bc.hdmax = a->io[k].head_dim > bc.hdmax ? a->io[k].head_dim : bc.hdmax;
         elems += tokens * a->io[k].heads * a->io[k].head_dim;
-        pbase[k] = ptotal;
-        pstride[k] = fr_line_floats(a->io[k].head_dim);
+        bc.pbase[k] = ptotal;
+        bc.pstride[k] = fr_line_floats(a->io[k].head_dim);
         if (na->dw[k]) {
-            ptotal += chunks * pstride[k];
-            if (a->io[k].heads * pstride[k] > hper)
-                hper = a->io[k].heads * pstride[k];
+            ptotal += bc.chunks * bc.pstride[k];
+            if (a->io[k].heads * bc.pstride[k] > bc.hper)
+                bc.hper = a->io[k].heads * bc.pstride[k];
         }
 #ifdef FR_HAVE_AVX2
         if (avx2_run && nt_whole(a->io[k].head_dim, half, a->interleaved))
-            vrun[k] = avx2_run;
+            bc.vrun[k] = avx2_run;
 #endif
 #ifdef FR_HAVE_AVX512
         if (avx512_run && n5_whole(a->io[k].head_dim, half, a->interleaved))
-            vrun[k] = avx512_run;
+            bc.vrun[k] = avx512_run;
 #endif
     }
     /* per thread: g, n (then dx), the saved row and one more (the vector
@@ -620,52 +619,31 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
      * their own: chunks next to each other are summed by different threads,
      * and a line they shared made two threads slower than one (a bf16 q+k
      * backward 4.7 ms on two threads against 3.9 on one, bench/RESULTS.md). */
-    nth = fr_cpu_team_size(cache, elems);
-    per = (size_t)fr_line_floats(4 * hdmax + cache->rot_dim);
-    total = (size_t)nth * (per + (size_t)hper) + 2 * (size_t)fr_line_floats(hdmax) +
+    bc.nth = fr_cpu_team_size(cache, elems);
+    bc.per = (size_t)fr_line_floats(4 * bc.hdmax + cache->rot_dim);
+    total = (size_t)bc.nth * (bc.per + (size_t)bc.hper) + 2 * (size_t)fr_line_floats(bc.hdmax) +
             (size_t)ptotal;
     block = malloc(total * sizeof(float) + FR_LINE_BYTES);
     if (!block)
         return fr_fail(FUSEDROPE_ERR_NOMEM, "the norm backward's scratch (%zu bytes) could not "
                        "be allocated", total * sizeof(float) + FR_LINE_BYTES);
     zero_empty_dw(na); /* after the one thing that can fail: a failed call writes nothing */
-    scratch = fr_line_start(block);
-    partial = scratch + (size_t)nth * per + 2 * (size_t)fr_line_floats(hdmax);
-    heads_part = partial + ptotal;
-    items = chunks * a->count;
+    bc.scratch = fr_line_start(block);
+    bc.partial = bc.scratch + (size_t)bc.nth * bc.per + 2 * (size_t)fr_line_floats(bc.hdmax);
+    bc.heads_part = bc.partial + ptotal;
+    bc.items = bc.chunks * a->count;
 
     /* every thread's part, and the caller's weight factors and dw sums, in
      * the default floating-point environment, and the team's start
      * (cpu_team.c) */
     fr_fpenv_enter(&outer);
-    {
-        bwd_call bc;
-        memset(&bc, 0, sizeof bc);
-        bc.na = na;
-        bc.scratch = scratch;
-        bc.partial = partial;
-        bc.heads_part = heads_part;
-        bc.per = per;
-        bc.hdmax = hdmax;
-        bc.hper = hper;
-        bc.chunks = chunks;
-        bc.items = items;
-        bc.nth = nth;
-        for (int k = 0; k < 2; k++) {
-            bc.pbase[k] = pbase[k];
-            bc.pstride[k] = pstride[k];
-#ifdef FR_HAVE_AVX2
-            bc.vrun[k] = vrun[k];
-#endif
-        }
 #ifdef _OPENMP
-        if (fr_cpu_needs_team(nth)) {
-#pragma omp parallel num_threads(nth)
-            bwd_share(&bc);
-        } else
+    if (fr_cpu_needs_team(bc.nth)) {
+#pragma omp parallel num_threads(bc.nth)
+        bwd_share(&bc);
+    } else
 #endif
-            bwd_share(&bc);
-    }
+        bwd_share(&bc);
     fr_fpenv_leave(&outer);
     free(block);
     return FUSEDROPE_OK;
