@@ -186,12 +186,18 @@ static double yarn_corr(double rotations, int d, double base, double original)
     return d * log(original / (2.0 * FR_PI * rotations)) / (2.0 * log(base));
 }
 
-/* LongRoPE takes the long factors past the original context: for the
- * sequence length seq_len when given (as Hugging Face switches on the
- * current length), else for the table's length. */
+/* The sequence length the frequencies are derived for (dynamic's scaled
+ * base, LongRoPE's choice of factors): seq_len when given (as Hugging Face
+ * scales for the current length), else the table's length. */
+static int64_t derived_length(const fusedrope_cache_config *c)
+{
+    return c->seq_len > 0 ? c->seq_len : c->max_positions;
+}
+
+/* LongRoPE takes the long factors past the original context. */
 static int longrope_long(const fusedrope_cache_config *c)
 {
-    return (c->seq_len > 0 ? c->seq_len : c->max_positions) > c->original_max_positions;
+    return derived_length(c) > c->original_max_positions;
 }
 
 /* Dynamic NTK's theta, scaled for the length the table is built for. */
@@ -199,7 +205,7 @@ static double dynamic_base(const fusedrope_cache_config *c)
 {
     const int d = freq_dim(c);
     const double orig = (double)c->original_max_positions;
-    double len = (double)(c->seq_len ? c->seq_len : c->max_positions);
+    double len = (double)derived_length(c);
     if (len < orig)
         len = orig;
     return c->theta * pow(c->factor * len / orig - (c->factor - 1.0), (double)d / (d - 2));
@@ -439,7 +445,7 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
                        "rope type dynamic scales theta %g past the double range (factor %g, "
                        "length %lld, original_max_positions %lld)",
                        config->theta, config->factor,
-                       (long long)(config->seq_len ? config->seq_len : config->max_positions),
+                       (long long)derived_length(config),
                        (long long)config->original_max_positions);
     }
     /* DBL_MAX / 2^63: the angle p * inv_freq stays finite for every int64 p. */
