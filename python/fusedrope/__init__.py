@@ -346,14 +346,31 @@ def _torch_direct(a, torch_current):
     return not a.is_cuda or torch_current
 
 
+class _WritableAlias:
+    """A read-only NumPy array's memory as a writable array interface: NumPy
+    before 2.1 exports no read-only array through DLPack (its capsules had
+    no flag to say so), so _capsule exports this alias instead and marks the
+    capsule read-only itself; the extension refuses to write through it."""
+
+    def __init__(self, a):
+        self.base = a  # keeps the memory alive as long as the alias
+        iface = dict(a.__array_interface__)
+        iface["data"] = (iface["data"][0], False)
+        self.__array_interface__ = iface
+
+
 def _capsule(a, what, cuda_stream, torch_current=False):
     """a.__dlpack__(), asking for a versioned capsule (it carries the
     read-only flag) where the producer offers one; a plain PyTorch tensor
-    with no stream to order through to_dlpack (_torch_direct)."""
+    with no stream to order through to_dlpack (_torch_direct); a read-only
+    NumPy array of a NumPy without versioned capsules as (capsule, True),
+    the extension's read-only mark.  A producer's refusal (BufferError, or
+    RuntimeError from PyTorch before 2.4: a tensor on device "meta", one
+    that requires gradient) becomes the ValueError that names the argument."""
     if _torch_direct(a, torch_current):
         try:
             return sys.modules["torch"].utils.dlpack.to_dlpack(a)
-        except BufferError as e:  # a tensor with no memory to export (device "meta")
+        except (BufferError, RuntimeError) as e:  # no memory to export (device "meta")
             raise ValueError(f"{what} cannot be passed through DLPack: {e}") from None
     if not hasattr(a, "__dlpack__"):
         raise TypeError(f"{what} must support DLPack (__dlpack__): a NumPy array, a PyTorch "
@@ -365,9 +382,13 @@ def _capsule(a, what, cuda_stream, torch_current=False):
     try:
         try:
             return a.__dlpack__(max_version=(1, 0), **kw)
-        except TypeError:
-            return a.__dlpack__(**kw)
-    except BufferError as e:  # the producer cannot export it (NumPy: odd byte strides)
+        except TypeError:  # a producer of DLPack before 1.0's versioned capsules
+            pass
+        if isinstance(a, np.ndarray) and not a.flags.writeable:
+            return np.asarray(_WritableAlias(a)).__dlpack__(), True
+        return a.__dlpack__(**kw)
+    except (BufferError, RuntimeError) as e:  # the producer cannot export it (NumPy: odd
+        # byte strides)
         raise ValueError(f"{what} cannot be passed through DLPack: {e}") from None
 
 

@@ -8,7 +8,8 @@ RMSNorm + RoPE) are ``torch.library`` custom ops (``fusedrope::rope_qk``,
 so torch.compile keeps them in its graph; they return new tensors (out of
 place) and run on the tensors' device and PyTorch's current CUDA stream
 (CUDA-graph capturable).  On a PyTorch without ``torch.library.custom_op``
-(< 2.4) the same functions go through ``torch.autograd.Function``.
+(< 2.4) the same functions go through ``torch.autograd.Function``, which
+torch.compile runs eagerly between its graphs (a graph break).
 
 Importing this module needs PyTorch; ``import fusedrope`` does not.
 """
@@ -62,6 +63,22 @@ def _run(x, cache_id, style, layout, backward, ids, offsets, cu_seqlens, cp_size
 
 
 _HAS_CUSTOM_OP = hasattr(torch, "library") and hasattr(torch.library, "custom_op")
+
+
+def _eager(fn, *args):
+    """fn.apply(*args) for the autograd.Function forms, which torch.compile
+    cannot trace (Dynamo stops at the cache lookup and raises, where PyTorch
+    has no custom_op): marked for Dynamo to leave alone, so that a compiled
+    function runs them eagerly between its graphs (a graph break, which
+    fullgraph=True refuses)."""
+    return fn.apply(*args)
+
+
+try:
+    import torch._dynamo
+    _eager = torch._dynamo.disable(_eager)
+except (ImportError, AttributeError):  # pragma: no cover - a PyTorch without Dynamo
+    pass
 
 if _HAS_CUSTOM_OP:
     @torch.library.custom_op("fusedrope::rope_qk", mutates_args=())
@@ -162,7 +179,7 @@ def rope_qk(q, k, cache, *, style="neox", layout="sbhd", ids=None, offsets=None,
             int(cp_size), int(cp_rank))
     if _HAS_CUSTOM_OP:
         return _rope_qk_op(q, k, *args)
-    return RopeQKFunction.apply(q, k, *args)
+    return _eager(RopeQKFunction, q, k, *args)
 
 
 def rope(x, cache, *, style="neox", layout="sbhd", ids=None, offsets=None, cu_seqlens=None,
@@ -173,8 +190,8 @@ def rope(x, cache, *, style="neox", layout="sbhd", ids=None, offsets=None, cu_se
         return _rope_op(x, cache_id, style, layout, False, ids, offsets, cu_seqlens,
                         int(cp_size), int(cp_rank))
     k = x.new_empty(x.shape[:-2] + (0, x.shape[-1]))
-    return RopeQKFunction.apply(x, k, cache_id, style, layout, False, ids, offsets,
-                                cu_seqlens, int(cp_size), int(cp_rank))[0]
+    return _eager(RopeQKFunction, x, k, cache_id, style, layout, False, ids, offsets,
+                  cu_seqlens, int(cp_size), int(cp_rank))[0]
 
 
 # ------------------------------------------------------------ fused norm
@@ -331,4 +348,4 @@ def norm_rope_qk(q, k, q_weight, k_weight, cache, *, weight=None, rounding="once
             ids, offsets, cu_seqlens, int(cp_size), int(cp_rank))
     if _HAS_CUSTOM_OP:
         return _norm_op(q, k, q_weight, k_weight, *args)[:2]
-    return NormRopeQKFunction.apply(q, k, q_weight, k_weight, *args)
+    return _eager(NormRopeQKFunction, q, k, q_weight, k_weight, *args)

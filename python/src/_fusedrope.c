@@ -78,6 +78,14 @@ typedef struct fr_dl_managed_versioned {
  * the caller keeps the capsule alive for the duration of the call. */
 static int fr_capsule_tensor(PyObject *cap, const char *what, fr_dl_tensor **t, int *readonly)
 {
+    /* (capsule, True): a read-only array exported through a writable alias
+     * of its memory, where the producer's DLPack cannot mark it read-only
+     * (NumPy < 2.1: _capsule in fusedrope/__init__.py) */
+    int marked = 0;
+    if (PyTuple_Check(cap) && PyTuple_GET_SIZE(cap) == 2) {
+        marked = PyObject_IsTrue(PyTuple_GET_ITEM(cap, 1)) == 1;
+        cap = PyTuple_GET_ITEM(cap, 0);
+    }
     if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
         fr_dl_managed_versioned *m = PyCapsule_GetPointer(cap, "dltensor_versioned");
         if (m->version.major != 1) {
@@ -86,13 +94,13 @@ static int fr_capsule_tensor(PyObject *cap, const char *what, fr_dl_tensor **t, 
             return -1;
         }
         *t = &m->dl_tensor;
-        *readonly = (m->flags & DL_FLAG_READ_ONLY) != 0;
+        *readonly = marked || (m->flags & DL_FLAG_READ_ONLY) != 0;
         return 0;
     }
     if (PyCapsule_IsValid(cap, "dltensor")) {
         fr_dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
         *t = &m->dl_tensor;
-        *readonly = 0;
+        *readonly = marked;
         return 0;
     }
     PyErr_Format(PyExc_TypeError, "%s: not an unused DLPack capsule", what);

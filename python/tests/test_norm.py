@@ -418,6 +418,8 @@ def test_torch_op_compiles_into_one_graph():
     the fake implementations give the right shapes and dtypes."""
     torch = pytest.importorskip("torch")
     import fusedrope.torch as frt
+    if not frt._HAS_CUSTOM_OP:
+        pytest.skip("torch.library.custom_op not available")
     q, k, g = _hf_case(torch, torch.bfloat16)
     D = q.shape[-1]
     cache = fusedrope.Cache("default", rot_dim=D, max_positions=64, theta=10000.0)
@@ -442,7 +444,9 @@ def test_torch_op_strided_views():
     (torch.library.opcheck), so a compiled graph runs them (inductor once
     asserted on the strides), and their values equal the contiguous ones'."""
     torch = pytest.importorskip("torch")
-    import fusedrope.torch  # noqa: F401  (registers the ops)
+    import fusedrope.torch as frt  # registers the ops
+    if not frt._HAS_CUSTOM_OP:
+        pytest.skip("torch.library.custom_op not available")
     g = torch.Generator().manual_seed(5)
     q = torch.randn(2, 5, 4, 16, generator=g).transpose(0, 1)
     k = torch.randn(2, 5, 2, 16, generator=g).transpose(0, 1)
@@ -477,14 +481,20 @@ def test_torch_empty_backward():
     assert torch.equal(qw.grad, torch.zeros(16)) and torch.equal(kw.grad, torch.zeros(16))
 
 
-def test_torch_compiled_with_two_caches():
+@pytest.mark.parametrize("custom_op", [True, False])
+def test_torch_compiled_with_two_caches(custom_op, monkeypatch):
     """One compiled function given two Caches (a helper shared by Gemma 3's
     local and global layers): the changed cache id became a SymInt under
     automatic dynamic shapes, and the ops' autograd set-up raised
     TypeError (unhashable SymInt) for the second cache.  Each cache now
-    gets its own graph, equal to eager, for all three ops."""
+    gets its own graph, equal to eager, for all three ops.  custom_op
+    False: the autograd.Function forms, which PyTorch < 2.4 takes (compiling
+    them raised there); compiled, they run eagerly at a graph break."""
     torch = pytest.importorskip("torch")
     import fusedrope.torch as frt
+    if custom_op and not frt._HAS_CUSTOM_OP:
+        pytest.skip("torch.library.custom_op not available")
+    monkeypatch.setattr(frt, "_HAS_CUSTOM_OP", custom_op)
     g = torch.Generator().manual_seed(7)
     q = torch.randn(2, 8, 4, 32, generator=g)
     k = torch.randn(2, 8, 2, 32, generator=g)
@@ -502,7 +512,7 @@ def test_torch_compiled_with_two_caches():
             a, b = op(q, k, cache)
             return (a * a.roll(1, 1)).sum() + (b * b.roll(1, 1)).sum()
 
-        cf = torch.compile(f, fullgraph=True, backend="aot_eager")
+        cf = torch.compile(f, fullgraph=custom_op, backend="aot_eager")
         for c in caches:
             got, want = [], []
             for fn, out in ((cf, got), (f, want)):
