@@ -1767,6 +1767,235 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+/* Every overlap the norm refuses is refused where only one element of
+ * each range is shared (the first of one, the last of the other), every
+ * enum's both ends, and every k array of a call without k: a mutation run
+ * found each of these checks one element short, or missing, with every
+ * other test passing. */
+START_TEST(test_refusals_at_range_ends)
+{
+    enum { B = 2, S = 3, H = 2, D = 64, N = B * S * H * D, ROWS = B * S * H };
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    fusedrope_norm nm;
+    fusedrope_positions P;
+    fusedrope_tensor q, qo, tdy, tdx;
+    float *x = tu_alloc(sizeof(float) * N), *w = tu_alloc(sizeof(float) * D);
+    float *rq = tu_alloc(sizeof(float) * ROWS), *dqw = tu_alloc(sizeof(float) * D);
+    float *dkw = tu_alloc(sizeof(float) * D);
+    float *buf = tu_alloc(sizeof(float) * (N + ROWS + 2 * D));
+    uint16_t *hb = tu_alloc(2 * (size_t)(N + 2 * D));
+    uint16_t *hx = tu_alloc(2 * (size_t)N);
+    int64_t *area = tu_alloc(sizeof(int64_t) * (B * S + ROWS + 8));
+
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, 16, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+    tu_track(cache);
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)(i % 7) - 3.0f;
+        hx[i] = ref_double_to_bf16(x[i]);
+    }
+    for (int i = 0; i < D; i++)
+        w[i] = 1.0f + (float)i / 64.0f;
+    q = fusedrope_tensor_bshd(x, FUSEDROPE_FLOAT32, B, S, H, D);
+    fusedrope_norm_init(&nm);
+    nm.weight = FUSEDROPE_NORM_WEIGHT;
+    nm.q_weight = w;
+
+    /* rstd from q_out's last element on; q_out from rstd's last on */
+    qo = fusedrope_tensor_bshd(buf, FUSEDROPE_FLOAT32, B, S, H, D);
+    nm.q_rstd = buf + N - 1;
+    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL, NULL),
+           FUSEDROPE_ERR_INVALID, "q_rstd", "rstd from q_out's last element");
+    nm.q_rstd = buf;
+    qo.data = buf + ROWS - 1;
+    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL, NULL),
+           FUSEDROPE_ERR_INVALID, "q_rstd", "q_out from rstd's last element");
+    /* a weight's last element q_out's first, and the other way round */
+    nm.q_rstd = rq;
+    qo.data = buf + D;
+    nm.q_weight = buf + 1;
+    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL, NULL),
+           FUSEDROPE_ERR_INVALID, "q_weight", "weight's last element q_out's first");
+    qo.data = buf;
+    nm.q_weight = buf + N - 1;
+    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL, NULL),
+           FUSEDROPE_ERR_INVALID, "q_weight", "weight from q_out's last element");
+    nm.q_weight = w;
+    /* 16-bit weights: the same, a half-size element */
+    {
+        fusedrope_tensor hq = fusedrope_tensor_bshd(hx, FUSEDROPE_BFLOAT16, B, S, H, D);
+        fusedrope_tensor hqo = fusedrope_tensor_bshd(hb + D, FUSEDROPE_BFLOAT16, B, S, H, D);
+        fusedrope_norm hn = nm;
+        int32_t *word = (int32_t *)(void *)area;
+        hn.weight_dtype = FUSEDROPE_BFLOAT16;
+        hn.q_weight = hb + 1;
+        hn.q_rstd = rq;
+        expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &hn, &hq, &hqo, NULL, NULL,
+                                         NULL),
+               FUSEDROPE_ERR_INVALID, "q_weight", "bf16 weight's last element q_out's first");
+        /* a weight from byte 2 of the range word the CUDA kernels may write */
+        hqo.data = hb;
+        hn.q_weight = (uint16_t *)(void *)word + 1;
+        fusedrope_positions_init(&P);
+        P.range_status = word;
+        expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, &P, &hn, &hq, &hqo, NULL, NULL,
+                                         NULL),
+               FUSEDROPE_ERR_INVALID, "range_status", "bf16 weight from the range word's byte 2");
+    }
+    /* rstd from the last id, the last offset, cu_seqlens[num_seqs] on */
+    qo.data = buf;
+    memset(area, 0, sizeof(int64_t) * (B * S + ROWS + 8));
+    fusedrope_positions_init(&P);
+    P.ids = area;
+    nm.q_rstd = (float *)(void *)(area + B * S - 1);
+    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, &P, &nm, &q, &qo, NULL, NULL, NULL),
+           FUSEDROPE_ERR_INVALID, "pos->ids", "rstd from the last id");
+    fusedrope_positions_init(&P);
+    P.offsets = area;
+    nm.q_rstd = (float *)(void *)(area + B - 1);
+    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, &P, &nm, &q, &qo, NULL, NULL, NULL),
+           FUSEDROPE_ERR_INVALID, "pos->offsets", "rstd from the last offset");
+    {
+        fusedrope_tensor tq = fusedrope_tensor_thd(x, FUSEDROPE_FLOAT32, B * S, H, D);
+        fusedrope_tensor tqo = fusedrope_tensor_thd(buf, FUSEDROPE_FLOAT32, B * S, H, D);
+        int32_t *cu = (int32_t *)(void *)area;
+        cu[0] = 0, cu[1] = S, cu[2] = B * S;
+        fusedrope_positions_init(&P);
+        P.cu_seqlens = cu;
+        P.num_seqs = 2;
+        nm.q_rstd = (float *)(void *)(cu + 2);
+        expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, &P, &nm, &tq, &tqo, NULL, NULL,
+                                         NULL),
+               FUSEDROPE_ERR_INVALID, "pos->cu_seqlens", "rstd from cu_seqlens[num_seqs]");
+        ck_assert_int_eq(cu[2], B * S);
+    }
+    /* the enums past either end */
+    nm.q_rstd = rq;
+    nm.weight = (fusedrope_norm_weight)-1;
+    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL, NULL),
+           FUSEDROPE_ERR_INVALID, "norm->weight is -1", "weight kind -1");
+    nm.weight = FUSEDROPE_NORM_WEIGHT;
+    nm.rounding = (fusedrope_norm_rounding)(FUSEDROPE_NORM_ROUND_GEMMA + 1);
+    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL, NULL),
+           FUSEDROPE_ERR_INVALID, "norm->rounding", "rounding past ROUND_GEMMA");
+    nm.rounding = FUSEDROPE_NORM_ROUND_ONCE;
+
+    /* k arrays of a call without k, a k_out without k_in, a dk_in alone */
+    ck_assert_msg(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL,
+                                            NULL) == FUSEDROPE_OK,
+                  "%s", fusedrope_last_error());
+    nm.k_rstd = rq; /* the check names k_rstd before any overlap */
+    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL, NULL),
+           FUSEDROPE_ERR_INVALID, "k_rstd is set but the call has no k tensor",
+           "k_rstd on a q-only forward");
+    nm.k_rstd = NULL;
+    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, &qo, NULL),
+           FUSEDROPE_ERR_INVALID, "k_in", "k_out without k_in");
+    tdy = fusedrope_tensor_bshd(buf + N, FUSEDROPE_FLOAT32, 1, 1, 1, D); /* unused: refused first */
+    tdx = q;
+    nm.dq_weight = dqw;
+    for (int i = 0; i < D; i++)
+        dkw[i] = 12345.0f;
+    nm.dk_weight = dkw;
+    expect(fusedrope_norm_backward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, &tdx, NULL, NULL,
+                                      NULL, NULL),
+           FUSEDROPE_ERR_INVALID, "dk_weight is set but the call has no k tensor",
+           "dk_weight on a q-only backward");
+    for (int i = 0; i < D; i++)
+        ck_assert(dkw[i] == 12345.0f);
+    nm.dk_weight = NULL;
+    expect(fusedrope_norm_backward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, &tdx, NULL, NULL,
+                                      &tdy, NULL),
+           FUSEDROPE_ERR_INVALID, "k_saved is NULL", "dk_in alone");
+    tu_free_all();
+}
+END_TEST
+
+/* A k of no heads beside a q with rows: k's weight gradient is an empty
+ * sum, 0, written (the general path's zeroing; only both tensors empty was
+ * tested).  A NaN weight whose payload fills the mantissa (0x7fffffff, a
+ * float32 weight beside 16-bit tensors) gives NaN in its channel pair, in
+ * each rounding: the vector rows' narrowing without a NaN case once gave
+ * -0 there (the rounding's carry into the sign), which only the check of
+ * the weights' finiteness keeps from them. */
+START_TEST(test_empty_k_and_nan_weight)
+{
+    enum { S = 4, H = 4, D = 64, N = S * H * D };
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    fusedrope_norm nm;
+    float *x = tu_alloc(sizeof(float) * N), *y = tu_alloc(sizeof(float) * N);
+    float *dy = tu_alloc(sizeof(float) * N), *dx = tu_alloc(sizeof(float) * N);
+    float *w = tu_alloc(sizeof(float) * D), *rq = tu_alloc(sizeof(float) * S * H);
+    float *dqw = tu_alloc(sizeof(float) * D), *dkw = tu_alloc(sizeof(float) * D);
+    float *kx = tu_alloc(sizeof(float) * D);
+    const uint32_t nan_bits = 0x7fffffffu;
+    fusedrope_tensor q, qo, tdy, tdx, k;
+
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, 16, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+    tu_track(cache);
+    for (int i = 0; i < N; i++) {
+        x[i] = (float)(i % 7) - 3.0f;
+        dy[i] = (float)(i % 5) - 2.0f;
+    }
+    for (int i = 0; i < D; i++) {
+        w[i] = 1.0f + (float)i / 64.0f;
+        dkw[i] = 12345.0f;
+    }
+    q = fusedrope_tensor_bshd(x, FUSEDROPE_FLOAT32, 1, S, H, D);
+    qo = fusedrope_tensor_bshd(y, FUSEDROPE_FLOAT32, 1, S, H, D);
+    tdy = fusedrope_tensor_bshd(dy, FUSEDROPE_FLOAT32, 1, S, H, D);
+    tdx = fusedrope_tensor_bshd(dx, FUSEDROPE_FLOAT32, 1, S, H, D);
+    k = fusedrope_tensor_bshd(kx, FUSEDROPE_FLOAT32, 1, S, 0, D);
+    fusedrope_norm_init(&nm);
+    nm.weight = FUSEDROPE_NORM_WEIGHT;
+    nm.q_weight = nm.k_weight = w;
+    nm.q_rstd = rq;
+    ck_assert_msg(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, &k, &k,
+                                            NULL) == FUSEDROPE_OK,
+                  "%s", fusedrope_last_error());
+    nm.dq_weight = dqw;
+    nm.dk_weight = dkw;
+    ck_assert_msg(fusedrope_norm_backward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &tdy, &tdx, &k,
+                                             &k, &k, NULL) == FUSEDROPE_OK,
+                  "%s", fusedrope_last_error());
+    for (int i = 0; i < D; i++)
+        ck_assert_msg(dkw[i] == 0.0f && !signbit(dkw[i]), "dk_weight[%d] = %g, want 0", i,
+                      (double)dkw[i]);
+
+    memcpy(&w[5], &nan_bits, sizeof nan_bits);
+    for (int dt = 0; dt < 2; dt++) {
+        const fusedrope_dtype t = dt ? FUSEDROPE_FLOAT16 : FUSEDROPE_BFLOAT16;
+        uint16_t *hx = tu_alloc(2 * (size_t)N), *hy = tu_alloc(2 * (size_t)N);
+        fusedrope_tensor hq = fusedrope_tensor_bshd(hx, t, 1, S, H, D);
+        fusedrope_tensor hqo = fusedrope_tensor_bshd(hy, t, 1, S, H, D);
+        for (int i = 0; i < N; i++)
+            hx[i] = dt ? ref_double_to_half(x[i]) : ref_double_to_bf16(x[i]);
+        for (int rnd = 0; rnd < 3; rnd++) {
+            fusedrope_norm hn;
+            fusedrope_norm_init(&hn);
+            hn.weight = FUSEDROPE_NORM_WEIGHT;
+            hn.weight_dtype = FUSEDROPE_FLOAT32;
+            hn.q_weight = w;
+            hn.rounding = (fusedrope_norm_rounding)rnd;
+            ck_assert_msg(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &hn, &hq, &hqo,
+                                                    NULL, NULL, NULL) == FUSEDROPE_OK,
+                          "%s", fusedrope_last_error());
+            for (int r = 0; r < S * H; r++)
+                for (int c = 5; c < D; c += D / 2) {
+                    const uint16_t v = hy[r * D + c];
+                    const double f = dt ? ref_half_to_double(v) : ref_bf16_to_double(v);
+                    ck_assert_msg(isnan(f), "%s rounding %d row %d channel %d: 0x%04x, want NaN",
+                                  dt ? "fp16" : "bf16", rnd, r, c, (unsigned)v);
+                }
+        }
+    }
+    tu_free_all();
+}
+END_TEST
+
 /* No tokens: nothing to do, and a weight gradient is zero. */
 START_TEST(test_empty)
 {
@@ -1837,6 +2066,8 @@ static Suite *norm_suite(void)
     tcase_add_test(tc, test_cache_num_threads);
     tcase_add_test(tc, test_calls_in_caller_region);
     tcase_add_test(tc, test_empty);
+    tcase_add_test(tc, test_refusals_at_range_ends);
+    tcase_add_test(tc, test_empty_k_and_nan_weight);
     suite_add_tcase(s, tc);
     return s;
 }
