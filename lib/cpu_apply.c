@@ -156,6 +156,8 @@ static row_conv pick_rows(fusedrope_dtype dt, int64_t half)
         if (fr_avx512_heads_fit(half))
             r.rotate_heads = f16 ? fr_avx512_rotate_heads_f16 : fr_avx512_rotate_heads_bf16;
     }
+#else
+    (void)half; /* only the AVX-512 heads' fit depends on it */
 #endif
     return r;
 }
@@ -468,6 +470,9 @@ static void cpu_share(const fr_apply_args *args, const row_conv *rc, const int s
      * contiguous memory, not through a token's few KiB every seq stride;
      * bench/RESULTS.md, "CPU roofline"), bshd's positions inside each entry. */
     const int s_outer = args->batch > 1 && args->io[0].in_sb < args->io[0].in_ss;
+#ifndef FR_HAVE_AVX512
+    (void)gp; /* the AVX-512 gather's plan: never one without it */
+#endif
     /* a 1D table's row is used in place, an axes table's rows in place
      * step by step (steps); otherwise each token's cos/sin are gathered per
      * pair (other axes maps) or computed (no table) into row_c/row_s */

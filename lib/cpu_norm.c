@@ -605,6 +605,8 @@ fusedrope_status fr_cpu_norm_backward(const fr_norm_args *na)
 #ifdef FR_HAVE_AVX2
         if (avx2_run && nt_whole(a->io[k].head_dim, half, a->interleaved))
             bc.vrun[k] = avx2_run;
+#else
+        (void)half; /* only the vector runs' fit depends on it */
 #endif
 #ifdef FR_HAVE_AVX512
         if (avx512_run && n5_whole(a->io[k].head_dim, half, a->interleaved))

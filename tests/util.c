@@ -379,11 +379,19 @@ int tu_contains(const char *hay, const char *needle)
 
 int tu_skip_default_path(void)
 {
+#ifdef FR_HAVE_AVX512
     return tu_under_valgrind() && !fr_avx512_usable();
+#else
+    return 0; /* no vector rows: the default path is the portable one */
+#endif
 }
 
 void tu_cpu_path(int p)
 {
+#ifdef FR_HAVE_AVX2
     __atomic_store_n(&fr_avx512_off, p == 1, __ATOMIC_RELAXED);
     __atomic_store_n(&fr_avx2_off, p == 2, __ATOMIC_RELAXED);
+#else
+    (void)p; /* the portable path is the only one */
+#endif
 }
