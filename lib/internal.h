@@ -245,8 +245,9 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
  * nearest even, subnormals kept, exceptions masked), then the thread's own
  * again, exactly as it was: its modes and its exception flags (flags raised
  * by the library's arithmetic are dropped).  Once per thread per call, never
- * per element: an MXCSR read and two writes on x86-64, fegetenv/fesetenv
- * elsewhere.  OpenMP workers have their own registers, so the bracket goes
+ * per element: an MXCSR read and two writes on x86-64, FPCR's and FPSR's on
+ * AArch64, fegetenv/fesetenv elsewhere.  OpenMP workers have their own
+ * registers, so the bracket goes
  * inside the parallel region; and around it on the calling thread too, for
  * the team's start (lib/cpu_team.c). */
 #if !defined(__cplusplus)
@@ -256,6 +257,14 @@ fusedrope_status fr_apply(const fusedrope_cache *cache, fusedrope_style style, f
 #include <xmmintrin.h>
 #define FR_FPENV_MXCSR 1
 typedef struct { unsigned int mxcsr; } fr_fpenv;
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+/* AArch64: FPCR holds the modes, FPSR the flags.  glibc's
+ * fesetenv(FE_DFL_ENV) keeps the caller's FPCR.DN (every NaN result the
+ * default NaN: other NaN bits than DESIGN's propagation), AHP and FZ16;
+ * FPCR 0 is the architecture's default (round to nearest, no flush, NaNs
+ * propagated, traps off), the one a Linux process starts in. */
+#define FR_FPENV_FPCR 1
+typedef struct { uint64_t fpcr, fpsr; } fr_fpenv;
 #else
 #include <fenv.h>
 typedef struct { fenv_t env; } fr_fpenv;
@@ -271,6 +280,13 @@ static inline void fr_fpenv_enter(fr_fpenv *saved)
     saved->mxcsr = _mm_getcsr();
     if (saved->mxcsr != FR_MXCSR_DEFAULT)
         _mm_setcsr(FR_MXCSR_DEFAULT);
+#elif defined(FR_FPENV_FPCR)
+    /* "memory": no load of the computation's data moves across a switch
+     * (an opaque call, as fesetenv is, orders them so too) */
+    __asm__ volatile("mrs %0, fpcr" : "=r"(saved->fpcr) : : "memory");
+    __asm__ volatile("mrs %0, fpsr" : "=r"(saved->fpsr) : : "memory");
+    if (saved->fpcr != 0)
+        __asm__ volatile("msr fpcr, %0" : : "r"((uint64_t)0) : "memory");
 #else
     /* FE_DFL_ENV: round to nearest, exceptions masked, and (glibc, musl)
      * flush-to-zero off where the architecture has it (AArch64 FPCR.FZ) */
@@ -283,6 +299,9 @@ static inline void fr_fpenv_leave(const fr_fpenv *saved)
 {
 #ifdef FR_FPENV_MXCSR
     _mm_setcsr(saved->mxcsr);
+#elif defined(FR_FPENV_FPCR)
+    __asm__ volatile("msr fpcr, %0" : : "r"(saved->fpcr) : "memory");
+    __asm__ volatile("msr fpsr, %0" : : "r"(saved->fpsr) : "memory");
 #else
     fesetenv(&saved->env);
 #endif

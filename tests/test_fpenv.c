@@ -7,13 +7,17 @@
  * from the cache build, and the same bytes from the fused norm's forward
  * and backward; and must find its environment as it left it.
  *
- * The OpenMP workers have their own MXCSR, inherited when the runtime
+ * The OpenMP workers have their own control register (MXCSR, FPCR),
+ * inherited when the runtime
  * starts them, at a process's first parallel region: each test runs in
  * both orders, the workers born in the altered environment (the calling
  * thread's environment reaches them) or in the default one (only the
  * calling thread's share of the work sees it).
  *
- * x86-64 only (MXCSR); elsewhere the program skips (exit status 77).
+ * On AArch64 the same with FPCR: FZ (subnormals flushed) and DN (every NaN
+ * result the default NaN, which would change NaN outputs' bits: the
+ * test_nan_fpenv case) for x86's FTZ and DAZ.  Elsewhere the program skips
+ * (exit status 77).
  */
 #include <fenv.h>
 #include <math.h>
@@ -28,28 +32,61 @@
 
 #if defined(__x86_64__) && defined(__SSE2__)
 #include <xmmintrin.h>
+#define FP_CONTROL 1
+/* MXCSR: FTZ (bit 15) flushes subnormal results, DAZ (bit 6) reads
+ * subnormal inputs as zero; bits 0-5 are the exception flags */
+#define FP_FLUSH 0x8040ul
+#define FP_FLAG_BITS 0x3ful
+#define FP_REG "MXCSR"
+#define FP_FLUSH_NAME "FTZ/DAZ"
+static unsigned long fp_control(void)
+{
+    return _mm_getcsr();
+}
+static void fp_set_control(unsigned long v)
+{
+    _mm_setcsr((unsigned int)v);
+}
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+#define FP_CONTROL 1
+/* FPCR: FZ (bit 24) flushes subnormals, DN (bit 25) makes every NaN result
+ * the default NaN; the flags are FPSR's */
+#define FP_FLUSH 0x3000000ul
+#define FP_FLAG_BITS 0ul
+#define FP_REG "FPCR"
+#define FP_FLUSH_NAME "FZ/DN"
+static unsigned long fp_control(void)
+{
+    uint64_t v;
+    __asm__ volatile("mrs %0, fpcr" : "=r"(v) : : "memory");
+    return (unsigned long)v;
+}
+static void fp_set_control(unsigned long v)
+{
+    __asm__ volatile("msr fpcr, %0" : : "r"((uint64_t)v) : "memory");
+}
+#endif
 
+#ifdef FP_CONTROL
 #define CPU FUSEDROPE_DEVICE_CPU
 #define MSG 2048
-#define MXCSR_DAZ 0x0040u
-#define MXCSR_FTZ 0x8000u
 
 static const fusedrope_dtype dtypes[3] = {FUSEDROPE_FLOAT32, FUSEDROPE_FLOAT16,
                                           FUSEDROPE_BFLOAT16};
 
 /* A caller's environment: rounding `mode` (fesetround's), and where
- * `flush`, subnormals flushed (FTZ) and read as zero (DAZ).  Returns the
- * MXCSR the call must leave. */
-static unsigned int set_env(int mode, int flush)
+ * `flush`, FP_FLUSH's bits set (x86: FTZ and DAZ; AArch64: FZ and DN).
+ * Returns the control register the call must leave. */
+static unsigned long set_env(int mode, int flush)
 {
     ck_assert_int_eq(fesetround(mode), 0);
     if (flush)
-        _mm_setcsr(_mm_getcsr() | MXCSR_FTZ | MXCSR_DAZ);
-    return _mm_getcsr();
+        fp_set_control(fp_control() | FP_FLUSH);
+    return fp_control();
 }
 
-/* The environment under test: FTZ and DAZ, rounding toward +Inf. */
-static unsigned int set_hostile(void)
+/* The environment under test: FP_FLUSH, rounding toward +Inf. */
+static unsigned long set_hostile(void)
 {
     return set_env(FE_UPWARD, 1);
 }
@@ -57,16 +94,16 @@ static unsigned int set_hostile(void)
 static void set_default(void)
 {
     ck_assert_int_eq(fesetround(FE_TONEAREST), 0);
-    _mm_setcsr(_mm_getcsr() & ~(MXCSR_FTZ | MXCSR_DAZ));
+    fp_set_control(fp_control() & ~FP_FLUSH);
 }
 
 /* Checks the caller's environment is what it set before the call. */
-static void check_restored(const char *what, unsigned int mxcsr)
+static void check_restored(const char *what, unsigned long ctl)
 {
-    const unsigned int now = _mm_getcsr();
-    /* the exception flags (bits 0-5) may be anything: compare the controls */
-    ck_assert_msg((now & ~0x3fu) == (mxcsr & ~0x3fu),
-                  "%s: MXCSR is 0x%04x after the call, was 0x%04x", what, now, mxcsr);
+    const unsigned long now = fp_control();
+    /* the exception flags may be anything: compare the controls */
+    ck_assert_msg((now & ~FP_FLAG_BITS) == (ctl & ~FP_FLAG_BITS),
+                  "%s: " FP_REG " is %#lx after the call, was %#lx", what, now, ctl);
     ck_assert_msg(fegetround() == FE_UPWARD, "%s: the rounding mode was not restored", what);
 }
 
@@ -150,7 +187,7 @@ static void apply_case(int i)
     fusedrope_positions P;
     int64_t *positions;
     result res[2]; /* [0] default environment, [1] hostile */
-    unsigned int mxcsr;
+    unsigned long ctl;
     char what[256], msg[MSG];
     size_t first = 0, n;
 
@@ -158,7 +195,7 @@ static void apply_case(int i)
              (unsigned long long)tu_seed, i, ref_dtype_name(dt),
              style_i ? "interleaved" : "neox", backward ? "backward" : "forward",
              tableless ? "table-less" : "table", inplace ? "in place" : "out of place",
-             hostile_first ? "FTZ/DAZ, upward" : "default");
+             hostile_first ? FP_FLUSH_NAME ", upward" : "default");
     tu_threads(3);
     tu_rng_init(&r, 300 + (uint64_t)i);
     tiny_config(&cfg, rot_dim, tableless ? 0 : S + 41);
@@ -176,16 +213,16 @@ static void apply_case(int i)
     for (int pass = 0; pass < 2; pass++) {
         const int hostile = pass == 0 ? hostile_first : !hostile_first;
         if (hostile) {
-            mxcsr = set_hostile();
+            ctl = set_hostile();
             run_call(cache, style, &P, &x, inplace, &xb, backward, &res[1]);
-            check_restored(what, mxcsr);
+            check_restored(what, ctl);
             set_default();
         } else {
             run_call(cache, style, &P, &x, inplace, &xb, backward, &res[0]);
         }
     }
     n = tu_changed(&res[1].out, &res[0].out, &first);
-    ck_assert_msg(n == 0, "%s: %zu bytes differ between the default and the FTZ/DAZ/upward "
+    ck_assert_msg(n == 0, "%s: %zu bytes differ between the default and the " FP_FLUSH_NAME "/upward "
                   "caller (first at byte %zu)", what, n, first);
     {
         int64_t bad = ref_check_apply(&ref, style, positions, &xorig, &res[0].y, backward, msg,
@@ -215,7 +252,7 @@ START_TEST(test_cache_fpenv)
     const size_t n = (size_t)rows * (size_t)(rot_dim / 2);
     float *cs[2], *sn[2];
     size_t subnormal = 0;
-    unsigned int mxcsr;
+    unsigned long ctl;
 
     tu_threads(3);
     tiny_config(&cfg, rot_dim, rows);
@@ -223,10 +260,10 @@ START_TEST(test_cache_fpenv)
         const int hostile = pass == 0 ? hostile_first : !hostile_first;
         fusedrope_status st;
         if (hostile)
-            mxcsr = set_hostile();
+            ctl = set_hostile();
         st = fusedrope_cache_create(&cfg, CPU, &c[hostile]);
         if (hostile) {
-            check_restored("cache_create", mxcsr);
+            check_restored("cache_create", ctl);
             set_default();
         }
         ck_assert_int_eq(st, FUSEDROPE_OK);
@@ -310,7 +347,7 @@ START_TEST(test_norm_fpenv)
         const fusedrope_tensor tdx = fusedrope_tensor_bshd(dx[hostile], dt, 1, S, H, D);
         fusedrope_norm nm;
         fusedrope_status st;
-        unsigned int mxcsr = 0;
+        unsigned long ctl = 0;
         fusedrope_norm_init(&nm);
         nm.weight = FUSEDROPE_NORM_WEIGHT_PLUS_ONE;
         nm.rounding = rounding;
@@ -320,24 +357,24 @@ START_TEST(test_norm_fpenv)
         nm.q_rstd = rs[hostile];
         nm.dq_weight = dw[hostile];
         if (hostile)
-            mxcsr = set_hostile();
+            ctl = set_hostile();
         st = fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &tx, &ty, NULL, NULL,
                                        NULL);
         if (st == FUSEDROPE_OK)
             st = fusedrope_norm_backward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &tx, &tdy, &tdx,
                                             NULL, NULL, NULL, NULL);
         if (hostile) {
-            check_restored("norm", mxcsr);
+            check_restored("norm", ctl);
             set_default();
         }
         ck_assert_msg(st == FUSEDROPE_OK, "%s", fusedrope_last_error());
     }
     ck_assert_msg(memcmp(y[0], y[1], n * es) == 0 && memcmp(rs[0], rs[1], sizeof(float) * (size_t)(S * H)) == 0,
                   "%s rounding %d: the forward's y or rstd differ between the default and the "
-                  "FTZ/DAZ/upward caller", ref_dtype_name(dt), (int)rounding);
+                  FP_FLUSH_NAME "/upward caller", ref_dtype_name(dt), (int)rounding);
     ck_assert_msg(memcmp(dx[0], dx[1], n * es) == 0 && memcmp(dw[0], dw[1], sizeof(float) * (size_t)D) == 0,
                   "%s rounding %d: the backward's dx or dw differ between the default and the "
-                  "FTZ/DAZ/upward caller", ref_dtype_name(dt), (int)rounding);
+                  FP_FLUSH_NAME "/upward caller", ref_dtype_name(dt), (int)rounding);
     tu_free_all();
 }
 END_TEST
@@ -591,13 +628,88 @@ START_TEST(test_conversions_fpenv)
             wide[1][h] = widen16((uint16_t)h);
         set_default();
         for (size_t i = 0; i < n; i++)
-            ck_assert_msg(got[i] == want[i], "%s rounding mode %d with FTZ/DAZ: %a gave 0x%04x, "
+            ck_assert_msg(got[i] == want[i], "%s rounding mode %d with " FP_FLUSH_NAME ": %a gave 0x%04x, "
                           "0x%04x in the default environment", half ? "float16" : "bfloat16", _i,
                           (double)v[i], got[i], want[i]);
         ck_assert_msg(memcmp(wide[0], wide[1], 65536 * sizeof(float)) == 0,
-                      "%s rounding mode %d with FTZ/DAZ: a widening differs from the default "
+                      "%s rounding mode %d with " FP_FLUSH_NAME ": a widening differs from the default "
                       "environment's", half ? "float16" : "bfloat16", _i);
     }
+    tu_free_all();
+}
+END_TEST
+
+/* NaN inputs with payloads (quiet and signalling, both signs) through the
+ * forward, the backward and the fused norm in float32, where the NaN
+ * results come from the arithmetic: the hostile caller's bytes must be the
+ * default caller's (AArch64's FPCR.DN, which glibc's fesetenv(FE_DFL_ENV)
+ * keeps, turned every one into the default NaN 0x7fc00000). */
+START_TEST(test_nan_fpenv)
+{
+    const int64_t S = 5, B = 2, H = 3, D = 64;
+    const size_t n = (size_t)(S * B * H * D);
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    float *x = tu_alloc(n * sizeof(float)), *y[2][3];
+    float *rs[2] = {tu_alloc((size_t)(S * B * H) * sizeof(float)),
+                    tu_alloc((size_t)(S * B * H) * sizeof(float))};
+    tu_rng r;
+
+    tu_rng_init(&r, 9700);
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)D, S + 1, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+    tu_track(cache);
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)tu_uniform(&r, -2.0, 2.0);
+        if (tu_int(&r, 0, 7) == 0) {
+            const uint32_t sign = tu_int(&r, 0, 1) ? 0x80000000u : 0u;
+            const uint32_t quiet = tu_int(&r, 0, 1) ? 0x00400000u : 0u;
+            const uint32_t payload = (uint32_t)tu_int(&r, 1, 0x3fffff);
+            const uint32_t u = sign | 0x7f800000u | quiet | payload;
+            memcpy(&x[i], &u, 4);
+        }
+    }
+    for (int hostile = 0; hostile < 2; hostile++) {
+        const fusedrope_tensor tx = fusedrope_tensor_bshd(x, FUSEDROPE_FLOAT32, B, S, H, D);
+        fusedrope_tensor ty[3];
+        fusedrope_norm nm;
+        unsigned long ctl = 0;
+        for (int k = 0; k < 3; k++) {
+            y[hostile][k] = tu_alloc(n * sizeof(float));
+            ty[k] = fusedrope_tensor_bshd(y[hostile][k], FUSEDROPE_FLOAT32, B, S, H, D);
+        }
+        fusedrope_norm_init(&nm);
+        nm.weight = FUSEDROPE_NORM_WEIGHT_NONE;
+        nm.q_rstd = rs[hostile];
+        if (hostile)
+            ctl = set_hostile();
+        ck_assert_int_eq(fusedrope_forward(cache, FUSEDROPE_NEOX, NULL, &tx, &ty[0], NULL),
+                         FUSEDROPE_OK);
+        ck_assert_int_eq(fusedrope_backward(cache, FUSEDROPE_INTERLEAVED, NULL, &tx, &ty[1],
+                                            NULL),
+                         FUSEDROPE_OK);
+        ck_assert_int_eq(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &tx, &ty[2],
+                                                   NULL, NULL, NULL),
+                         FUSEDROPE_OK);
+        if (hostile) {
+            check_restored("NaN inputs", ctl);
+            set_default();
+        }
+    }
+    for (int k = 0; k < 3; k++) {
+        size_t i = 0;
+        while (i < n && memcmp(&y[0][k][i], &y[1][k][i], 4) == 0)
+            i++;
+        if (i < n) {
+            uint32_t a, b;
+            memcpy(&a, &y[0][k][i], 4);
+            memcpy(&b, &y[1][k][i], 4);
+            ck_assert_msg(0, "%s: element %zu is 0x%08x for the default caller, 0x%08x for the "
+                          FP_FLUSH_NAME "/upward one",
+                          k == 0 ? "forward" : k == 1 ? "backward" : "norm forward", i, a, b);
+        }
+    }
+    ck_assert(memcmp(rs[0], rs[1], (size_t)(S * B * H) * sizeof(float)) == 0);
     tu_free_all();
 }
 END_TEST
@@ -612,6 +724,7 @@ static Suite *fpenv_suite(void)
     tcase_add_loop_test(tc, test_norm_fpenv, 0, 18);
     tcase_add_loop_test(tc, test_norm_eps_fpenv, 0, 4);
     tcase_add_loop_test(tc, test_conversions_fpenv, 0, 3);
+    tcase_add_test(tc, test_nan_fpenv);
     tcase_add_loop_test(tc, test_flags_fpenv, 0, FUSEDROPE_ROPE_PROPORTIONAL + 1);
     suite_add_tcase(s, tc);
     return s;
@@ -622,11 +735,12 @@ int main(void)
     return tu_main(fpenv_suite(), "test_fpenv");
 }
 
-#else /* not x86-64 */
+#else /* neither x86-64 nor AArch64 */
 
 int main(void)
 {
-    printf("test_fpenv: MXCSR (FTZ/DAZ) is x86-64's; skipped\n");
+    printf("test_fpenv: no floating-point control register known to this test here "
+           "(x86-64 MXCSR, AArch64 FPCR); skipped\n");
     return 77;
 }
 
