@@ -867,6 +867,8 @@ START_TEST(test_bad_configs)
          "sum to 24, but axes SECTIONS needs rot_dim/2 = 16"},
         {"a negative section", FUSEDROPE_AXES_SECTIONS, 32, {10, -2, 8, 0}, NULL, NULL,
          "sections[1] is -2"},
+        {"a section of -1", FUSEDROPE_AXES_SECTIONS, 32, {10, -1, 7, 0}, NULL, NULL,
+         "sections[1] is -1; it must be >= 0"},
         {"interleaved with sections[3]", FUSEDROPE_AXES_INTERLEAVED, 32, {4, 4, 4, 4}, NULL,
          NULL, "sections[3] is 4; axes INTERLEAVED has three axes"},
         {"interleaved sections the preset cannot give", FUSEDROPE_AXES_INTERLEAVED, 32,
@@ -1066,6 +1068,12 @@ START_TEST(test_bad_positions)
                      inplace ? ", in place" : "", ref_dtype_name(dt));
             ck_assert_msg(st == want, "%s: %s, not %s", what, fusedrope_status_string(st),
                           fusedrope_status_string(want));
+            if (kase >= 7 && ct.naxes > 1) { /* the sentence names the axis */
+                char on_axis[32];
+                snprintf(on_axis, sizeof on_axis, "on axis %d", a);
+                ck_assert_msg(strstr(fusedrope_last_error(), on_axis), "%s: '%s' lacks '%s'",
+                              what, fusedrope_last_error(), on_axis);
+            }
             ck_assert_msg(tu_changed(&qob, &qos, &first) == 0, "%s: output written (byte %zu)",
                           what, first);
             ck_assert_msg(tu_changed(&kob, &kos, &first) == 0, "%s: k output written", what);

@@ -238,6 +238,11 @@ static table_case tcases[] = {
      * (no band between the divided and the unchanged wavelengths) */
     {"llama3 low == high (Llama 4 Scout)", FUSEDROPE_ROPE_LLAMA3, 128, 512, 500000, 16, 8192, 0,
      0, 32, 1, 0, 0, 1, 1, 1, 1, 0, 0},
+    /* equal factors with pair 0's wavelength (2 pi) on lo = hi exactly:
+     * unchanged (fusedrope_cache_create(3)), not the smoothing's 0/0 */
+    {"llama3 low == high, a wavelength on both", FUSEDROPE_ROPE_LLAMA3, 2, 16, 10000, 8, 8192,
+     0, 0, 32, 1, 0, 0, 1, 8192 / (2 * 3.14159265358979323846),
+     8192 / (2 * 3.14159265358979323846), 1, 0, 0},
     /* F = freq_dim other than rot_dim in every rope type: odd (an odd
      * partial rotary dimension, rot_dim F + 1) and larger than rot_dim */
     {"default freq_dim 21", FUSEDROPE_ROPE_DEFAULT, 22, 300, 10000, 1, 0, 0, 0, 32, 1, 0, 0, 1,

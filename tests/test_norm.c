@@ -1918,7 +1918,8 @@ END_TEST
  * float32 weight beside 16-bit tensors) gives NaN in its channel pair, in
  * each rounding: the vector rows' narrowing without a NaN case once gave
  * -0 there (the rounding's carry into the sign), which only the check of
- * the weights' finiteness keeps from them. */
+ * the weights' finiteness keeps from them; and the same NaN in a caller's
+ * cos table. */
 START_TEST(test_empty_k_and_nan_weight)
 {
     enum { S = 4, H = 4, D = 64, N = S * H * D };
@@ -1990,6 +1991,49 @@ START_TEST(test_empty_k_and_nan_weight)
                     ck_assert_msg(isnan(f), "%s rounding %d row %d channel %d: 0x%04x, want NaN",
                                   dt ? "fp16" : "bf16", rnd, r, c, (unsigned)v);
                 }
+        }
+    }
+    {
+        /* the same NaN in a caller's table (fusedrope_cache_create_from_table):
+         * its cos of pair 0; the rows' test of a NaN-free cache must not
+         * take it for one (which gave -0) */
+        enum { HALF = D / 2 };
+        float *cs = tu_alloc(sizeof(float) * S * HALF), *sn = tu_alloc(sizeof(float) * S * HALF);
+        fusedrope_cache *tc;
+        uint16_t *hx = tu_alloc(2 * (size_t)N), *hy = tu_alloc(2 * (size_t)N);
+        for (int p = 0; p < S; p++)
+            for (int i = 0; i < HALF; i++) {
+                cs[p * HALF + i] = 1.0f;
+                sn[p * HALF + i] = 0.0f;
+            }
+        memcpy(&cs[0], &nan_bits, sizeof nan_bits);
+        memcpy(&cs[2 * HALF], &nan_bits, sizeof nan_bits);
+        ck_assert_int_eq(fusedrope_cache_create_from_table(cs, sn, S, D, CPU, &tc), FUSEDROPE_OK);
+        tu_track(tc);
+        for (int dt = 0; dt < 2; dt++) {
+            const fusedrope_dtype t = dt ? FUSEDROPE_FLOAT16 : FUSEDROPE_BFLOAT16;
+            fusedrope_tensor hq = fusedrope_tensor_bshd(hx, t, 1, S, H, D);
+            fusedrope_tensor hqo = fusedrope_tensor_bshd(hy, t, 1, S, H, D);
+            for (int i = 0; i < N; i++)
+                hx[i] = dt ? ref_double_to_half(x[i]) : ref_double_to_bf16(x[i]);
+            for (int rnd = 0; rnd < 3; rnd++) {
+                fusedrope_norm hn;
+                fusedrope_norm_init(&hn);
+                hn.rounding = (fusedrope_norm_rounding)rnd;
+                ck_assert_msg(fusedrope_norm_forward_qk(tc, FUSEDROPE_NEOX, NULL, &hn, &hq, &hqo,
+                                                        NULL, NULL, NULL) == FUSEDROPE_OK,
+                              "%s", fusedrope_last_error());
+                for (int r = 0; r < S * H; r++) {
+                    const int pos = r / H;
+                    for (int c = 0; c < D; c += HALF) {
+                        const uint16_t v = hy[r * D + c];
+                        const double f = dt ? ref_half_to_double(v) : ref_bf16_to_double(v);
+                        ck_assert_msg((pos == 0 || pos == 2) == (isnan(f) != 0),
+                                      "table NaN, %s rounding %d row %d channel %d: 0x%04x",
+                                      dt ? "fp16" : "bf16", rnd, r, c, (unsigned)v);
+                    }
+                }
+            }
         }
     }
     tu_free_all();

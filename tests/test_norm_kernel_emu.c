@@ -740,6 +740,97 @@ START_TEST(test_device_and_cu_seqlens)
 }
 END_TEST
 
+/* Device positions on a cache with position axes (SECTIONS {8, 12, 12}):
+ * a token inside the table on axis 0 but past it on axis 1 (M + 4 of M rows)
+ * or below it on axis 2 (-1) is as bad as one past it on axis 0: NaN in its
+ * rows (forward: y; backward: dx) and the flag up; the other tokens finite
+ * and the flag down when every axis is inside (the kernels' angle check
+ * once tested axis 0 alone with every test passing: a mutation run).
+ * _i: forward / backward, each over the row kernel and the warp kernel. */
+START_TEST(test_axes_device_positions)
+{
+    enum { T = 4, D = 64, H = 2 };
+    static const int64_t ids_ok[3 * T] = { 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3 };
+    static const int64_t ids_past[3 * T] = { 0, 1, 2, 3, 0, 1, M + 4, 3, 0, 1, 2, 3 };
+    static const int64_t ids_below[3 * T] = { 0, 1, 2, 3, 0, 1, 2, 3, 0, -1, 2, 3 };
+    const int backward = _i >= 2;
+    float *x = alloc64(sizeof(float) * T * H * D), *y = alloc64(sizeof(float) * T * H * D);
+    float *w = alloc64(sizeof(float) * D), *rstd = alloc64(sizeof(float) * T * H);
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache, emu;
+    fr_norm_args na;
+    int flag = 0;
+
+    for (int i = 0; i < T * H * D; i++)
+        x[i] = 0.25f + (float)(i % 7) / 8.0f;
+    for (int c = 0; c < D; c++)
+        w[c] = 1.0f + (float)c / D;
+    for (int i = 0; i < T * H; i++)
+        rstd[i] = 0.5f;
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, M, 10000.0);
+    cfg.axes = FUSEDROPE_AXES_SECTIONS;
+    cfg.sections[0] = 8;
+    cfg.sections[1] = cfg.sections[2] = 12;
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
+    ck_assert_int_eq(cache->num_axes, 3);
+    emu = *cache;
+    emu.inv_freq_dev = emu.inv_freq;
+    emu.pair_map_dev = emu.pair_map;
+    emu.range_flag = emu.range_flag_dev = &flag;
+    memset(&na, 0, sizeof na);
+    na.a.cache = &emu;
+    na.a.sgn = backward ? -1.0f : 1.0f;
+    na.a.dtype = FUSEDROPE_FLOAT32;
+    na.a.seq_len = T;
+    na.a.batch = 1;
+    na.a.pos.seq_len = T;
+    na.a.pos.cp_size = 1;
+    na.a.pos.num_axes = cache->num_axes;
+    na.a.pos.ids_rows = 3;
+    na.a.pos.ids_row_stride = T;
+    na.a.count = 1;
+    na.a.io[0].in = x;
+    na.a.io[0].out = y;
+    na.a.io[0].heads = H;
+    na.a.io[0].head_dim = D;
+    na.a.io[0].in_ss = na.a.io[0].out_ss = H * D;
+    na.a.io[0].in_sh = na.a.io[0].out_sh = D;
+    na.w[0] = w;
+    na.wdtype = FUSEDROPE_FLOAT32;
+    na.weight = FUSEDROPE_NORM_WEIGHT;
+    na.rounding = FUSEDROPE_NORM_ROUND_ONCE;
+    na.eps = 1e-6f;
+    na.rstd[0] = rstd;
+    if (backward) {
+        na.x[0] = x;
+        na.x_ss[0] = H * D;
+        na.x_sh[0] = D;
+    }
+    fr_emu_norm_warp = _i % 2;
+    fr_emu_norm_bwd_heads = 0;
+    for (int run = 0; run < 3; run++) {
+        const int64_t *ids = run == 0 ? ids_ok : run == 1 ? ids_past : ids_below;
+        const int bad_token = run == 0 ? -1 : run == 1 ? 2 : 1;
+        na.a.pos.ids = ids;
+        flag = 0;
+        ck_assert_int_eq(backward ? fr_emu_cuda_norm_backward(&na) : fr_emu_cuda_norm_forward(&na),
+                         FUSEDROPE_OK);
+        ck_assert_msg(flag == (run > 0), "call %d, run %d: the range flag is %d", _i, run, flag);
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < H * D; c++)
+                CHECK(!isnan(y[t * H * D + c]) == (t != bad_token),
+                      "call %d, run %d: token %d channel %d is %g", _i, run, t, c,
+                      (double)y[t * H * D + c]);
+    }
+    fr_emu_norm_warp = -1;
+    fusedrope_cache_destroy(cache);
+    free(x);
+    free(y);
+    free(w);
+    free(rstd);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("norm_kernel_emu");
@@ -750,6 +841,7 @@ int main(void)
     tcase_add_loop_test(tc, test_out_of_table_positions, 0, NCASES * VARIANTS);
     tcase_add_loop_test(tc, test_out_of_table_range_status, 0, NCASES * 4);
     tcase_add_loop_test(tc, test_device_and_cu_seqlens, 0, 6);
+    tcase_add_loop_test(tc, test_axes_device_positions, 0, 4);
     tcase_add_loop_test(tc, test_random_device_positions, 0, NRANDOM);
     suite_add_tcase(s, tc);
     return tu_main(s, "test_norm_kernel_emu");

@@ -2070,9 +2070,22 @@ extern int fusedrope__avx2_off __attribute__((weak));
 extern int fusedrope__avx512_off __attribute__((weak));
 extern int fusedrope__beyond_cache_all;
 extern int fusedrope__team_all;
+extern _Thread_local int fusedrope__cpu_team;
 
 void fz_cpu_path(int path)
 {
+    static int now;
+#ifdef _OPENMP
+    /* back from the team path: a call that ran (the backend wrote
+     * fr_cpu_team) ran on the team fr_team_all asked for (the hook could
+     * stop working with every replay passing: a mutation run) */
+    if (now == 4 && path == 0 && fusedrope__cpu_team != -1)
+        CHECK(fusedrope__cpu_team == FZ_TEAM, "the rerun on a team of %d threads ran on %d",
+              FZ_TEAM, fusedrope__cpu_team);
+#endif
+    if (path == 4)
+        fusedrope__cpu_team = -1;
+    now = path;
     if (&fusedrope__avx512_off)
         __atomic_store_n(&fusedrope__avx512_off, path == 1, __ATOMIC_RELAXED);
     if (&fusedrope__avx2_off)
