@@ -1767,6 +1767,16 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+/* A q-only norm forward the library must refuse (INVALID, its sentence
+ * naming `needle`). */
+static void refused_forward(const fusedrope_cache *cache, const fusedrope_positions *pos,
+                            const fusedrope_norm *nm, const fusedrope_tensor *q,
+                            const fusedrope_tensor *qo, const char *needle, const char *what)
+{
+    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, pos, nm, q, qo, NULL, NULL, NULL),
+           FUSEDROPE_ERR_INVALID, needle, what);
+}
+
 /* Every overlap the norm refuses is refused where only one element of
  * each range is shared (the first of one, the last of the other), every
  * enum's both ends, and every k array of a call without k: a mutation run
@@ -1805,22 +1815,22 @@ START_TEST(test_refusals_at_range_ends)
     /* rstd from q_out's last element on; q_out from rstd's last on */
     qo = fusedrope_tensor_bshd(buf, FUSEDROPE_FLOAT32, B, S, H, D);
     nm.q_rstd = buf + N - 1;
-    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL, NULL),
-           FUSEDROPE_ERR_INVALID, "q_rstd", "rstd from q_out's last element");
+    refused_forward(cache, NULL, &nm, &q, &qo, "q_rstd",
+                    "rstd from q_out's last element");
     nm.q_rstd = buf;
     qo.data = buf + ROWS - 1;
-    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL, NULL),
-           FUSEDROPE_ERR_INVALID, "q_rstd", "q_out from rstd's last element");
+    refused_forward(cache, NULL, &nm, &q, &qo, "q_rstd",
+                    "q_out from rstd's last element");
     /* a weight's last element q_out's first, and the other way round */
     nm.q_rstd = rq;
     qo.data = buf + D;
     nm.q_weight = buf + 1;
-    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL, NULL),
-           FUSEDROPE_ERR_INVALID, "q_weight", "weight's last element q_out's first");
+    refused_forward(cache, NULL, &nm, &q, &qo, "q_weight",
+                    "weight's last element q_out's first");
     qo.data = buf;
     nm.q_weight = buf + N - 1;
-    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL, NULL),
-           FUSEDROPE_ERR_INVALID, "q_weight", "weight from q_out's last element");
+    refused_forward(cache, NULL, &nm, &q, &qo, "q_weight",
+                    "weight from q_out's last element");
     nm.q_weight = w;
     /* 16-bit weights: the same, a half-size element */
     {
@@ -1831,17 +1841,15 @@ START_TEST(test_refusals_at_range_ends)
         hn.weight_dtype = FUSEDROPE_BFLOAT16;
         hn.q_weight = hb + 1;
         hn.q_rstd = rq;
-        expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &hn, &hq, &hqo, NULL, NULL,
-                                         NULL),
-               FUSEDROPE_ERR_INVALID, "q_weight", "bf16 weight's last element q_out's first");
+        refused_forward(cache, NULL, &hn, &hq, &hqo, "q_weight",
+                    "bf16 weight's last element q_out's first");
         /* a weight from byte 2 of the range word the CUDA kernels may write */
         hqo.data = hb;
         hn.q_weight = (uint16_t *)(void *)word + 1;
         fusedrope_positions_init(&P);
         P.range_status = word;
-        expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, &P, &hn, &hq, &hqo, NULL, NULL,
-                                         NULL),
-               FUSEDROPE_ERR_INVALID, "range_status", "bf16 weight from the range word's byte 2");
+        refused_forward(cache, &P, &hn, &hq, &hqo, "range_status",
+                    "bf16 weight from the range word's byte 2");
     }
     /* rstd from the last id, the last offset, cu_seqlens[num_seqs] on */
     qo.data = buf;
@@ -1849,13 +1857,13 @@ START_TEST(test_refusals_at_range_ends)
     fusedrope_positions_init(&P);
     P.ids = area;
     nm.q_rstd = (float *)(void *)(area + B * S - 1);
-    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, &P, &nm, &q, &qo, NULL, NULL, NULL),
-           FUSEDROPE_ERR_INVALID, "pos->ids", "rstd from the last id");
+    refused_forward(cache, &P, &nm, &q, &qo, "pos->ids",
+                    "rstd from the last id");
     fusedrope_positions_init(&P);
     P.offsets = area;
     nm.q_rstd = (float *)(void *)(area + B - 1);
-    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, &P, &nm, &q, &qo, NULL, NULL, NULL),
-           FUSEDROPE_ERR_INVALID, "pos->offsets", "rstd from the last offset");
+    refused_forward(cache, &P, &nm, &q, &qo, "pos->offsets",
+                    "rstd from the last offset");
     {
         fusedrope_tensor tq = fusedrope_tensor_thd(x, FUSEDROPE_FLOAT32, B * S, H, D);
         fusedrope_tensor tqo = fusedrope_tensor_thd(buf, FUSEDROPE_FLOAT32, B * S, H, D);
@@ -1865,20 +1873,19 @@ START_TEST(test_refusals_at_range_ends)
         P.cu_seqlens = cu;
         P.num_seqs = 2;
         nm.q_rstd = (float *)(void *)(cu + 2);
-        expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, &P, &nm, &tq, &tqo, NULL, NULL,
-                                         NULL),
-               FUSEDROPE_ERR_INVALID, "pos->cu_seqlens", "rstd from cu_seqlens[num_seqs]");
+        refused_forward(cache, &P, &nm, &tq, &tqo, "pos->cu_seqlens",
+                    "rstd from cu_seqlens[num_seqs]");
         ck_assert_int_eq(cu[2], B * S);
     }
     /* the enums past either end */
     nm.q_rstd = rq;
     nm.weight = (fusedrope_norm_weight)-1;
-    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL, NULL),
-           FUSEDROPE_ERR_INVALID, "norm->weight is -1", "weight kind -1");
+    refused_forward(cache, NULL, &nm, &q, &qo, "norm->weight is -1",
+                    "weight kind -1");
     nm.weight = FUSEDROPE_NORM_WEIGHT;
     nm.rounding = (fusedrope_norm_rounding)(FUSEDROPE_NORM_ROUND_GEMMA + 1);
-    expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL, NULL),
-           FUSEDROPE_ERR_INVALID, "norm->rounding", "rounding past ROUND_GEMMA");
+    refused_forward(cache, NULL, &nm, &q, &qo, "norm->rounding",
+                    "rounding past ROUND_GEMMA");
     nm.rounding = FUSEDROPE_NORM_ROUND_ONCE;
 
     /* k arrays of a call without k, a k_out without k_in, a dk_in alone */

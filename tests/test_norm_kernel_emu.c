@@ -636,6 +636,47 @@ END_TEST
  * kernels (thread per row, rows in registers, rows over a warp) and the
  * backward's two (norm_dx, norm_backward_heads).
  */
+/* A q-only call's arguments as lib/norm.c builds them, on emu (a copy of
+ * cache standing in for the device's, its flag the given one): T tokens of
+ * H heads of D channels, x in and y out, weight w (WEIGHT, in the tensors'
+ * dtype), rstd; from x for a backward. */
+static void one_tensor_args(fr_norm_args *na, fusedrope_cache *emu, const fusedrope_cache *cache,
+                            int *flag, int backward, fusedrope_dtype dt, int64_t T, int64_t H,
+                            int64_t D, void *x, void *y, void *w, float *rstd)
+{
+    *emu = *cache;
+    emu->inv_freq_dev = emu->inv_freq;
+    emu->pair_map_dev = emu->pair_map;
+    emu->range_flag = emu->range_flag_dev = flag;
+    memset(na, 0, sizeof *na);
+    na->a.cache = emu;
+    na->a.sgn = backward ? -1.0f : 1.0f;
+    na->a.dtype = dt;
+    na->a.seq_len = T;
+    na->a.batch = 1;
+    na->a.pos.seq_len = T;
+    na->a.pos.cp_size = 1;
+    na->a.pos.num_axes = 1;
+    na->a.pos.ids_rows = 1;
+    na->a.count = 1;
+    na->a.io[0].in = x;
+    na->a.io[0].out = y;
+    na->a.io[0].heads = H;
+    na->a.io[0].head_dim = D;
+    na->a.io[0].in_ss = na->a.io[0].out_ss = H * D;
+    na->a.io[0].in_sh = na->a.io[0].out_sh = D;
+    na->w[0] = w;
+    na->wdtype = dt;
+    na->weight = FUSEDROPE_NORM_WEIGHT;
+    na->eps = 1e-6f;
+    na->rstd[0] = rstd;
+    if (backward) {
+        na->x[0] = x;
+        na->x_ss[0] = H * D;
+        na->x_sh[0] = D;
+    }
+}
+
 START_TEST(test_device_and_cu_seqlens)
 {
     enum { T = 8, D = 64 };
@@ -662,39 +703,11 @@ START_TEST(test_device_and_cu_seqlens)
         rstd[i] = 0.5f;
     fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, M, 10000.0);
     ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
-    emu = *cache;
-    emu.inv_freq_dev = emu.inv_freq;
-    emu.pair_map_dev = emu.pair_map;
-    emu.range_flag = emu.range_flag_dev = &flag;
-    memset(&na, 0, sizeof na);
-    na.a.cache = &emu;
-    na.a.sgn = backward ? -1.0f : 1.0f;
-    na.a.dtype = dt;
-    na.a.seq_len = T;
-    na.a.batch = 1;
+    one_tensor_args(&na, &emu, cache, &flag, backward, dt, T, heads[0], D, x, y, w, rstd);
     na.a.pos.cu_seqlens = cu_ok;
     na.a.pos.num_seqs = 2;
-    na.a.pos.seq_len = T;
-    na.a.pos.cp_size = 1;
-    na.a.pos.num_axes = 1;
-    na.a.pos.ids_rows = 1;
-    na.a.count = 1;
-    na.a.io[0].in = x;
-    na.a.io[0].out = y;
-    na.a.io[0].heads = heads[0];
-    na.a.io[0].head_dim = D;
-    na.a.io[0].in_ss = na.a.io[0].out_ss = heads[0] * D;
-    na.a.io[0].in_sh = na.a.io[0].out_sh = D;
-    na.w[0] = w;
-    na.wdtype = dt;
-    na.weight = FUSEDROPE_NORM_WEIGHT;
     na.rounding = FUSEDROPE_NORM_ROUND_LLAMA;
-    na.eps = 1e-6f;
-    na.rstd[0] = rstd;
     if (backward) {
-        na.x[0] = x;
-        na.x_ss[0] = heads[0] * D;
-        na.x_sh[0] = D;
         for (int c = 0; c < D; c++)
             dwz[c] = 7.0f;
         na.dw_zero[0] = dwz; /* an empty k's dw, which a refused call leaves */
@@ -773,39 +786,12 @@ START_TEST(test_axes_device_positions)
     cfg.sections[1] = cfg.sections[2] = 12;
     ck_assert_int_eq(fusedrope_cache_create(&cfg, FUSEDROPE_DEVICE_CPU, &cache), FUSEDROPE_OK);
     ck_assert_int_eq(cache->num_axes, 3);
-    emu = *cache;
-    emu.inv_freq_dev = emu.inv_freq;
-    emu.pair_map_dev = emu.pair_map;
-    emu.range_flag = emu.range_flag_dev = &flag;
-    memset(&na, 0, sizeof na);
-    na.a.cache = &emu;
-    na.a.sgn = backward ? -1.0f : 1.0f;
-    na.a.dtype = FUSEDROPE_FLOAT32;
-    na.a.seq_len = T;
-    na.a.batch = 1;
-    na.a.pos.seq_len = T;
-    na.a.pos.cp_size = 1;
+    one_tensor_args(&na, &emu, cache, &flag, backward, FUSEDROPE_FLOAT32, T, H, D, x, y, w,
+                    rstd);
     na.a.pos.num_axes = cache->num_axes;
     na.a.pos.ids_rows = 3;
     na.a.pos.ids_row_stride = T;
-    na.a.count = 1;
-    na.a.io[0].in = x;
-    na.a.io[0].out = y;
-    na.a.io[0].heads = H;
-    na.a.io[0].head_dim = D;
-    na.a.io[0].in_ss = na.a.io[0].out_ss = H * D;
-    na.a.io[0].in_sh = na.a.io[0].out_sh = D;
-    na.w[0] = w;
-    na.wdtype = FUSEDROPE_FLOAT32;
-    na.weight = FUSEDROPE_NORM_WEIGHT;
     na.rounding = FUSEDROPE_NORM_ROUND_ONCE;
-    na.eps = 1e-6f;
-    na.rstd[0] = rstd;
-    if (backward) {
-        na.x[0] = x;
-        na.x_ss[0] = H * D;
-        na.x_sh[0] = D;
-    }
     fr_emu_norm_warp = _i % 2;
     fr_emu_norm_bwd_heads = 0;
     for (int run = 0; run < 3; run++) {
