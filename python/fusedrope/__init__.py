@@ -387,8 +387,8 @@ def _capsule(a, what, cuda_stream, torch_current=False):
         if isinstance(a, np.ndarray) and not a.flags.writeable:
             return np.asarray(_WritableAlias(a)).__dlpack__(), True
         return a.__dlpack__(**kw)
-    except (BufferError, RuntimeError) as e:  # the producer cannot export it (NumPy: odd
-        # byte strides)
+    # the producer cannot export it (NumPy: odd byte strides)
+    except (BufferError, RuntimeError) as e:
         raise ValueError(f"{what} cannot be passed through DLPack: {e}") from None
 
 
