@@ -74,11 +74,12 @@ def _eager(fn, *args):
     return fn.apply(*args)
 
 
-try:
-    import torch._dynamo
-    _eager = torch._dynamo.disable(_eager)
-except (ImportError, AttributeError):  # pragma: no cover - a PyTorch without Dynamo
-    pass
+if not _HAS_CUSTOM_OP:  # only there: importing Dynamo takes ~1.5 s (torch 2.15, CPU)
+    try:
+        import torch._dynamo
+        _eager = torch._dynamo.disable(_eager)
+    except (ImportError, AttributeError):  # pragma: no cover - a PyTorch without Dynamo
+        pass
 
 if _HAS_CUSTOM_OP:
     @torch.library.custom_op("fusedrope::rope_qk", mutates_args=())

@@ -489,7 +489,7 @@ def test_torch_compiled_with_two_caches(custom_op, monkeypatch):
     TypeError (unhashable SymInt) for the second cache.  Each cache now
     gets its own graph, equal to eager, for all three ops.  custom_op
     False: the autograd.Function forms, which PyTorch < 2.4 takes (compiling
-    them raised there); compiled, they run eagerly at a graph break."""
+    them raised there; now they run eagerly at a graph break there)."""
     torch = pytest.importorskip("torch")
     import fusedrope.torch as frt
     if custom_op and not frt._HAS_CUSTOM_OP:
