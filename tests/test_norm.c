@@ -1919,6 +1919,48 @@ START_TEST(test_refusals_at_range_ends)
 }
 END_TEST
 
+/* The norm forward of x (S tokens of H heads of D channels, float32 values)
+ * in bfloat16 and float16, each rounding, weight w (float32) or none: pair
+ * `pair`'s two channels are NaN in every row of the positions in
+ * nan_positions (a bit each) and in no other. */
+static void nan_pair_forward(const fusedrope_cache *cache, const float *x, const float *w,
+                             int S, int H, int D, int pair, unsigned nan_positions,
+                             const char *what)
+{
+    const int N = S * H * D;
+    uint16_t *hx = tu_alloc(2 * (size_t)N), *hy = tu_alloc(2 * (size_t)N);
+    for (int dt = 0; dt < 2; dt++) {
+        const fusedrope_dtype t = dt ? FUSEDROPE_FLOAT16 : FUSEDROPE_BFLOAT16;
+        fusedrope_tensor hq = fusedrope_tensor_bshd(hx, t, 1, S, H, D);
+        fusedrope_tensor hqo = fusedrope_tensor_bshd(hy, t, 1, S, H, D);
+        for (int i = 0; i < N; i++)
+            hx[i] = dt ? ref_double_to_half(x[i]) : ref_double_to_bf16(x[i]);
+        for (int rnd = 0; rnd < 3; rnd++) {
+            fusedrope_norm hn;
+            fusedrope_norm_init(&hn);
+            if (w) {
+                hn.weight = FUSEDROPE_NORM_WEIGHT;
+                hn.weight_dtype = FUSEDROPE_FLOAT32;
+                hn.q_weight = w;
+            }
+            hn.rounding = (fusedrope_norm_rounding)rnd;
+            ck_assert_msg(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &hn, &hq, &hqo,
+                                                    NULL, NULL, NULL) == FUSEDROPE_OK,
+                          "%s: %s", what, fusedrope_last_error());
+            for (int r = 0; r < S * H; r++)
+                for (int c = pair; c < D; c += D / 2) {
+                    const uint16_t v = hy[r * D + c];
+                    const double f = dt ? ref_half_to_double(v) : ref_bf16_to_double(v);
+                    const int want = (nan_positions >> (r / H) & 1u) != 0;
+                    ck_assert_msg((isnan(f) != 0) == want,
+                                  "%s, %s rounding %d row %d channel %d: 0x%04x, want %s", what,
+                                  dt ? "fp16" : "bf16", rnd, r, c, (unsigned)v,
+                                  want ? "NaN" : "no NaN");
+                }
+        }
+    }
+}
+
 /* A k of no heads beside a q with rows: k's weight gradient is an empty
  * sum, 0, written (the general path's zeroing; only both tensors empty was
  * tested).  A NaN weight whose payload fills the mantissa (0x7fffffff, a
@@ -1974,40 +2016,14 @@ START_TEST(test_empty_k_and_nan_weight)
                       (double)dkw[i]);
 
     memcpy(&w[5], &nan_bits, sizeof nan_bits);
-    for (int dt = 0; dt < 2; dt++) {
-        const fusedrope_dtype t = dt ? FUSEDROPE_FLOAT16 : FUSEDROPE_BFLOAT16;
-        uint16_t *hx = tu_alloc(2 * (size_t)N), *hy = tu_alloc(2 * (size_t)N);
-        fusedrope_tensor hq = fusedrope_tensor_bshd(hx, t, 1, S, H, D);
-        fusedrope_tensor hqo = fusedrope_tensor_bshd(hy, t, 1, S, H, D);
-        for (int i = 0; i < N; i++)
-            hx[i] = dt ? ref_double_to_half(x[i]) : ref_double_to_bf16(x[i]);
-        for (int rnd = 0; rnd < 3; rnd++) {
-            fusedrope_norm hn;
-            fusedrope_norm_init(&hn);
-            hn.weight = FUSEDROPE_NORM_WEIGHT;
-            hn.weight_dtype = FUSEDROPE_FLOAT32;
-            hn.q_weight = w;
-            hn.rounding = (fusedrope_norm_rounding)rnd;
-            ck_assert_msg(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &hn, &hq, &hqo,
-                                                    NULL, NULL, NULL) == FUSEDROPE_OK,
-                          "%s", fusedrope_last_error());
-            for (int r = 0; r < S * H; r++)
-                for (int c = 5; c < D; c += D / 2) {
-                    const uint16_t v = hy[r * D + c];
-                    const double f = dt ? ref_half_to_double(v) : ref_bf16_to_double(v);
-                    ck_assert_msg(isnan(f), "%s rounding %d row %d channel %d: 0x%04x, want NaN",
-                                  dt ? "fp16" : "bf16", rnd, r, c, (unsigned)v);
-                }
-        }
-    }
+    nan_pair_forward(cache, x, w, S, H, D, 5, ~0u, "weight NaN");
     {
         /* the same NaN in a caller's table (fusedrope_cache_create_from_table):
-         * its cos of pair 0; the rows' test of a NaN-free cache must not
-         * take it for one (which gave -0) */
+         * its cos of pair 0 at positions 0 and 2; the rows' test of a
+         * NaN-free cache must not take it for one (which gave -0) */
         enum { HALF = D / 2 };
         float *cs = tu_alloc(sizeof(float) * S * HALF), *sn = tu_alloc(sizeof(float) * S * HALF);
         fusedrope_cache *tc;
-        uint16_t *hx = tu_alloc(2 * (size_t)N), *hy = tu_alloc(2 * (size_t)N);
         for (int p = 0; p < S; p++)
             for (int i = 0; i < HALF; i++) {
                 cs[p * HALF + i] = 1.0f;
@@ -2017,31 +2033,7 @@ START_TEST(test_empty_k_and_nan_weight)
         memcpy(&cs[2 * HALF], &nan_bits, sizeof nan_bits);
         ck_assert_int_eq(fusedrope_cache_create_from_table(cs, sn, S, D, CPU, &tc), FUSEDROPE_OK);
         tu_track(tc);
-        for (int dt = 0; dt < 2; dt++) {
-            const fusedrope_dtype t = dt ? FUSEDROPE_FLOAT16 : FUSEDROPE_BFLOAT16;
-            fusedrope_tensor hq = fusedrope_tensor_bshd(hx, t, 1, S, H, D);
-            fusedrope_tensor hqo = fusedrope_tensor_bshd(hy, t, 1, S, H, D);
-            for (int i = 0; i < N; i++)
-                hx[i] = dt ? ref_double_to_half(x[i]) : ref_double_to_bf16(x[i]);
-            for (int rnd = 0; rnd < 3; rnd++) {
-                fusedrope_norm hn;
-                fusedrope_norm_init(&hn);
-                hn.rounding = (fusedrope_norm_rounding)rnd;
-                ck_assert_msg(fusedrope_norm_forward_qk(tc, FUSEDROPE_NEOX, NULL, &hn, &hq, &hqo,
-                                                        NULL, NULL, NULL) == FUSEDROPE_OK,
-                              "%s", fusedrope_last_error());
-                for (int r = 0; r < S * H; r++) {
-                    const int pos = r / H;
-                    for (int c = 0; c < D; c += HALF) {
-                        const uint16_t v = hy[r * D + c];
-                        const double f = dt ? ref_half_to_double(v) : ref_bf16_to_double(v);
-                        ck_assert_msg((pos == 0 || pos == 2) == (isnan(f) != 0),
-                                      "table NaN, %s rounding %d row %d channel %d: 0x%04x",
-                                      dt ? "fp16" : "bf16", rnd, r, c, (unsigned)v);
-                    }
-                }
-            }
-        }
+        nan_pair_forward(tc, x, NULL, S, H, D, 0, 1u << 0 | 1u << 2, "table NaN");
     }
     tu_free_all();
 }
