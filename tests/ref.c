@@ -810,10 +810,10 @@ void ref_norm_backward(const ref_rope *r, fusedrope_style style, const int64_t *
     /* g, n and, for the tolerances, their sizes before the un-rotation's
      * cancellation: |cos| |a| + |sin| |b| (a float32 g or n carries an error
      * relative to that, not to its own value, which may be far smaller) */
-    double *g = malloc(sizeof(double) * 4 * (size_t)(hd > 0 ? hd : 1)), *n = g + hd,
-           *gm = n + hd, *nm = gm + hd;
+    double *g = malloc(sizeof(double) * 4 * (size_t)(hd > 0 ? hd : 1));
     if (!g)
         abort();
+    double *n = g + hd, *gm = n + hd, *nm = gm + hd;
     for (int64_t s = 0; s < dy->seq_len; s++)
         for (int64_t b = 0; b < dy->batch; b++) {
             const int64_t *p = &positions[b * dy->seq_len + s];

@@ -109,7 +109,7 @@ static const char *layout_name(enum layout l)
 }
 
 
-static void die(const char *fmt, ...)
+static _Noreturn void die(const char *fmt, ...)
 {
     va_list ap;
     fprintf(stderr, PROG ": ");
@@ -121,7 +121,7 @@ static void die(const char *fmt, ...)
 }
 
 /* A bad option or option value (exit status 2); defined with the parser. */
-static void bad_option(const char *fmt, ...);
+static _Noreturn void bad_option(const char *fmt, ...);
 
 static void lib_check(fusedrope_status st, const char *what)
 {
@@ -1266,7 +1266,7 @@ static void usage(FILE *f)
             OFFSET_POSITIONS, OFFSET_POSITIONS, MAX_SAMPLED_TOKENS);
 }
 
-static void bad_option(const char *fmt, ...)
+static _Noreturn void bad_option(const char *fmt, ...)
 {
     va_list ap;
     fprintf(stderr, PROG ": ");

@@ -47,7 +47,9 @@ class Error(RuntimeError, ValueError):
         return f"{self.status_name}: {base}" if self.status_name else base
 
 
-_fusedrope._set_error_class(Error)
+# The extension keeps the first Error registered: a package run again
+# (importlib.reload, a second import) raises and catches that same class.
+Error = _fusedrope._set_error_class(Error)
 
 ROPE_TYPES = {"default": 0, "linear": 1, "dynamic": 2, "yarn": 3, "longrope": 4, "llama3": 5,
               "proportional": 6}

@@ -146,12 +146,17 @@ static PyObject *fr_raise(fusedrope_status st, const char *detail)
     return NULL;
 }
 
+/* Registers the package's Error class and returns the one in use: the first
+ * registered.  The extension's state lives as long as the process, while the
+ * package can run again (importlib.reload, or an import after its modules
+ * left sys.modules) and define Error again: it takes the class returned, so
+ * every copy of the package raises and catches the same class. */
 static PyObject *set_error_class(PyObject *self, PyObject *cls)
 {
     (void)self;
-    Py_XINCREF(cls);
-    Py_XSETREF(fr_error, cls);
-    Py_RETURN_NONE;
+    if (!fr_error)
+        fr_error = Py_NewRef(cls);
+    return Py_NewRef(fr_error);
 }
 
 /* -------------------------------------------------------------------- Cache */
@@ -437,7 +442,14 @@ static PyObject *cache_from_table(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*y*Liii", &cb, &sb, &positions, &rot_dim, &device, &device_id))
         return NULL;
     PyObject *res = NULL;
-    Py_ssize_t need = (Py_ssize_t)(positions > 0 && rot_dim > 0 ? positions * (rot_dim / 2) : 0);
+    long long half = rot_dim > 0 ? rot_dim / 2 : 0;
+    if (positions > 0 && half > 0 && positions > (long long)(PY_SSIZE_T_MAX / 4) / half) {
+        PyErr_Format(PyExc_ValueError,
+                     "cos and sin of positions*rot_dim/2 = %lld*%lld float32 each exceed the "
+                     "address space", positions, half);
+        goto out;
+    }
+    Py_ssize_t need = (Py_ssize_t)(positions > 0 && half > 0 ? positions * half : 0);
     if (cb.len != need * 4 || sb.len != need * 4) {
         PyErr_Format(PyExc_ValueError, "cos and sin must hold positions*rot_dim/2 = %zd float32 each",
                      need);
@@ -1130,15 +1142,6 @@ static PyObject *cuda_available(PyObject *self, PyObject *noargs)
     return PyBool_FromLong(fusedrope_cuda_available());
 }
 
-static PyObject *status_string(PyObject *self, PyObject *arg)
-{
-    (void)self;
-    long v = PyLong_AsLong(arg);
-    if (v == -1 && PyErr_Occurred())
-        return NULL;
-    return PyUnicode_FromString(fusedrope_status_string((fusedrope_status)v));
-}
-
 static PyMethodDef methods[] = {
     {"cache_create", cache_create, METH_VARARGS, NULL},
     {"cache_from_table", cache_from_table, METH_VARARGS, NULL},
@@ -1146,7 +1149,6 @@ static PyMethodDef methods[] = {
     {"norm", norm, METH_VARARGS, NULL},
     {"version", version, METH_NOARGS, NULL},
     {"cuda_available", cuda_available, METH_NOARGS, NULL},
-    {"status_string", status_string, METH_O, NULL},
     {"_set_error_class", set_error_class, METH_O, NULL},
     {NULL, NULL, 0, NULL}};
 

@@ -7,6 +7,8 @@ FUSEDROPE_TEST_SEED.
 """
 import ctypes
 import itertools
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -343,6 +345,38 @@ def test_error_carries_status_and_sentence(cache8):
     assert e.value.detail and e.value.detail in str(e.value)
     assert isinstance(e.value, RuntimeError) and isinstance(e.value, ValueError)
     check()
+
+
+def test_error_class_after_the_package_runs_again():
+    """A package run again (imported after its modules left sys.modules, or
+    importlib.reload) defines Error again, while the extension, loaded once a
+    process, raises one class: every copy must name that same class, so each
+    copy's `except fusedrope.Error` catches the library's errors.  In a child
+    process: the reload would leave this session's fixtures' Cache class
+    behind."""
+    code = r"""
+import importlib, sys
+import numpy as np
+import fusedrope as a
+first = a.Error
+for name in [m for m in sys.modules if m == "fusedrope" or m.startswith("fusedrope.")]:
+    del sys.modules[name]
+import fusedrope as b
+assert b is not a and b.Error is first, (b.Error, first)
+importlib.reload(b)
+assert b.Error is first, (b.Error, first)
+for mod in (a, b):
+    x = np.zeros((17, 1, 1, 8), np.float32)              # positions 0..16, the table 16
+    try:
+        mod.forward(mod.Cache("default", rot_dim=8, max_positions=16), x)
+    except first as e:
+        assert e.status_name == "ERR_RANGE", e
+    else:
+        raise AssertionError("no error")
+print("same class")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == "same class\n", r.stdout + r.stderr
 
 
 def test_bad_cache_arguments():
