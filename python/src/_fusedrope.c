@@ -24,6 +24,7 @@
 enum { DL_CPU = 1, DL_CUDA = 2, DL_CUDA_HOST = 3, DL_CUDA_MANAGED = 13 };
 enum { DL_INT = 0, DL_UINT = 1, DL_FLOAT = 2, DL_BFLOAT = 4 };
 #define DL_FLAG_READ_ONLY 1u
+#define DL_FLAG_IS_COPIED 2u
 
 typedef struct {
     int32_t device_type;
@@ -73,10 +74,16 @@ typedef struct fr_dl_managed_versioned {
     fr_dl_tensor dl_tensor;
 } fr_dl_managed_versioned;
 
+/* What an export allows besides reading (fr_capsule_tensor's *access). */
+enum { FR_WRITABLE = 0, FR_READ_ONLY = 1, FR_A_COPY = 2 };
+
 /* The capsule stays owned by its producer's destructor (we never rename it
  * "used_dltensor"), so the producer frees the tensor when the capsule dies;
- * the caller keeps the capsule alive for the duration of the call. */
-static int fr_capsule_tensor(PyObject *cap, const char *what, fr_dl_tensor **t, int *readonly)
+ * the caller keeps the capsule alive for the duration of the call.  *access:
+ * FR_READ_ONLY, FR_A_COPY (the producer exported a copy of its memory: DLPack
+ * allows one when the consumer does not forbid it, and what is written there
+ * never reaches the caller's array) or FR_WRITABLE. */
+static int fr_capsule_tensor(PyObject *cap, const char *what, fr_dl_tensor **t, int *access)
 {
     /* (capsule, True): a read-only array exported through a writable alias
      * of its memory, where the producer's DLPack cannot mark it read-only
@@ -94,17 +101,31 @@ static int fr_capsule_tensor(PyObject *cap, const char *what, fr_dl_tensor **t, 
             return -1;
         }
         *t = &m->dl_tensor;
-        *readonly = marked || (m->flags & DL_FLAG_READ_ONLY) != 0;
+        *access = marked || (m->flags & DL_FLAG_READ_ONLY)  ? FR_READ_ONLY
+                  : (m->flags & DL_FLAG_IS_COPIED) ? FR_A_COPY
+                                                   : FR_WRITABLE;
         return 0;
     }
     if (PyCapsule_IsValid(cap, "dltensor")) {
         fr_dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
         *t = &m->dl_tensor;
-        *readonly = marked;
+        *access = marked ? FR_READ_ONLY : FR_WRITABLE;
         return 0;
     }
     PyErr_Format(PyExc_TypeError, "%s: not an unused DLPack capsule", what);
     return -1;
+}
+
+/* Raises the ValueError for an output that fr_capsule_tensor found not
+ * writable; note ends the read-only sentence. */
+static void fr_not_writable(const char *what, int access, const char *note)
+{
+    if (access == FR_A_COPY)
+        PyErr_Format(PyExc_ValueError, "%s was exported as a copy of its memory (DLPack flag "
+                     "IS_COPIED): the results would be written to the copy and lost; an output "
+                     "must share its memory", what);
+    else
+        PyErr_Format(PyExc_ValueError, "%s is read-only; an output must be writable%s", what, note);
 }
 
 /* ------------------------------------------------------------------- errors */
@@ -603,15 +624,14 @@ static int fr_tensor(const CacheObject *c, PyObject *cap, int layout, int bf16, 
                      const char *what, fusedrope_tensor *out, int32_t *device_type)
 {
     fr_dl_tensor *t;
-    int readonly;
-    if (fr_capsule_tensor(cap, what, &t, &readonly) < 0)
+    int access;
+    if (fr_capsule_tensor(cap, what, &t, &access) < 0)
         return -1;
     if (!fr_device_ok(c, &t->device, what))
         return -1;
     *device_type = t->device.device_type;
-    if (is_output && readonly) {
-        PyErr_Format(PyExc_ValueError, "%s is read-only; an output must be writable (a call "
-                     "without out= writes its input in place)", what);
+    if (is_output && access != FR_WRITABLE) {
+        fr_not_writable(what, access, " (a call without out= writes its input in place)");
         return -1;
     }
     int want = layout == LAYOUT_THD ? 3 : 4;
@@ -706,8 +726,8 @@ static int fr_plain_array(const CacheObject *c, PyObject *cap, const char *what,
                           int bits, int writable, int ndim, const int64_t *shape, const void **data)
 {
     fr_dl_tensor *t;
-    int readonly;
-    if (fr_capsule_tensor(cap, what, &t, &readonly) < 0)
+    int access;
+    if (fr_capsule_tensor(cap, what, &t, &access) < 0)
         return -1;
     if (!fr_device_ok(c, &t->device, what))
         return -1;
@@ -717,8 +737,8 @@ static int fr_plain_array(const CacheObject *c, PyObject *cap, const char *what,
                      (int)t->dtype.bits);
         return -1;
     }
-    if (writable && readonly) {
-        PyErr_Format(PyExc_ValueError, "%s is read-only", what);
+    if (writable && access != FR_WRITABLE) {
+        fr_not_writable(what, access, "");
         return -1;
     }
     int shape_ok = t->ndim == ndim;
@@ -766,8 +786,8 @@ static int fr_ids(const CacheObject *c, PyObject *cap, int layout, const fusedro
                                             : "ids ([batch, seq] or [axes, batch, seq])";
     const int64_t want[2] = {layout == LAYOUT_THD ? t0->seq_len : t0->batch, t0->seq_len};
     fr_dl_tensor *t;
-    int readonly;
-    if (fr_capsule_tensor(cap, "ids", &t, &readonly) < 0)
+    int access;
+    if (fr_capsule_tensor(cap, "ids", &t, &access) < 0)
         return -1;
     if (!fr_device_ok(c, &t->device, "ids"))
         return -1;
@@ -959,8 +979,8 @@ static int fr_norm_weight(const CacheObject *c, PyObject *cap, const char *what,
                           int64_t head_dim, const void **data, fusedrope_dtype *dt)
 {
     fr_dl_tensor *t;
-    int readonly;
-    if (fr_capsule_tensor(cap, what, &t, &readonly) < 0)
+    int access;
+    if (fr_capsule_tensor(cap, what, &t, &access) < 0)
         return -1;
     const fr_dl_dtype *d = &t->dtype;
     int code = d->code, bits = d->bits;

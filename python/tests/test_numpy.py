@@ -665,6 +665,52 @@ def test_cuda_array_on_cpu_cache(cache8):
     check()
 
 
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+class CopyingExporter:
+    """A DLPack 1.0 producer that exports a copy of its float32 array (flag
+    IS_COPIED, which DLPack allows unless the consumer passes copy=False):
+    readable, but what is written there never reaches the array."""
+
+    def __init__(self, a):
+        self.a, self.copy = a, a.copy()
+        self.shape = (ctypes.c_int64 * a.ndim)(*a.shape)
+        self.m = _DLManagedTensorVersioned(1, 0, None, None, 2, _DLTensor(
+            self.copy.ctypes.data, _DLDevice(1, 0), a.ndim, _DLDataType(2, 32, 1), self.shape,
+            None, 0))
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, stream=None, max_version=None, copy=None):
+        assert max_version is not None and max_version[0] >= 1
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(ctypes.addressof(self.m), b"dltensor_versioned", None)
+
+
+def test_output_exported_as_a_copy(cache8):
+    """An output the producer exported as a copy is refused (the results
+    would be lost); such an input is read as any other."""
+    x = ref.rng(37).uniform(-1, 1, (4, 2, 3, 8)).astype(np.float32)
+    y = np.empty_like(x)
+    check = unchanged(x)
+    for call in (lambda: fusedrope.forward(cache8, x, out=CopyingExporter(y)),
+                 lambda: fusedrope.forward(cache8, CopyingExporter(x.copy())),   # in place
+                 lambda: fusedrope.norm_forward_qk(cache8, x, out=(y, None), rstd=(
+                     CopyingExporter(np.empty((4, 2, 3), np.float32)), None))):
+        with pytest.raises(ValueError, match="copy of its memory.*lost"):
+            call()
+    check()
+    fusedrope.forward(cache8, CopyingExporter(x), out=y)
+    assert np.array_equal(y, fusedrope.forward(cache8, x, out=np.empty_like(x)))
+
+
 def test_export_stream():
     """The stream a CUDA array's export names: DLPack's -1 (no
     synchronisation) only for PyTorch tensors on PyTorch's current stream,
