@@ -160,7 +160,10 @@ class Cache:
       (0 or None: the OpenMP default); ignored by CUDA caches and by a
       library built without OpenMP (fusedrope_cache_create(3)).
 
-    ``device`` is "cpu", "cuda" (the current CUDA device) or "cuda:N".
+    ``device`` is "cpu", "cuda" (the current CUDA device) or "cuda:N".  The
+    table is released with the object's last reference: keep a CUDA cache
+    referenced while work using it is queued or a graph that captured it
+    can replay (fusedrope_cache_destroy(3)).
     """
 
     def __init__(self, type="default", rot_dim=None, max_positions=None, theta=10000.0, *,
