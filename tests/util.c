@@ -106,6 +106,24 @@ int tu_bad_tokens(const fusedrope_positions *pos, int naxes, int64_t S, int64_t 
     return any;
 }
 
+#ifdef _OPENMP
+/* LLVM's (and Intel's) OpenMP runtime, present where the library's OpenMP
+ * code calls it; NULL under GNU libgomp.  Its address is all that is used. */
+#pragma weak __kmpc_fork_call
+extern void __kmpc_fork_call(void);
+
+/* LLVM's runtime starts again in a forked child, from the environment
+ * (omp_set_num_threads of the parent is lost there); GNU libgomp read its
+ * environment as it loaded, and keeps the parent's settings. */
+static void tu_threads_env(int n)
+{
+    char v[16];
+    snprintf(v, sizeof v, "%d", n);
+    if (setenv("OMP_NUM_THREADS", v, 1) != 0)
+        abort();
+}
+#endif
+
 void tu_threads(int n)
 {
 #ifdef _OPENMP
@@ -115,9 +133,27 @@ void tu_threads(int n)
             n = 2; /* the threaded paths, even on one core */
     }
     omp_set_num_threads(n);
+    if (&__kmpc_fork_call != NULL)
+        tu_threads_env(n); /* for the children this process forks */
 #else
     (void)n;
 #endif
+}
+
+/* tu_main's one thread for each forked test.  LLVM 16's libomp hangs the
+ * exit of a child forked after the parent started it (configure.ac's fork
+ * check, llvm-project issue 63908), and libcheck forks every test: under
+ * LLVM's runtime the parent leaves it unstarted, and each test's own start
+ * reads the one thread from the environment. */
+static void tu_threads_of_forked_tests(void)
+{
+#ifdef _OPENMP
+    if (&__kmpc_fork_call != NULL) {
+        tu_threads_env(1);
+        return;
+    }
+#endif
+    tu_threads(1);
 }
 
 int tu_main(Suite *s, const char *name)
@@ -130,7 +166,7 @@ int tu_main(Suite *s, const char *name)
     /* Small tests run the library on one thread (their calls are below any
      * sensible threading threshold anyway; this spares each forked test the
      * start of a thread team).  Tests of the threaded paths call tu_threads(0). */
-    tu_threads(1);
+    tu_threads_of_forked_tests();
     ref_init();
     fflush(stdout);
     sr = srunner_create(s);
