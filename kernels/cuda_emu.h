@@ -178,7 +178,7 @@ __asm__(".text\n"
 /* A context that, switched to, calls entry() on the stack [base, base + n):
  * the frame fr_emu_ctx_switch pops, returning into entry as if called (the
  * stack 16-byte aligned at the call), with this thread's control words. */
-static void fr_emu_ctx_init(FrEmuCtx *c, char *base, size_t n, void (*entry)())
+static inline void fr_emu_ctx_init(FrEmuCtx *c, char *base, size_t n, void (*entry)())
 {
     uintptr_t top = ((uintptr_t)base + n) & ~(uintptr_t)15;
     void **f = (void **)(top - 16); /* entry's return address slot; top - 8: unused */
@@ -195,7 +195,7 @@ struct FrEmuCtx {
     ucontext_t uc;
 };
 static void fr_emu_ctx_switch(FrEmuCtx *from, FrEmuCtx *to) { swapcontext(&from->uc, &to->uc); }
-static void fr_emu_ctx_init(FrEmuCtx *c, char *base, size_t n, void (*entry)())
+static inline void fr_emu_ctx_init(FrEmuCtx *c, char *base, size_t n, void (*entry)())
 {
     getcontext(&c->uc);
     c->uc.uc_stack.ss_sp = base;
@@ -243,7 +243,7 @@ static thread_local FrEmuBlock *fr_emu_block;
 static thread_local int fr_emu_thread;
 
 /* A thread's fiber: the kernel, then back to the scheduler for good. */
-static void fr_emu_thread_main()
+static inline void fr_emu_thread_main()
 {
     FrEmuBlock *k = fr_emu_block;
     const int i = fr_emu_thread;
@@ -382,7 +382,7 @@ static inline void __pipeline_wait_prior(size_t prior)
 
 /* Runs the block's threads to the end (above); false on a kernel bug
  * (reported). */
-static bool fr_emu_run_block(FrEmuBlock *k, unsigned bx)
+static inline bool fr_emu_run_block(FrEmuBlock *k, unsigned bx)
 {
     for (;;) {
         for (int i = 0; i < k->n; i++)

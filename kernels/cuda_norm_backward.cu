@@ -70,6 +70,15 @@ int fr_emu_norm_bwd_prefetch = -1; /* tokens ahead; -1: FR_CUDA_NORM_BWD_PREFETC
 }
 #endif
 
+/* The token ring's loops, unrolled on the device, where their count is a
+ * constant; emulated, it is a test's run-time choice, and clang warned for
+ * each instantiation that it could not unroll them. */
+#ifdef FR_CUDA_EMULATE
+#define FR_RING_UNROLL
+#else
+#define FR_RING_UNROLL _Pragma("unroll")
+#endif
+
 namespace {
 
 #include "cuda_elem.cuh"
@@ -771,7 +780,7 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                 constexpr int D = FR_CUDA_NORM_BWD_AHEAD;
                 BwdTok<HD, IL, G, HALF> ring[D];
 #endif
-#pragma unroll
+                FR_RING_UNROLL
                 for (int d = 0; d < D; d++) {
                     if (d >= nt)
                         break;
@@ -803,7 +812,7 @@ __global__ void FR_NORM_BWD_BOUNDS norm_backward_heads(const __grid_constant__ N
                     prefetch_at(ln);
                 weights();
                 for (int j0 = 0; j0 < nt; j0 += D) {
-#pragma unroll
+                    FR_RING_UNROLL
                     for (int d = 0; d < D; d++) {
                         const int j = j0 + d;
                         if (j >= nt)
