@@ -34,11 +34,18 @@ static uint64_t gen_next(void)
     return z ^ (z >> 31);
 }
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
+/* FNV-1a over n bytes held as values of `size` bytes each, each value's
+ * bytes taken least significant first: a big-endian host (s390x) digests
+ * the same values to the same number as a little-endian one. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n, size_t size)
 {
     const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
+    const uint16_t one = 1;
+    const int big = *(const unsigned char *)&one == 0;
+    for (size_t i = 0; i < n; i++) {
+        const size_t j = big ? i - i % size + (size - 1 - i % size) : i;
+        h = (h ^ b[j]) * 0x100000001b3ull;
+    }
     return h;
 }
 #define FNV0 0xcbf29ce484222325ull
@@ -229,12 +236,12 @@ int main(int argc, char **argv)
                                                &ky.t, NULL);
                     break;
                 }
-                uint64_t hsh = fnv(FNV0, &rc, sizeof rc);
-                hsh = fnv(hsh, inplace ? x.p : y.p, inplace ? x.bytes : y.bytes);
+                uint64_t hsh = fnv(FNV0, &rc, sizeof rc, sizeof rc);
+                hsh = fnv(hsh, inplace ? x.p : y.p, inplace ? x.bytes : y.bytes, dsize(dtype));
                 if (qk)
-                    hsh = fnv(hsh, ky.p, ky.bytes);
-                per = fnv(per, &hsh, sizeof hsh);
-                all = fnv(all, &hsh, sizeof hsh);
+                    hsh = fnv(hsh, ky.p, ky.bytes, dsize(dtype));
+                per = fnv(per, &hsh, sizeof hsh, sizeof hsh);
+                all = fnv(all, &hsh, sizeof hsh, sizeof hsh);
                 ncalls++;
                 if (!summary)
                     printf("%s g%d %s %s %s %s %s rc=%d %016llx\n", cache_name[k], g,
