@@ -197,6 +197,15 @@ struct FrEmuCtx {
 static void fr_emu_ctx_switch(FrEmuCtx *from, FrEmuCtx *to) { swapcontext(&from->uc, &to->uc); }
 static inline void fr_emu_ctx_init(FrEmuCtx *c, char *base, size_t n, void (*entry)())
 {
+#if defined(__powerpc64__) && defined(__ALTIVEC__)
+    /* glibc's powerpc swapcontext restores the vector registers only where
+     * the context's VRSAVE is not 0, and ELFv2 code leaves VRSAVE 0: the
+     * scheduler's v20-v31, which calls keep, came back as a fiber left
+     * them (under qemu-ppc64le a warp's count of lanes at a shuffle was
+     * 0).  All marked live, before this getcontext and the scheduler's
+     * switches save it, every switch keeps them. */
+    __asm__ volatile("mtvrsave %0" : : "r"(-1));
+#endif
     getcontext(&c->uc);
     c->uc.uc_stack.ss_sp = base;
     c->uc.uc_stack.ss_size = n;
