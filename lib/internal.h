@@ -141,9 +141,11 @@ fusedrope_status fr_axes_map(const fusedrope_cache_config *config, int32_t **map
 /* CPU backends (cpu_apply.c, cpu_norm.c): on x86-64 also build an AVX2
  * clone of a vectorisable loop, picked at load time.  Not under
  * ThreadSanitizer: its instrumented ifunc resolver would run before the
- * TSan runtime is up, and crash the program at load. */
+ * TSan runtime is up, and crash the program at load.  Only with glibc
+ * (<stdint.h> above defines __GLIBC__): the pick is an ifunc, which musl's
+ * loader does not resolve (a musl-gcc build crashed at its first call). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__) && \
-    !defined(__SANITIZE_THREAD__)
+    defined(__GLIBC__) && !defined(__SANITIZE_THREAD__)
 #define FR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define FR_CLONES
