@@ -468,11 +468,17 @@ fusedrope_status fusedrope_cache_create(const fusedrope_cache_config *user_confi
         const int nth = fr_cpu_team_size(c, (int64_t)((uint64_t)c->max_positions * half));
         fr_fpenv outer;
         fr_fpenv_enter(&outer);
+#ifdef _OPENMP
 #pragma omp parallel num_threads(nth) if (nth > 1)
+#else
+        (void)nth; /* 1 */
+#endif
         {
             fr_fpenv fpenv; /* each thread's, as in cpu_apply.c */
             fr_fpenv_enter(&fpenv);
+#ifdef _OPENMP
 #pragma omp for schedule(static)
+#endif
             for (int64_t p = 0; p < c->max_positions; p++)
                 for (size_t i = 0; i < half; i++)
                     fr_angle(p, c->inv_freq[i], c->attention_factor,
