@@ -202,8 +202,9 @@ static inline void fr_emu_ctx_init(FrEmuCtx *c, char *base, size_t n, void (*ent
      * the context's VRSAVE is not 0, and ELFv2 code leaves VRSAVE 0: the
      * scheduler's v20-v31, which calls keep, came back as a fiber left
      * them (under qemu-ppc64le a warp's count of lanes at a shuffle was
-     * 0).  All marked live, before this getcontext and the scheduler's
-     * switches save it, every switch keeps them. */
+     * 0).  Marked all live here, before this getcontext and the
+     * scheduler's switches save VRSAVE, every switch restores them; the
+     * thread keeps that value, which ELFv2 code never reads. */
     __asm__ volatile("mtvrsave %0" : : "r"(-1));
 #endif
     getcontext(&c->uc);
