@@ -332,7 +332,7 @@ static fusedrope_status check_position_array(const void *p, const char *name, si
                                              const int64_t bytes_out[2], int nout,
                                              const char *const names[4])
 {
-    int64_t bytes;
+    int64_t bytes = 0; /* set where fr_check_array succeeds; gcc 16 cannot see it */
     if (!p)
         return FUSEDROPE_OK;
     TRY(fr_check_array(p, count, es, name, &bytes));

@@ -446,14 +446,15 @@ static void bwd_share(bwd_call *bc)
 #endif
     fr_fpenv fpenv;
     fr_fpenv_enter(&fpenv);
-    if (thread_id() == 0) /* the tests' and the bench's hook, as the forward */
-        fr_cpu_team = nth > 1 ? thread_count() : 0;
-#ifdef _OPENMP
-#pragma omp master
-#endif
-    for (int k = 0; k < a->count; k++) {
-        wf[k] = scratch + (size_t)nth * per + (size_t)k * (size_t)fr_line_floats(hdmax);
-        weight_factors(na, k, a->io[k].head_dim, wf[k]);
+    /* thread 0 alone, and the barrier below publishes what it wrote: a test of
+     * the thread number, as `omp master` (deprecated since OpenMP 5.1; gcc 16
+     * warns) does, and not `omp masked`, which gcc 11 ignores */
+    if (thread_id() == 0) {
+        fr_cpu_team = nth > 1 ? thread_count() : 0; /* the tests' and the bench's hook */
+        for (int k = 0; k < a->count; k++) {
+            wf[k] = scratch + (size_t)nth * per + (size_t)k * (size_t)fr_line_floats(hdmax);
+            weight_factors(na, k, a->io[k].head_dim, wf[k]);
+        }
     }
 #ifdef _OPENMP
 #pragma omp barrier
@@ -547,20 +548,19 @@ static void bwd_share(bwd_call *bc)
         }
         (void)rot;
     }
-    /* dw[c]: the chunks' partials in chunk order (after the loop's barrier) */
-#ifdef _OPENMP
-#pragma omp master
-#endif
-    for (int k = 0; k < a->count; k++) {
-        if (!na->dw[k])
-            continue;
-        for (int64_t c = 0; c < a->io[k].head_dim; c++) {
-            float sum = 0.0f;
-            for (int64_t ch = 0; ch < chunks; ch++)
-                sum = sum + partial[pbase[k] + ch * pstride[k] + c];
-            na->dw[k][c] = sum;
+    /* dw[c]: the chunks' partials in chunk order (after the loop's barrier), by
+     * thread 0 alone (as above, not `omp master`) */
+    if (thread_id() == 0)
+        for (int k = 0; k < a->count; k++) {
+            if (!na->dw[k])
+                continue;
+            for (int64_t c = 0; c < a->io[k].head_dim; c++) {
+                float sum = 0.0f;
+                for (int64_t ch = 0; ch < chunks; ch++)
+                    sum = sum + partial[pbase[k] + ch * pstride[k] + c];
+                na->dw[k][c] = sum;
+            }
         }
-    }
     fr_fpenv_leave(&fpenv);
 }
 

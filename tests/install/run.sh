@@ -19,6 +19,9 @@
 # libdir pkgconfigdir PACKAGE_VERSION top_srcdir.  The scratch directory is
 # removed unless a step fails (or FUSEDROPE_KEEP_INSTALLCHECK=1).
 set -u
+# The CMake consumers' builds run make of their own: without the calling make's
+# flags, whose jobserver this script does not hold ("jobserver unavailable").
+unset MAKEFLAGS MFLAGS
 
 : "${CC:=cc}" "${CXX:=c++}" "${PKG_CONFIG:=pkg-config}" "${CMAKE:=cmake}"
 : "${prefix:?}" "${libdir:?}" "${pkgconfigdir:?}" "${PACKAGE_VERSION:?}" "${top_srcdir:?}"
