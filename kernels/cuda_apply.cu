@@ -589,7 +589,16 @@ template <int DT, bool VEC> struct PassOp {
                 d[c] = src[c];
         }
     }
-    __device__ __forceinline__ void store(T *dst, const V &v) const { st16(dst + c0, v); }
+    /* called only where load kept dst, so only on the vector path: without it
+     * (VEC false) nothing is stored here, and v is never read unset (gcc 16
+     * warned of that, unable to see dst null) */
+    __device__ __forceinline__ void store(T *dst, const V &v) const
+    {
+        if constexpr (VEC)
+            st16(dst + c0, v);
+        else
+            (void)dst, (void)v;
+    }
 };
 
 template <int DT, bool VEC, int UG>
