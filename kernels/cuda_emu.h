@@ -162,18 +162,20 @@ static cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *config,
 struct FrEmuCtx {
     void *sp;
 };
-extern "C" void fr_emu_ctx_switch(FrEmuCtx *from, FrEmuCtx *to) __asm__("fr_emu_ctx_switch_x64");
-__asm__(".text\n"
-        ".p2align 4\n"
-        ".type fr_emu_ctx_switch_x64, @function\n"
-        "fr_emu_ctx_switch_x64:\n"
-        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
-        "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
-        "  movq %rsp, (%rdi)\n  movq (%rsi), %rsp\n"
-        "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
-        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
-        "  ret\n"
-        ".size fr_emu_ctx_switch_x64, .-fr_emu_ctx_switch_x64\n");
+/* from in rdi, to in rsi.  A naked function (no prologue: the asm is the
+ * whole body) rather than a top-level asm statement: each file that includes
+ * this gets a function of its own, which link-time optimisation handles,
+ * where the top-level asm's label was defined twice once two such files met
+ * in one LTO partition (Ubuntu's packaging flags, -flto=auto). */
+__attribute__((naked, noinline)) static void fr_emu_ctx_switch(FrEmuCtx *, FrEmuCtx *)
+{
+    __asm__("pushq %rbp\n\tpushq %rbx\n\tpushq %r12\n\tpushq %r13\n\tpushq %r14\n\tpushq %r15\n\t"
+            "subq $8, %rsp\n\tstmxcsr (%rsp)\n\tfnstcw 4(%rsp)\n\t"
+            "movq %rsp, (%rdi)\n\tmovq (%rsi), %rsp\n\t"
+            "ldmxcsr (%rsp)\n\tfldcw 4(%rsp)\n\taddq $8, %rsp\n\t"
+            "popq %r15\n\tpopq %r14\n\tpopq %r13\n\tpopq %r12\n\tpopq %rbx\n\tpopq %rbp\n\t"
+            "ret");
+}
 
 /* A context that, switched to, calls entry() on the stack [base, base + n):
  * the frame fr_emu_ctx_switch pops, returning into entry as if called (the
@@ -468,7 +470,8 @@ static cudaError_t fr_emu_launch_lockstep(const cudaLaunchConfig_t *config,
         k->state = (int *)calloc((size_t)n, sizeof *k->state);
         k->slot = (unsigned long long(*)[2][32])calloc((size_t)warps, sizeof *k->slot);
         k->wround = (unsigned *)calloc((size_t)warps, sizeof *k->wround);
-        k->copies = new std::vector<FrEmuCopy>[(size_t)n];
+        /* block.x, not n: from an int, gcc's LTO warned of a negative size */
+        k->copies = new std::vector<FrEmuCopy>[block.x];
         k->groups = (unsigned long long *)calloc((size_t)n, sizeof *k->groups);
     }
     bool ok = k != nullptr && stacks != nullptr && k->th != nullptr && k->state != nullptr &&

@@ -53,7 +53,7 @@ static range tensor_range(const fusedrope_tensor *t, const char *name, int alone
 static fusedrope_status array_range(const void *p, int64_t n, size_t es, const char *name,
                                     int alone, const fusedrope_cache *cache, range *r)
 {
-    int64_t bytes;
+    int64_t bytes = 0; /* set where fr_check_array succeeds; gcc's LTO cannot see it */
     r->lo = r->hi = 0;
     r->name = name;
     r->tensor = 0;

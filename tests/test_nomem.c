@@ -43,12 +43,17 @@ void __wrap_free(void *p);
 
 #define MAX_LIVE 4096
 
-static int armed;            /* counting on */
-static long fail_at;         /* the allocation (1-based) that fails; 0: none */
-static long count;           /* allocations seen while armed */
-static void *live[MAX_LIVE]; /* blocks allocated while armed and not freed */
-static int nlive;
-static int overflow;
+/* Volatile: the library calls malloc and free, which a compiler takes to
+ * touch none of this program's variables, and under link-time optimisation
+ * it sees both sides of the call: gcc's LTO (Ubuntu's packaging flags) then
+ * dropped `armed = 1` before a destroy as a dead store, and every block the
+ * destroy freed stayed in the live set. */
+static volatile int armed;            /* counting on */
+static volatile long fail_at;         /* the allocation (1-based) that fails; 0: none */
+static volatile long count;           /* allocations seen while armed */
+static void *volatile live[MAX_LIVE]; /* blocks allocated while armed and not freed */
+static volatile int nlive;
+static volatile int overflow;
 
 static void add_live(void *p)
 {
