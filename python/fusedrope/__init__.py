@@ -16,6 +16,7 @@ import itertools
 import operator
 import os
 import sys
+import threading
 import weakref
 
 import numpy as np
@@ -123,6 +124,7 @@ def _parse_device(device):
 # -------------------------------------------------------------------- cache
 
 _cache_ids = itertools.count(1)
+_cache_ids_lock = threading.Lock()  # ids unique on a free-threaded CPython too
 _caches = weakref.WeakValueDictionary()  # id -> Cache, for fusedrope.torch's ops
 
 _FIELDS = ("factor", "original_max_positions", "seq_len", "attention_factor", "beta_fast",
@@ -212,7 +214,8 @@ class Cache:
         self._h = handle
         self.type = type
         self.params = params
-        self.id = next(_cache_ids)
+        with _cache_ids_lock:
+            self.id = next(_cache_ids)
         _caches[self.id] = self
 
     @classmethod

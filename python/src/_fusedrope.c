@@ -1188,5 +1188,16 @@ PyMODINIT_FUNC PyInit__fusedrope(void)
         Py_DECREF(m);
         return NULL;
     }
+#ifdef Py_GIL_DISABLED
+    /* A free-threaded CPython would turn the GIL back on for a module that
+     * does not say it needs none.  Nothing here needs it: a call's state is
+     * its own, the library calls already run without the GIL, a CacheHandle
+     * is not changed after it is made (the call's argument holds it alive),
+     * and fr_error is set once, by the package's import. */
+    if (PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     return m;
 }
