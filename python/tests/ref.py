@@ -128,6 +128,15 @@ def make(shape, dtype, r, scale=4.0):
     return b, bf16_bits_to_f64(b)
 
 
+BF16_POISON = 0x7FC1   # a bfloat16 NaN, the bits outputs are filled with before a call
+
+
+def poison(a, dtype):
+    """Fills a with NaN (bfloat16: BF16_POISON), so an element a call left
+    unwritten shows."""
+    a[...] = BF16_POISON if dtype == "bfloat16" else np.nan
+
+
 def to_f64(a, dtype):
     return bf16_bits_to_f64(a) if dtype == "bfloat16" else np.asarray(a).astype(np.float64)
 

@@ -53,13 +53,6 @@ def shape_of(layout, s, b, h, d):
     return {"sbhd": (s, b, h, d), "bshd": (b, s, h, d), "thd": (s, h, d)}[layout]
 
 
-def poison(a, dtype):
-    if dtype == "bfloat16":
-        a[...] = 0x7FC1
-    else:
-        a[...] = np.nan
-
-
 def cache_and_ref(rot_dim, max_positions=64, theta=10000.0):
     c = fusedrope.Cache("default", rot_dim=rot_dim, max_positions=max_positions, theta=theta)
     inv, a = ref.inv_freq("default", rot_dim, theta, max_positions)
@@ -90,7 +83,7 @@ def test_single(dtype, layout, style, inplace, backward):
         assert res is y
     else:
         y = np.empty_like(x)
-        poison(y, dtype)
+        ref.poison(y, dtype)
         x0 = x.copy()
         res = fn(cache, x, out=y, **kw)
         assert res is y
@@ -116,7 +109,7 @@ def test_qk_gqa_packed_views(dtype, layout, backward):
     qkv, qkvf = ref.make(shape_of(layout, s, b, rows, d), dtype, r)
     q, k = qkv[..., :hq, :], qkv[..., hq:hq + hk, :]
     out = np.empty_like(qkv)
-    poison(out, dtype)
+    ref.poison(out, dtype)
     qo, ko = out[..., :hq, :], out[..., hq:hq + hk, :]
     pos = positions(layout, s, b)
     fn = fusedrope.backward_qk if backward else fusedrope.forward_qk
@@ -128,7 +121,7 @@ def test_qk_gqa_packed_views(dtype, layout, backward):
         ref.assert_close(ref.to_f64(got, dtype), want, mag, dtype, what="qk")
     # v (past q and k) is not an output: still poisoned
     v = out[..., hq + hk:, :]
-    assert (v == 0x7FC1).all() if dtype == "bfloat16" else np.isnan(v).all()
+    assert (v == ref.BF16_POISON).all() if dtype == "bfloat16" else np.isnan(v).all()
 
 
 def test_qk_in_place_and_partial_out():
@@ -195,7 +188,7 @@ def test_thd_cu_seqlens_cp_offsets(cp_size, cp_rank):
     offsets = np.array([3, 0, 9, 1], np.int64)
     for offs in (None, offsets):
         x, xf = ref.make((t, h, d), "bfloat16", r)
-        y = np.full_like(x, 0x7FC1)
+        y = np.full_like(x, ref.BF16_POISON)
         fusedrope.forward(cache, x, out=y, layout="thd", cu_seqlens=cu, offsets=offs,
                           cp_size=cp_size, cp_rank=cp_rank, dtype="bfloat16")
         pos = positions("thd", t, 1, offsets=offs, cu=cu, cp_size=cp_size, cp_rank=cp_rank)
