@@ -1332,6 +1332,23 @@ START_TEST(test_tensor_constructors)
     ck_assert_int_eq(t.stride_head, 64);
     ck_assert_int_eq(t.stride_seq, 4 * 64);
     ck_assert_int_eq(t.stride_batch, 11 * 4 * 64); /* the page's t*h*d (batch 1: unused) */
+
+    /* the page's saturation: a stride with a negative size among its
+     * factors is -1 (whatever the signs of the others), one past int64_t is
+     * INT64_MAX; the factors without a negative size are still products */
+    t = fusedrope_tensor_sbhd(&dummy, FUSEDROPE_FLOAT32, 7, -1, 5, 80);
+    ck_assert_int_eq(t.stride_seq, -1);
+    ck_assert_int_eq(t.stride_batch, 5 * 80);
+    t = fusedrope_tensor_bshd(&dummy, FUSEDROPE_FLOAT32, 3, 7, -2, -3);
+    ck_assert_int_eq(t.stride_seq, -1);
+    ck_assert_int_eq(t.stride_batch, -1);
+    ck_assert_int_eq(t.stride_head, -3);
+    t = fusedrope_tensor_thd(&dummy, FUSEDROPE_FLOAT32, -11, 4, 64);
+    ck_assert_int_eq(t.stride_seq, 4 * 64);
+    ck_assert_int_eq(t.stride_batch, -1);
+    t = fusedrope_tensor_sbhd(&dummy, FUSEDROPE_FLOAT32, 2, INT64_MAX / 4, 5, 80);
+    ck_assert_int_eq(t.stride_seq, INT64_MAX);
+    ck_assert_int_eq(t.stride_batch, 5 * 80);
 }
 END_TEST
 

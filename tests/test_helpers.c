@@ -178,6 +178,19 @@ START_TEST(test_qkv_refusals)
             FUSEDROPE_ERR_RANGE,
             "a QKV buffer of s 2, b 288230376151711744, heads_q 1 + 2 x heads_kv 1, head_dim "
             "8: its strides overflow");
+    /* heads x head_dim past int64_t (its wrapped product, 0, would fit in
+     * bytes), and a token row that fits in elements but not in bytes where
+     * b = 0 leaves the outer stride 0 */
+    REFUSED(fusedrope_tensor_qkv(data, FUSEDROPE_FLOAT32, FUSEDROPE_LAYOUT_SBHD, 1, 1,
+                                 (int64_t)1 << 61, 0, 8, &q, &k, &v),
+            FUSEDROPE_ERR_RANGE,
+            "a QKV buffer of s 1, b 1, heads_q 2305843009213693952 + 2 x heads_kv 0, head_dim "
+            "8: its strides overflow");
+    REFUSED(fusedrope_tensor_qkv(data, FUSEDROPE_FLOAT32, FUSEDROPE_LAYOUT_SBHD, 1, 0,
+                                 (int64_t)1 << 59, 0, 8, &q, &k, &v),
+            FUSEDROPE_ERR_RANGE,
+            "a QKV buffer of s 1, b 0, heads_q 576460752303423488 + 2 x heads_kv 0, head_dim "
+            "8: its strides overflow");
 #undef REFUSED
     /* v may be NULL; zero heads are views with no elements */
     ck_assert_int_eq(fusedrope_tensor_qkv(data, FUSEDROPE_FLOAT32, FUSEDROPE_LAYOUT_BSHD, 2, 1,
