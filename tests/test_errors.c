@@ -135,16 +135,17 @@ enum {
     /* strides and overflow */
     E_NEG_STRIDE_SEQ_X, E_NEG_STRIDE_BATCH_X, E_NEG_STRIDE_HEAD_X, E_NEG_STRIDE_SEQ_Y,
     E_NEG_STRIDE_BATCH_Y, E_NEG_STRIDE_HEAD_Y,
-    E_OVF_SEQ, E_OVF_HEADS, E_OVF_STRIDE, E_OVF_BATCH, E_OVF_BYTES,
+    E_OVF_SEQ, E_OVF_HEADS, E_OVF_STRIDE, E_OVF_BATCH, E_OVF_BYTES, E_OVF_ADDRESS,
     /* overlap */
     E_Y_SELF_HEAD, E_Y_SELF_SEQ0, E_Y_SELF_BATCH_EQ_HEAD, E_Y_SELF_BATCH0, E_Y_SELF_HEAD0,
     E_INPLACE_SELF_OVERLAP, E_PARTIAL_OVERLAP, E_SAME_DATA_OTHER_STRIDES, E_OVERLAP_LAST,
     /* context parallelism and position modes */
     E_CP_RANK_EQ_SIZE, E_CP_RANK_NEG, E_CP_SIZE_NEG, E_CP0_RANK1, E_CP_ODD, E_CP_THD_ODD,
+    E_CP_GLOBAL_OVERFLOW,
     E_IDS_OFFSETS, E_IDS_CP, E_THD_IDS_OFFSETS,
     /* cu_seqlens */
     E_CU0, E_CU_NONMONO, E_CU_LAST_SHORT, E_CU_LAST_LONG, E_NUM_SEQS_0, E_NUM_SEQS_NEG,
-    E_NUM_SEQS_FEWER, E_CU_BATCH2, E_CU_NEG,
+    E_NUM_SEQS_FEWER, E_CU_BATCH2, E_CU_NEG, E_CU_LAST_IN_Y,
     /* positions outside the table */
     E_IDS_HIGH, E_IDS_NEG, E_OFFSETS_HIGH, E_OFFSETS_NEG, E_OFFSETS_HUGE, E_CP_BEYOND,
     E_THD_OFFSETS_HIGH, E_THD_IDS_HIGH, E_TL_IDS_NEG, E_TL_OFFSETS_NEG, E_IDS_LAST_TOKEN,
@@ -152,12 +153,13 @@ enum {
     E_QK_NULL_QIN, E_QK_NULL_QOUT, E_QK_NULL_KIN, E_QK_NULL_KOUT, E_QK_SEQ, E_QK_BATCH,
     E_QK_K_HEAD_DIM, E_QK_OUT_SAME, E_QK_QOUT_ON_KIN, E_QK_KOUT_ON_QIN, E_QK_K_DTYPE,
     E_QK_K_NEG_STRIDE, E_QK_K_SELF_OVERLAP, E_QK_K_OVERFLOW, E_QK_K_BAD_IDS, E_QK_THD_CU,
-    E_QK_K_SHAPE,
+    E_QK_K_SHAPE, E_QK_OUTS_SEQ_STRIDES, E_QK_OUTS_K_PAST_TOKEN, E_QK_OUTS_Q_PAST_TOKEN,
+    E_HEADS_SWEEP_BOUND,
     /* successful borders and no-ops */
     S_BASE, S_INPLACE, S_IDS_MAX, S_OFFSETS_MAX, S_CP8_R7, S_TL_HUGE_IDS, S_CP0,
     S_NUM_SEQS_IGNORED, S_STREAM_IGNORED, S_BATCH1_STRIDE0, S_THD_EMPTY_SEQS, S_HEAD_DIM_ODD,
     S_ZERO_SEQ, S_ZERO_BATCH, S_ZERO_HEADS, S_ZERO_SEQ_DATA, S_ZERO_THD, S_ZERO_QK,
-    S_POS_NULL, S_QK_INTERLEAVED,
+    S_POS_NULL, S_QK_INTERLEAVED, S_QK_OUTS_ONE_BUFFER, S_QK_OUTS_BATCH1_STRIDES,
     E_NUM
 };
 
@@ -208,6 +210,8 @@ static const ecase ecases[E_NUM] = {
     [E_OVF_STRIDE] = {"stride_seq INT64_MAX/2 (in place)", V_TABLELESS, RNG, N_SPANS, 0},
     [E_OVF_BATCH] = {"batch 2^40 x stride_batch 2^30 (in place)", V_TABLELESS, RNG, N_SPANS, 0},
     [E_OVF_BYTES] = {"offsets fit, bytes 2^64 (in place)", V_TABLELESS, RNG, N_SPANS, 0},
+    [E_OVF_ADDRESS] = {"bytes fit, data + bytes past the address space (in place)",
+                       V_TABLELESS, RNG, N_SPANS, 0},
     [E_Y_SELF_HEAD] = {"y stride_head < head_dim", V_SBHD, INV, N_SELF_OVERLAP, 0},
     [E_Y_SELF_SEQ0] = {"y stride_seq 0", V_SBHD, INV, N_SELF_OVERLAP, 0},
     [E_Y_SELF_BATCH_EQ_HEAD] = {"y stride_batch == stride_head", V_SBHD, INV, N_SELF_OVERLAP, 0},
@@ -225,6 +229,8 @@ static const ecase ecases[E_NUM] = {
     [E_CP_ODD] = {"cp 2, seq_len 7", V_ODD, INV, "needs an even local length", 0},
     [E_CP_THD_ODD] = {"cp 2, THD sequence of 3", V_THD, INV,
                       "context parallelism needs even lengths", 0},
+    [E_CP_GLOBAL_OVERFLOW] = {"cp_size INT_MAX x seq_len 2^32 + 4 (in place)", V_TABLELESS,
+                              RNG, "the global sequence length overflows", 0},
     [E_IDS_OFFSETS] = {"ids and offsets", V_SBHD, INV, "ids|offsets", 0},
     [E_IDS_CP] = {"ids and cp_size 2", V_SBHD, INV, "ids|cp", 0},
     [E_THD_IDS_OFFSETS] = {"THD ids and offsets", V_THD, INV, "ids|offsets", 0},
@@ -238,6 +244,9 @@ static const ecase ecases[E_NUM] = {
                           "but the tensor has 10 tokens", 0},
     [E_CU_BATCH2] = {"cu_seqlens with batch 2", V_SBHD, INV, "batch", 0},
     [E_CU_NEG] = {"cu_seqlens 0 -2 4 10", V_THD, INV, "cu_seqlens", 0},
+    [E_CU_LAST_IN_Y] = {"cu_seqlens[num_seqs] is y's first element", V_THD, INV,
+                        "pos->cu_seqlens may overlap the output y|pos->cu_seqlens may overlap "
+                        "the output dx", 0},
     [E_IDS_HIGH] = {"ids[last] = max_positions", V_SBHD, RNG, "position|ids", 0},
     [E_IDS_NEG] = {"ids[0] = -1", V_SBHD, RNG, "position|ids", 0},
     [E_OFFSETS_HIGH] = {"offsets[1] = 57 (57 + 7 = 64)", V_SBHD, RNG, "position|offsets", 0},
@@ -271,6 +280,14 @@ static const ecase ecases[E_NUM] = {
     [E_QK_K_BAD_IDS] = {"_qk ids out of range", V_QK, RNG, "position|ids", 0},
     [E_QK_THD_CU] = {"_qk THD cu_seqlens[3] = 9", V_QK_THD, INV, "cu_seqlens|seq_len|token", 0},
     [E_QK_K_SHAPE] = {"_qk k_out heads 1 vs k_in 2", V_QK, INV, N_SHAPE, 0},
+    [E_QK_OUTS_SEQ_STRIDES] = {"_qk outputs in one buffer, k's seq stride 190 vs q's 200",
+                               V_QK, INV, "the two outputs must not share memory", 0},
+    [E_QK_OUTS_K_PAST_TOKEN] = {"_qk outputs in one buffer, k's heads past the token stride",
+                                V_QK, INV, "the two outputs must not share memory", 0},
+    [E_QK_OUTS_Q_PAST_TOKEN] = {"_qk outputs in one buffer, k first, q's heads past the token "
+                                "stride", V_QK, INV, "the two outputs must not share memory", 0},
+    [E_HEADS_SWEEP_BOUND] = {"2^40 heads, x broadcast over them, y one head on", V_SBHD, INV,
+                             N_PARTIAL, 0},
     [S_BASE] = {"baseline", V_SBHD, OK, "", 0},
     [S_INPLACE] = {"in place", V_SBHD, OK, "", 0},
     [S_IDS_MAX] = {"ids = max_positions - 1", V_SBHD, OK, "", 0},
@@ -291,6 +308,10 @@ static const ecase ecases[E_NUM] = {
     [S_ZERO_QK] = {"_qk seq_len 0", V_QK, OK, "", 1},
     [S_POS_NULL] = {"positions NULL", V_SBHD, OK, "", 0},
     [S_QK_INTERLEAVED] = {"_qk q/k disjoint interleaved views", V_QK, OK, "", 0},
+    [S_QK_OUTS_ONE_BUFFER] = {"_qk outputs in one buffer, k beside q in each token", V_QK, OK,
+                              "", 0},
+    [S_QK_OUTS_BATCH1_STRIDES] = {"_qk outputs in one buffer, batch 1, other stride_batch",
+                                  V_QK, OK, "", 0},
 };
 
 #define F16 FUSEDROPE_FLOAT16
@@ -393,6 +414,29 @@ static void mutate(ectx *c, int id)
         c->x.stride_seq = 16;
         c->y = c->x;
         break;
+    case E_OVF_ADDRESS:
+        /* 64 MiB from 256 bytes below the top of the address space: never
+         * dereferenced, the call refuses it first */
+        c->x.data = (void *)(UINTPTR_MAX - 255);
+        c->x.seq_len = (int64_t)1 << 20;
+        c->x.batch = 1;
+        c->x.heads = 1;
+        c->x.head_dim = 16;
+        c->x.stride_seq = 16;
+        c->y = c->x;
+        break;
+    case E_CP_GLOBAL_OVERFLOW:
+        /* a tensor that fits (2^36 elements, never touched: refused first)
+         * whose global length, seq_len x cp_size, passes int64_t */
+        c->x.seq_len = ((int64_t)1 << 32) + 4; /* + 2 fits: 2^63 - 2 */
+        c->x.batch = 1;
+        c->x.heads = 1;
+        c->x.head_dim = 16;
+        c->x.stride_seq = 16;
+        c->y = c->x;
+        c->pos.cp_size = INT32_MAX;
+        c->pos.cp_rank = 0;
+        break;
     case E_Y_SELF_HEAD: c->y.stride_head = D0 - 1; break;
     case E_Y_SELF_SEQ0: c->y.stride_seq = 0; break;
     case E_Y_SELF_BATCH_EQ_HEAD: c->y.stride_batch = c->y.stride_head; break;
@@ -452,6 +496,15 @@ static void mutate(ectx *c, int id)
     case E_THD_IDS_HIGH: c->pos.ids = c->ids; c->ids[9] = ROWS; break;
     case E_TL_IDS_NEG: c->pos.ids = c->ids; c->ids[5] = -1; break;
     case E_TL_OFFSETS_NEG: c->pos.offsets = c->offsets; c->offsets[1] = -5; break;
+    case E_CU_LAST_IN_Y: {
+        /* a copy of cu_seqlens (0 4 4 10) in y's buffer, y starting at its
+         * last entry: the test must count num_seqs + 1 entries */
+        int32_t *cu = (int32_t *)c->y.data + 1;
+        memcpy(cu, c->cu, 4 * sizeof *cu);
+        c->pos.cu_seqlens = cu;
+        c->y.data = cu + 3;
+        break;
+    }
     case E_IDS_LAST_TOKEN:
         /* batch 1, token 7: the last one processed in any natural order */
         c->pos.ids = c->ids;
@@ -534,6 +587,51 @@ static void mutate(ectx *c, int id)
         c->x = c->y = q;
         c->kx = c->ky = q;
         c->kx.data = c->ky.data = (float *)q.data + KD0;
+        break;
+    }
+    /* q_out and k_out in the one buffer of q_out: a token of 100 elements
+     * holds q's 3 x 20 then k's 2 x 16 (ending at 92); the views share one
+     * token lattice, so the call can prove them apart, and each variation
+     * below makes one token's heads reach into another token's */
+    case S_QK_OUTS_ONE_BUFFER:
+    case E_QK_OUTS_SEQ_STRIDES:
+    case E_QK_OUTS_K_PAST_TOKEN:
+    case E_QK_OUTS_Q_PAST_TOKEN:
+    case S_QK_OUTS_BATCH1_STRIDES: {
+        float *base = c->y.data;
+        int64_t token = id == E_QK_OUTS_Q_PAST_TOKEN ? 90 : 100;
+        if (id == S_QK_OUTS_BATCH1_STRIDES)
+            c->x.batch = c->y.batch = c->kx.batch = c->ky.batch = 1;
+        c->ky.data = base + 60;
+        c->y.stride_batch = c->ky.stride_batch = token;
+        c->y.stride_seq = c->ky.stride_seq = 2 * token;
+        c->ky.stride_head = KD0;
+        if (id == E_QK_OUTS_SEQ_STRIDES) /* k's token 1 at 250, in q's [200, 260) */
+            c->ky.stride_seq = 190;
+        if (id == E_QK_OUTS_K_PAST_TOKEN) /* k's [80, 112), in q's next [100, 160) */
+            c->ky.data = base + 80;
+        if (id == E_QK_OUTS_Q_PAST_TOKEN) { /* k at [0, 32), q at [40, 100): in k's [90, 122) */
+            c->ky.data = base;
+            c->y.data = base + 40;
+        }
+        if (id == S_QK_OUTS_BATCH1_STRIDES) /* unused with one batch entry: no rule */
+            c->ky.stride_batch = 7;
+        break;
+    }
+    case E_HEADS_SWEEP_BOUND: {
+        /* x broadcasts a head to 2^40 (stride 0); y's heads start one head
+         * past x's data in the same lattice, so the two address ranges meet
+         * while no head does: a sweep head by head would run 2^40 steps
+         * (fusedrope_forward(3): the test is conservative), the call refuses
+         * at once, touching nothing */
+        const int64_t heads = (int64_t)1 << 40;
+        c->x.heads = c->y.heads = heads;
+        c->x.seq_len = c->y.seq_len = 2;
+        c->x.batch = c->y.batch = 1;
+        c->x.stride_head = 0;
+        c->y.stride_head = D0;
+        c->x.stride_seq = c->y.stride_seq = heads * D0;
+        c->y.data = (float *)c->x.data + D0;
         break;
     }
     }
