@@ -655,7 +655,51 @@ def test_cuda_array_on_cpu_cache(cache8):
         fusedrope.forward(cache8, x, out=FakeCudaArray((4, 2, 3, 8)))
     with pytest.raises(ValueError, match="cache is on the CPU"):
         fusedrope.forward(cache8, FakeCudaArray((4, 2, 3, 8), device_type=99))
+    # positions are checked alike: ids in CUDA memory, before their dtype
+    with pytest.raises(ValueError, match="ids is on cuda:0 but the cache is on the CPU"):
+        fusedrope.forward(cache8, x, out=np.empty_like(x), ids=FakeCudaArray((2, 4)))
     check()
+
+
+class HostIds:
+    """A DLPack producer of host int64 positions with the strides it is
+    given (in elements), as a third-party array library may export them:
+    NumPy and PyTorch host ids are made compact before the binding sees
+    them, these are not."""
+
+    def __init__(self, a, shape, strides):
+        self.a = a
+        self.shape = (ctypes.c_int64 * len(shape))(*shape)
+        self.strides = (ctypes.c_int64 * len(strides))(*strides)
+        self.m = _DLManagedTensor()
+        self.m.dl_tensor = _DLTensor(a.ctypes.data, _DLDevice(1, 0), len(shape),
+                                     _DLDataType(0, 64, 1), self.shape, self.strides, 0)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __dlpack__(self, stream=None):
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(ctypes.addressof(self.m), b"dltensor", None)
+
+
+def test_host_ids_strided_within_a_row(cache8):
+    """The binding reads a row of ids ([batch, seq]) as compact: a
+    producer's ids with a step inside it are refused, compact ones taken."""
+    x = np.ones((4, 2, 3, 8), np.float32)
+    y = np.full_like(x, np.nan)
+    check = unchanged(x, y)
+    buf = np.arange(16, dtype=np.int64)
+    for strides in ((8, 2), (8, 1)):   # a step within seq; batch entries apart
+        with pytest.raises(ValueError, match="must be contiguous within a row"):
+            fusedrope.forward(cache8, x, out=y, ids=HostIds(buf, (2, 4), strides))
+    check()
+    fusedrope.forward(cache8, x, out=y, ids=HostIds(buf, (2, 4), (4, 1)))
+    want = np.full_like(x, np.nan)
+    fusedrope.forward(cache8, x, out=want, ids=buf[:8].reshape(2, 4))
+    assert np.array_equal(y, want) and not np.isnan(y).any()
 
 
 class _DLManagedTensorVersioned(ctypes.Structure):
