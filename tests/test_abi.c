@@ -238,24 +238,42 @@ START_TEST(test_positions_newer_header)
     ck_assert_int_eq(small_run(&c, p), FUSEDROPE_ERR_INVALID);
     ck_assert_msg(strstr(fusedrope_last_error(), "does not have") != NULL, "%s",
                   fusedrope_last_error());
+    {
+        char byte[64]; /* the sentence names the byte that is set */
+        snprintf(byte, sizeof byte, "and byte %zu past it is set", sizeof *p + 5);
+        ck_assert_msg(strstr(fusedrope_last_error(), byte) != NULL, "%s", fusedrope_last_error());
+    }
     unguard(p);
     fusedrope_cache_destroy(c.cache);
 }
 END_TEST
 
-/* init_sized writes exactly the caller's bytes, whatever their number. */
+/* init_sized writes exactly the caller's bytes, whatever their number, and
+ * struct_size is n wherever it fits (a size field alone, n = 8, too). */
+static void assert_struct_size(const unsigned char *p, size_t n)
+{
+    size_t got;
+    if (n < sizeof got)
+        return;
+    memcpy(&got, p, sizeof got);
+    ck_assert_uint_eq(got, n);
+}
+
 START_TEST(test_init_sized_stays_inside)
 {
     for (size_t n = 0; n <= sizeof(fusedrope_cache_config) + 16; n++) {
         unsigned char *p = guarded(n ? n : 1);
         fusedrope_cache_config_init_sized((fusedrope_cache_config *)(void *)p, n,
                                           FUSEDROPE_ROPE_YARN, 64, 0, 10000.0);
+        assert_struct_size(p, n);
         unguard(p);
         p = guarded(n ? n : 1);
         fusedrope_positions_init_sized((fusedrope_positions *)(void *)p, n);
+        assert_struct_size(p, n);
         unguard(p);
         p = guarded(n ? n : 1);
         fusedrope_norm_init_sized((fusedrope_norm *)(void *)p, n);
+        assert_struct_size(p, n);
         unguard(p);
     }
     fusedrope_cache_config_init_sized(NULL, sizeof(fusedrope_cache_config), FUSEDROPE_ROPE_DEFAULT,
