@@ -316,6 +316,18 @@ static const ecase ecases[E_NUM] = {
 
 #define F16 FUSEDROPE_FLOAT16
 
+/* The overflow cases' in-place view: seq_len tokens of one 16-channel head
+ * (batch 1) at x's data, stride_seq apart. */
+static void one_head_tokens(ectx *c, int64_t seq_len, int64_t stride_seq)
+{
+    c->x.seq_len = seq_len;
+    c->x.batch = 1;
+    c->x.heads = 1;
+    c->x.head_dim = 16;
+    c->x.stride_seq = stride_seq;
+    c->y = c->x;
+}
+
 static void mutate(ectx *c, int id)
 {
     size_t es = 4;
@@ -373,14 +385,7 @@ static void mutate(ectx *c, int id)
         c->y.data = (float *)c->y.data + (H0 - 1) * c->y.stride_head;
         c->y.stride_head = -c->y.stride_head;
         break;
-    case E_OVF_SEQ:
-        c->x.seq_len = INT64_MAX / 2;
-        c->x.batch = 1;
-        c->x.heads = 1;
-        c->x.head_dim = 16;
-        c->x.stride_seq = 16;
-        c->y = c->x;
-        break;
+    case E_OVF_SEQ: one_head_tokens(c, INT64_MAX / 2, 16); break;
     case E_OVF_HEADS:
         c->x.seq_len = 1;
         c->x.batch = 1;
@@ -389,14 +394,7 @@ static void mutate(ectx *c, int id)
         c->x.stride_head = 16;
         c->y = c->x;
         break;
-    case E_OVF_STRIDE:
-        c->x.seq_len = 3;
-        c->x.batch = 1;
-        c->x.heads = 1;
-        c->x.head_dim = 16;
-        c->x.stride_seq = INT64_MAX / 2;
-        c->y = c->x;
-        break;
+    case E_OVF_STRIDE: one_head_tokens(c, 3, INT64_MAX / 2); break;
     case E_OVF_BATCH:
         c->x.seq_len = 1;
         c->x.batch = (int64_t)1 << 40;
@@ -407,33 +405,18 @@ static void mutate(ectx *c, int id)
         break;
     case E_OVF_BYTES:
         /* largest element offset ~2^62 fits int64; times 4 bytes it does not */
-        c->x.seq_len = (int64_t)1 << 58;
-        c->x.batch = 1;
-        c->x.heads = 1;
-        c->x.head_dim = 16;
-        c->x.stride_seq = 16;
-        c->y = c->x;
+        one_head_tokens(c, (int64_t)1 << 58, 16);
         break;
     case E_OVF_ADDRESS:
         /* 64 MiB from 256 bytes below the top of the address space: never
          * dereferenced, the call refuses it first */
         c->x.data = (void *)(UINTPTR_MAX - 255);
-        c->x.seq_len = (int64_t)1 << 20;
-        c->x.batch = 1;
-        c->x.heads = 1;
-        c->x.head_dim = 16;
-        c->x.stride_seq = 16;
-        c->y = c->x;
+        one_head_tokens(c, (int64_t)1 << 20, 16);
         break;
     case E_CP_GLOBAL_OVERFLOW:
         /* a tensor that fits (2^36 elements, never touched: refused first)
          * whose global length, seq_len x cp_size, passes int64_t */
-        c->x.seq_len = ((int64_t)1 << 32) + 4; /* + 2 fits: 2^63 - 2 */
-        c->x.batch = 1;
-        c->x.heads = 1;
-        c->x.head_dim = 16;
-        c->x.stride_seq = 16;
-        c->y = c->x;
+        one_head_tokens(c, ((int64_t)1 << 32) + 4, 16); /* + 2 fits: 2^63 - 2 */
         c->pos.cp_size = INT32_MAX;
         c->pos.cp_rank = 0;
         break;
