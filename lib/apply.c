@@ -132,7 +132,8 @@ static fusedrope_status check_output_layout(const fusedrope_tensor *t, const cha
 /* Whether two non-empty views provably share no byte: their address ranges
  * are apart, or they share one token lattice (same seq and batch strides) and
  * their heads never meet inside a token -- q and k as views into one packed
- * QKV buffer, grouped by head or interleaved head by head. */
+ * QKV buffer, grouped by head or interleaved head by head.  The views are
+ * canonical(): a dimension of size 1 has stride 0 in both. */
 static int views_disjoint(const fusedrope_tensor *a, int64_t abytes, const fusedrope_tensor *b,
                           int64_t bbytes)
 {
@@ -143,8 +144,7 @@ static int views_disjoint(const fusedrope_tensor *a, int64_t abytes, const fused
     if (pa + (uint64_t)abytes <= pb || pb + (uint64_t)bbytes <= pa)
         return 1;
     if (a->dtype != b->dtype || a->seq_len != b->seq_len || a->batch != b->batch ||
-        (a->seq_len > 1 && a->stride_seq != b->stride_seq) ||
-        (a->batch > 1 && a->stride_batch != b->stride_batch))
+        a->stride_seq != b->stride_seq || a->stride_batch != b->stride_batch)
         return 0;
     if (pb >= pa ? (pb - pa) % (uint64_t)es : (pa - pb) % (uint64_t)es)
         return 0;

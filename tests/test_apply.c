@@ -1334,8 +1334,8 @@ START_TEST(test_tensor_constructors)
     ck_assert_int_eq(t.stride_batch, 11 * 4 * 64); /* the page's t*h*d (batch 1: unused) */
 
     /* the page's saturation: a stride with a negative size among its
-     * factors is -1 (whatever the signs of the others), one past int64_t is
-     * INT64_MAX; the factors without a negative size are still products */
+     * factors is -1 (whatever the signs of the others), a product past
+     * int64_t is stored as INT64_MAX; the others are still products */
     t = fusedrope_tensor_sbhd(&dummy, FUSEDROPE_FLOAT32, 7, -1, 5, 80);
     ck_assert_int_eq(t.stride_seq, -1);
     ck_assert_int_eq(t.stride_batch, 5 * 80);

@@ -229,7 +229,7 @@ static const ecase ecases[E_NUM] = {
     [E_CP_ODD] = {"cp 2, seq_len 7", V_ODD, INV, "needs an even local length", 0},
     [E_CP_THD_ODD] = {"cp 2, THD sequence of 3", V_THD, INV,
                       "context parallelism needs even lengths", 0},
-    [E_CP_GLOBAL_OVERFLOW] = {"cp_size INT_MAX x seq_len 2^32 + 4 (in place)", V_TABLELESS,
+    [E_CP_GLOBAL_OVERFLOW] = {"cp_size INT32_MAX x seq_len 2^32 + 4 (in place)", V_TABLELESS,
                               RNG, "the global sequence length overflows", 0},
     [E_IDS_OFFSETS] = {"ids and offsets", V_SBHD, INV, "ids|offsets", 0},
     [E_IDS_CP] = {"ids and cp_size 2", V_SBHD, INV, "ids|cp", 0},
@@ -574,8 +574,8 @@ static void mutate(ectx *c, int id)
     }
     /* q_out and k_out in the one buffer of q_out: a token of 100 elements
      * holds q's 3 x 20 then k's 2 x 16 (ending at 92); the views share one
-     * token lattice, so the call can prove them apart, and each variation
-     * below makes one token's heads reach into another token's */
+     * token lattice, so the call can prove them apart.  Each refused
+     * variation makes a token of one view reach into a token of the other */
     case S_QK_OUTS_ONE_BUFFER:
     case E_QK_OUTS_SEQ_STRIDES:
     case E_QK_OUTS_K_PAST_TOKEN:
@@ -593,19 +593,21 @@ static void mutate(ectx *c, int id)
             c->ky.stride_seq = 190;
         if (id == E_QK_OUTS_K_PAST_TOKEN) /* k's [80, 112), in q's next [100, 160) */
             c->ky.data = base + 80;
-        if (id == E_QK_OUTS_Q_PAST_TOKEN) { /* k at [0, 32), q at [40, 100): in k's [90, 122) */
+        /* tokens 90 apart: k at [0, 32), q at [40, 100), in k's next [90, 122) */
+        if (id == E_QK_OUTS_Q_PAST_TOKEN) {
             c->ky.data = base;
             c->y.data = base + 40;
         }
-        if (id == S_QK_OUTS_BATCH1_STRIDES) /* unused with one batch entry: no rule */
+        if (id == S_QK_OUTS_BATCH1_STRIDES) /* one batch entry: canonical() ignores it */
             c->ky.stride_batch = 7;
         break;
     }
     case E_HEADS_SWEEP_BOUND: {
         /* x broadcasts a head to 2^40 (stride 0); y's heads start one head
-         * past x's data in the same lattice, so the two address ranges meet
-         * while no head does: a sweep head by head would run 2^40 steps
-         * (fusedrope_forward(3): the test is conservative), the call refuses
+         * past x's data in the same lattice, a token of y ending where x's
+         * next begins: the address ranges meet, no byte is shared, and a
+         * sweep head by head would run 2^40 steps.  More than 2^20 heads are
+         * refused unswept (fusedrope_forward(3): the test is conservative),
          * at once, touching nothing */
         const int64_t heads = (int64_t)1 << 40;
         c->x.heads = c->y.heads = heads;
@@ -613,7 +615,7 @@ static void mutate(ectx *c, int id)
         c->x.batch = c->y.batch = 1;
         c->x.stride_head = 0;
         c->y.stride_head = D0;
-        c->x.stride_seq = c->y.stride_seq = heads * D0;
+        c->x.stride_seq = c->y.stride_seq = (heads + 1) * D0;
         c->y.data = (float *)c->x.data + D0;
         break;
     }

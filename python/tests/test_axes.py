@@ -252,8 +252,8 @@ def test_bad_ids_rows_raise_and_write_nothing():
     # thd: [axes, tokens]
     t = np.ones((6, h, d), np.float32)
     check_t = unchanged(t)
-    for ids, match in ((np.zeros((3, 5), np.int64), r"has shape \(3, 5\); \(6\) or \(axes <= 4, 6\) "
-                        "expected"),
+    shape_sentence = r"has shape \(3, 5\); \(6\) or \(axes <= 4, 6\) expected"
+    for ids, match in ((np.zeros((3, 5), np.int64), shape_sentence),
                        (np.zeros((3, 1, 6), np.int64), "has 3 dimensions")):
         with pytest.raises(ValueError, match=r"ids \(\[tokens\] or \[axes, tokens\]\) " + match):
             fusedrope.forward(cache, t, layout="thd", ids=ids)
