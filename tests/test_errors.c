@@ -588,7 +588,6 @@ static void mutate(ectx *c, int id)
         c->ky.data = base + 60;
         c->y.stride_batch = c->ky.stride_batch = token;
         c->y.stride_seq = c->ky.stride_seq = 2 * token;
-        c->ky.stride_head = KD0;
         if (id == E_QK_OUTS_SEQ_STRIDES) /* k's token 1 at 250, in q's [200, 260) */
             c->ky.stride_seq = 190;
         if (id == E_QK_OUTS_K_PAST_TOKEN) /* k's [80, 112), in q's next [100, 160) */

@@ -622,6 +622,15 @@ class _DLManagedTensor(ctypes.Structure):
                 ("deleter", ctypes.c_void_p)]
 
 
+def _capsule(struct, name):
+    """A PyCapsule `name` of a ctypes DLPack struct's address, without a
+    destructor: the producer object that holds the struct keeps it alive."""
+    new = ctypes.pythonapi.PyCapsule_New
+    new.restype = ctypes.py_object
+    new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return new(ctypes.addressof(struct), name, None)
+
+
 class FakeCudaArray:
     """A DLPack producer claiming CUDA memory (its pointer is never valid):
     the binding must refuse it on a CPU cache before the library sees it."""
@@ -638,10 +647,7 @@ class FakeCudaArray:
 
     def __dlpack__(self, stream=None):
         self.streams.append(stream)
-        new = ctypes.pythonapi.PyCapsule_New
-        new.restype = ctypes.py_object
-        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-        return new(ctypes.addressof(self.m), b"dltensor", None)
+        return _capsule(self.m, b"dltensor")
 
 
 def test_cuda_array_on_cpu_cache(cache8):
@@ -679,10 +685,7 @@ class HostIds:
         return (1, 0)
 
     def __dlpack__(self, stream=None):
-        new = ctypes.pythonapi.PyCapsule_New
-        new.restype = ctypes.py_object
-        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-        return new(ctypes.addressof(self.m), b"dltensor", None)
+        return _capsule(self.m, b"dltensor")
 
 
 def test_host_ids_strided_within_a_row(cache8):
@@ -725,10 +728,7 @@ class CopyingExporter:
 
     def __dlpack__(self, stream=None, max_version=None, copy=None):
         assert max_version is not None and max_version[0] >= 1
-        new = ctypes.pythonapi.PyCapsule_New
-        new.restype = ctypes.py_object
-        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-        return new(ctypes.addressof(self.m), b"dltensor_versioned", None)
+        return _capsule(self.m, b"dltensor_versioned")
 
 
 def test_output_exported_as_a_copy(cache8):
