@@ -1108,6 +1108,12 @@ START_TEST(test_bad_positions)
                               fusedrope_status_string(st), fusedrope_last_error());
                 ck_assert_msg(tu_changed(&qob, &qos, &first) == 0, "%s: output written (byte "
                               "%zu)", what, first);
+                /* the last token exactly at INT64_MAX: a position, not past it */
+                ((int64_t *)P.offsets)[1] = INT64_MAX - 3;
+                st = call1(cl.cache, sp->style, &P, &q, &qo, 0);
+                ck_assert_msg(st == FUSEDROPE_OK, "%s, table-less, last token at INT64_MAX: "
+                              "%s (%s)", what, fusedrope_status_string(st),
+                              fusedrope_last_error());
             }
         }
     {
