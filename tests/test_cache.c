@@ -323,18 +323,13 @@ static void check_derived(const fusedrope_cache *c, const fusedrope_cache_config
 }
 
 /*
- * Creates the cache, copies its table out and compares every entry with the
- * reference cos(p inv_i) a, sin(p inv_i) a: within one float ulp, and in
- * practice the correctly rounded float (at least 99% of entries).  Row 0 must
- * be exactly (float)a and 0.
- */
-/*
  * The reference's inv_freq differs from the library's by a few double ulps,
- * which at large p moves an angle enough to flip a float rounding: hence the
- * 99% above.  With the library's own inv_freq and attention factor (checked
- * against the reference by check_derived), libm's cos and sin give what every
- * table entry must be, the correctly rounded float of cos(p inv_i) a, except
- * where that double lies within 2^-44 of a rounding boundary.  DESIGN's sin and
+ * which at large p moves an angle enough to flip a float rounding: hence
+ * check_table_on's 99%.  With the library's own inv_freq and attention
+ * factor (checked against the reference by check_derived), libm's cos and sin
+ * give what every table entry must be, the correctly rounded float of
+ * cos(p inv_i) a, except where that double lies within 2^-44 of a rounding
+ * boundary.  DESIGN's sin and
  * cos (lib/rope_math.h: a reduction by pi/2 and Taylor polynomials) are far
  * more accurate than that window, so a slip in any term above it shows here.
  */
@@ -348,9 +343,9 @@ static void check_table_libm(const fusedrope_cache *c, const float *tc, const fl
 
     ck_assert_int_eq(fusedrope_cache_inv_freq(c, inv), FUSEDROPE_OK);
     for (p = 0; p < rows; p++)
-        for (i = 0; i < half; i++)
+        for (i = 0; i < half; i++) {
+            double ang = (double)p * inv[i];
             for (k = 0; k < 2; k++) {
-                double ang = (double)p * inv[i];
                 double v = (k ? sin(ang) : cos(ang)) * a, w = 0x1p-44 * fabs(v);
                 float got = (k ? ts : tc)[p * half + i];
                 if ((float)(v - w) != (float)(v + w)) {
@@ -362,6 +357,7 @@ static void check_table_libm(const fusedrope_cache *c, const float *tc, const fl
                               name, dev_name(dev), k ? "sin" : "cos", (long long)p, i, got,
                               (float)v, v);
             }
+        }
     /* a window of 2^-44 leaves about 2^-20 of entries undecided, not more */
     ck_assert_msg(ties <= 2 * rows * half / 4096 + 8, "%s: %lld entries near a tie", name,
                   (long long)ties);
@@ -369,8 +365,9 @@ static void check_table_libm(const fusedrope_cache *c, const float *tc, const fl
 
 /* The table of cfg on one device, copied back, against the float64 angles:
    within one float ulp everywhere and the correctly rounded float almost
-   everywhere; on a CUDA cache this judges the upload and copy_table's way
-   back as well as the table. */
+   everywhere (at least 99% of entries; row 0 exactly (float)a and 0), then
+   against libm (check_table_libm); on a CUDA cache this judges the upload
+   and copy_table's way back as well as the table. */
 static void check_table_on(const fusedrope_cache_config *cfg, const char *name,
                            double expect_attn, fusedrope_device dev)
 {
