@@ -251,28 +251,6 @@ static void fwd_rows_portable(const fwd_call *fc, fwd_walk *w, int64_t n0, int64
     }
 }
 
-/* Whether no AVX2 row of slot k can rotate to a NaN, so that nv_out's
- * narrowings may leave out their NaN case.  Such a row has a finite sum and
- * rstd, so |n| <= sqrt(head_dim) (1 + a few ulps) < 2 sqrt(head_dim) (see
- * nv_value8); with |w'| <= wmax every value before the rotation is at most
- * 2 sqrt(head_dim) wmax (1 + 2^-7 per rounding) and finite if that is below
- * 2^100, or below 32768 where it is rounded to float16 (whose largest is
- * 65504).  The angles of a cache built from a config are cos and sin times
- * its attention factor, at most 2^20 here (a user's table may hold
- * anything), so each rotated value is below 2^122: finite, never NaN. */
-static int fwd_fin(const fr_norm_args *na, const float *wf, int64_t hd)
-{
-    const fusedrope_cache *cache = na->a.cache;
-    double wmax = 0.0;
-    for (int64_t c = 0; c < hd; c++)
-        wmax = fabs((double)wf[c]) > wmax ? fabs((double)wf[c]) : wmax;
-    if (!cache->inv_freq || !(cache->attention_factor <= 0x1p20) || !(wmax < 0x1p100))
-        return 0;
-    return 2.0 * sqrt((double)hd) * wmax <
-           (na->a.dtype == FUSEDROPE_FLOAT16 && na->rounding != FR_ROUND_ONCE ? 32768.0
-                                                                               : 0x1p100);
-}
-
 /* A thread's share of a forward call's rows, in the team of nth (or, for
  * nth 1 outside a parallel region, on the calling thread alone). */
 static void fwd_share(const fwd_call *fc, fr_norm_rows_fn rows, int nth)
@@ -371,9 +349,8 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
                        "allocated", bytes);
     fc.scratch = fr_line_start(block);
     /* the calling thread's from here to the team's end (internal.h): 1 + w
-     * rounds as the default environment says, fwd_fin's arithmetic
-     * (sqrt(head_dim) is inexact for most head_dims) and the team's start
-     * (cpu_team.c) leave the caller's exception flags as they were */
+     * rounds as the default environment says, and the team's start
+     * (cpu_team.c) leaves the caller's exception flags as they were */
     fr_fpenv_enter(&outer);
     for (int k = 0; k < a->count; k++) {
         wf[k] = fc.scratch + (size_t)nth * fc.per + (size_t)k * (size_t)fr_line_floats(fc.hdmax);
@@ -382,7 +359,16 @@ fusedrope_status fr_cpu_norm_forward(const fr_norm_args *na)
         fc.wf_ok[k] = 1;
         for (int64_t c = 0; c < a->io[k].head_dim; c++)
             fc.wf_ok[k] &= isfinite(wf[k][c]) != 0;
-        fc.fin[k] = fc.wf_ok[k] && fwd_fin(na, wf[k], a->io[k].head_dim);
+        /* A vector row has a finite input and rstd (else it takes the
+         * portable loops), so with finite weight factors and a table built
+         * from a config (cos and sin times a finite attention factor: no
+         * NaN) no operand of its arithmetic is a NaN.  Overflow can still
+         * make NaNs (inf - inf in the rotation, inf * 0), but only x86's
+         * default NaN, 0xffc00000, which the narrowings without their NaN
+         * case give the same bits as with it (bf16 0xffc0, fp16 0xfe00).
+         * A caller's table may hold a NaN of any payload, one that the
+         * rounding's carry would turn into -0 (test_norm). */
+        fc.fin[k] = fc.wf_ok[k] && cache->inv_freq != NULL;
     }
 
     {

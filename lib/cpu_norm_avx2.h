@@ -76,7 +76,8 @@ FR_AVX2_INLINE __m256 nv_round8(__m256 v, int dt)
 
 /* fr_float_to_bf16 on 8 floats, in the low halves of the 32-bit lanes: the
  * rounded value, or for a NaN its top half with the quiet bit; fin: no lane
- * is a NaN (the caller knows), so no NaN case. */
+ * is a NaN but x86's default one, 0xffc00000, whose rounding is that top
+ * half (the caller knows), so no NaN case. */
 FR_AVX2_INLINE __m256i nv_bf16_bits(__m256 v, int fin)
 {
     const __m256i u = _mm256_castps_si256(v);
@@ -93,7 +94,8 @@ FR_AVX2_INLINE __m256i nv_bf16_bits(__m256 v, int fin)
         16);
 }
 
-/* fp16 bits of 8 floats (fin: none is a NaN). */
+/* fp16 bits of 8 floats (fin: none is a NaN but the default one, which
+ * the conversion makes 0xfe00 as it does nv_nan_for_half's). */
 FR_AVX2_INLINE __m128i nv_half_bits(__m256 v, int fin)
 {
     return _mm256_cvtps_ph(fin ? v : nv_nan_for_half(v), _MM_FROUND_TO_NEAREST_INT);
@@ -253,8 +255,8 @@ FR_AVX2_INLINE float nv_sum(const void *x, float *v, int64_t hd, int dt)
  * rotated, narrowed to y (which may be the row's input: pass 1 has read it).
  * Only for rows that nv_value8 takes (finite rstd and weight factors).
  * nt: y is streamed, 16-byte aligned, and the row has no scalar tail
- * (nt_whole).  fin: no rotated value is a NaN (fwd_fin), so the 16-bit
- * narrowings need no NaN case.  16-bit types narrow 16 channels at a time
+ * (nt_whole).  fin: a rotated value that is a NaN is the default NaN
+ * (fr_cpu_norm_forward), so the 16-bit narrowings need no NaN case.  16-bit types narrow 16 channels at a time
  * (one pack and one 32-byte store). */
 FR_AVX2_INLINE void nv_out(const float *v, void *y, const float *wf, const float *cs,
                            const float *sn, int64_t hd, int64_t half, float rstd, int rounding,

@@ -1067,8 +1067,9 @@ START_TEST(test_avx2_rows_match_portable)
                         ref_store(w, dt, c,
                                   weight == 2 && c == D / 2 && in_place ? INFINITY
                                   /* finite, but n * w overflows (float16: its
-                                   * rounding does): the rotation makes NaNs, and
-                                   * the narrowings keep their NaN case */
+                                   * rounding does): the rotation makes NaNs,
+                                   * the default NaN, which the vector rows
+                                   * narrow without their NaN case */
                                   : weight == 1 && in_place && !big
                                       ? (dt == FUSEDROPE_FLOAT16 ? (c % 3 ? 6e4 : -6e4)
                                                                  : (c % 3 ? 3e38 : -3e38))
