@@ -1968,8 +1968,8 @@ static void nan_pair_forward(const fusedrope_cache *cache, const float *x, const
  * float32 weight beside 16-bit tensors) gives NaN in its channel pair, in
  * each rounding: the vector rows' narrowing without a NaN case once gave
  * -0 there (the rounding's carry into the sign), which only the check of
- * the weights' finiteness keeps from them; and the same NaN in a caller's
- * cos table. */
+ * the weights' finiteness keeps from them; the same NaN in a caller's cos
+ * table; and in every weight. */
 START_TEST(test_empty_k_and_nan_weight)
 {
     enum { S = 4, H = 4, D = 64, N = S * H * D };
@@ -2036,6 +2036,12 @@ START_TEST(test_empty_k_and_nan_weight)
         tu_track(tc);
         nan_pair_forward(tc, x, NULL, S, H, D, 0, 1u << 0 | 1u << 2, "table NaN");
     }
+    /* and in every weight: no finite weight factor for the vector rows'
+     * test of finite weights to find */
+    for (int i = 0; i < D; i++)
+        memcpy(&w[i], &nan_bits, sizeof nan_bits);
+    nan_pair_forward(cache, x, w, S, H, D, 0, (1u << S) - 1, "every weight NaN");
+    nan_pair_forward(cache, x, w, S, H, D, D / 2 - 1, (1u << S) - 1, "every weight NaN");
     tu_free_all();
 }
 END_TEST
