@@ -1307,20 +1307,24 @@ static void expect(fusedrope_status got, fusedrope_status want, const char *need
                   what, fusedrope_last_error(), needle);
 }
 
-/* The norm's OpenMP team is the cache's num_threads (fusedrope_cache_create(3)),
- * small calls none, as for the plain calls; the bytes the same for each. */
+/* The norm's OpenMP team, forward and backward, is the cache's num_threads
+ * (fusedrope_cache_create(3)), small calls none, as for the plain calls; the
+ * bytes the same for each. */
 START_TEST(test_cache_num_threads)
 {
 #ifdef _OPENMP
     static const int want[3][2] = { { 1, 0 }, { 3, 3 }, { 2, 2 } };
     const int64_t S = 64, H = 8, D = 64; /* 32768 elements: a team */
     tu_rng r;
-    tu_buf xb, yb[3], sb;
-    fusedrope_tensor x, y[3], small;
+    tu_buf xb, yb[3], sb, dyb, dxb[3];
+    fusedrope_tensor x, y[3], small, dy, dx[3];
     fusedrope_norm nm;
+    float *rs = tu_alloc(sizeof(float) * (size_t)(S * H));
     tu_rng_init(&r, 1200);
     x = tu_tensor(LAY_SBHD, FUSEDROPE_BFLOAT16, S, 1, H, D, &xb);
     tu_fill_view(&x, &r, -2, 2);
+    dy = tu_tensor(LAY_SBHD, FUSEDROPE_BFLOAT16, S, 1, H, D, &dyb);
+    tu_fill_view(&dy, &r, -2, 2);
     small = tu_tensor(LAY_SBHD, FUSEDROPE_BFLOAT16, 2, 1, H, D, &sb);
     tu_fill_view(&small, &r, -2, 2);
     fusedrope_norm_init(&nm);
@@ -1343,6 +1347,20 @@ START_TEST(test_cache_num_threads)
         ck_assert_int_eq(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &small,
                                                    &small, NULL, NULL, NULL), FUSEDROPE_OK);
         ck_assert_msg(fr_cpu_team == 0, "a small call started a team of %d", fr_cpu_team);
+        /* the backward's team, by the same rule */
+        nm.q_rstd = rs;
+        ck_assert_int_eq(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &x, &y[i],
+                                                   NULL, NULL, NULL), FUSEDROPE_OK);
+        dx[i] = tu_tensor(LAY_SBHD, FUSEDROPE_BFLOAT16, S, 1, H, D, &dxb[i]);
+        fr_cpu_team = -1;
+        ck_assert_int_eq(fusedrope_norm_backward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &x, &dy,
+                                                    &dx[i], NULL, NULL, NULL, NULL),
+                         FUSEDROPE_OK);
+        ck_assert_msg(fr_cpu_team == want[i][1], "backward, num_threads %d: team %d, want %d",
+                      want[i][0], fr_cpu_team, want[i][1]);
+        ck_assert_msg(memcmp(dxb[i].p, dxb[0].p, dxb[0].nbytes) == 0,
+                      "num_threads %d changed the backward's bytes", want[i][0]);
+        nm.q_rstd = NULL;
     }
     tu_free_all();
 #endif
