@@ -2107,6 +2107,60 @@ START_TEST(test_empty)
 }
 END_TEST
 
+/* An empty view touches no memory, whatever its data pointer and strides
+ * (as for the plain calls), so it takes no part in the overlap test: each
+ * empty view here points into an array the call writes (q_rstd) or reads
+ * (the weight), with strides whose span, were it taken, would cover it.  A
+ * k of no heads beside a q with rows; q with no tokens (seq_len 0, then
+ * batch 0).  Nothing is written. */
+START_TEST(test_empty_views_touch_nothing)
+{
+    enum { S = 4, H = 4, D = 64, N = S * H * D };
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    fusedrope_norm nm;
+    float *x = tu_alloc(sizeof(float) * N), *y = tu_alloc(sizeof(float) * N);
+    float *w = tu_alloc(sizeof(float) * D), *w0 = tu_alloc(sizeof(float) * D);
+    float *rq = tu_alloc(sizeof(float) * S * H);
+    fusedrope_tensor q, qo, k;
+
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, 16, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+    tu_track(cache);
+    for (int i = 0; i < N; i++)
+        x[i] = (float)(i % 7) - 3.0f;
+    for (int i = 0; i < D; i++)
+        w[i] = 1.0f + (float)i / 64.0f;
+    memcpy(w0, w, sizeof(float) * D);
+    fusedrope_norm_init(&nm);
+    nm.weight = FUSEDROPE_NORM_WEIGHT;
+    nm.q_weight = nm.k_weight = w;
+    nm.q_rstd = rq;
+    q = fusedrope_tensor_bshd(x, FUSEDROPE_FLOAT32, 1, S, H, D);
+    qo = fusedrope_tensor_bshd(y, FUSEDROPE_FLOAT32, 1, S, H, D);
+    /* its span would be q_rstd's first byte and (S - 1) * D floats on */
+    k = fusedrope_tensor_bshd(rq, FUSEDROPE_FLOAT32, 1, S, 0, D);
+    k.stride_seq = D;
+    ck_assert_msg(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, &k, &k,
+                                            NULL) == FUSEDROPE_OK,
+                  "a k of no heads over q_rstd: %s", fusedrope_last_error());
+    nm.k_weight = NULL;
+    for (int e = 0; e < 2; e++) {
+        /* q_out's span would be 3 * D floats from the weight's first */
+        const int64_t b = e ? 0 : 1, s = e ? S : 0;
+        fusedrope_tensor eq = fusedrope_tensor_bshd(x, FUSEDROPE_FLOAT32, b, s, H, D);
+        fusedrope_tensor eo = fusedrope_tensor_bshd(w, FUSEDROPE_FLOAT32, b, s, H, D);
+        eo.stride_head = 2 * D;
+        ck_assert_msg(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &eq, &eo, NULL,
+                                                NULL, NULL) == FUSEDROPE_OK,
+                      "q with %s 0 over the weight: %s", e ? "batch" : "seq_len",
+                      fusedrope_last_error());
+        ck_assert_msg(memcmp(w, w0, sizeof(float) * D) == 0, "the weight was written");
+    }
+    tu_free_all();
+}
+END_TEST
+
 static Suite *norm_suite(void)
 {
     Suite *s = suite_create("norm");
@@ -2134,6 +2188,7 @@ static Suite *norm_suite(void)
     tcase_add_test(tc, test_cache_num_threads);
     tcase_add_test(tc, test_calls_in_caller_region);
     tcase_add_test(tc, test_empty);
+    tcase_add_test(tc, test_empty_views_touch_nothing);
     tcase_add_test(tc, test_refusals_at_range_ends);
     tcase_add_test(tc, test_empty_k_and_nan_weight);
     suite_add_tcase(s, tc);
