@@ -1491,7 +1491,14 @@ START_TEST(test_refusals)
     expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "eps", "eps Inf");
     R.norm = saved;
     R.norm.k_weight = NULL;
-    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "k_weight", "NULL k weight");
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID,
+           "k_weight is NULL; norm->weight FUSEDROPE_NORM_WEIGHT needs", "NULL k weight");
+    R.norm = saved;
+    R.norm.weight = FUSEDROPE_NORM_WEIGHT_PLUS_ONE;
+    R.norm.q_weight = NULL;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID,
+           "q_weight is NULL; norm->weight FUSEDROPE_NORM_WEIGHT_PLUS_ONE needs",
+           "NULL q weight, 1 + w");
     R.norm = saved;
     R.norm.weight = FUSEDROPE_NORM_WEIGHT_NONE;
     expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "WEIGHT_NONE", "weights with WEIGHT_NONE");
