@@ -1524,14 +1524,16 @@ START_TEST(test_refusals)
            FUSEDROPE_ERR_INVALID, "norm", "norm NULL");
     /* rstd overlapping an output, an input, the other rstd */
     R.norm.q_rstd = (float *)R.qo.data;
-    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "q_rstd", "rstd over q_out");
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "q_rstd may overlap q_out", "rstd over q_out");
     /* a tensor is taken as its span: the sentence says so (a gap of a
      * strided tensor is refused alike) */
     ck_assert_msg(strstr(fusedrope_last_error(), "may overlap") &&
                       strstr(fusedrope_last_error(), "conservative"),
                   "rstd over q_out: %s", fusedrope_last_error());
     R.norm.q_rstd = (float *)R.k.data;
-    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "q_rstd", "rstd over k_in");
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "q_rstd may overlap k_in", "rstd over k_in");
+    R.norm.q_rstd = (float *)R.ko.data;
+    expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "q_rstd may overlap k_out", "rstd over k_out");
     R.norm.q_rstd = rq;
     R.norm.k_rstd = rq + 3;
     expect(forward(&R, &c), FUSEDROPE_ERR_INVALID, "rstd", "rstd over rstd");
