@@ -1893,6 +1893,18 @@ START_TEST(test_refusals_at_range_ends)
     refused_forward(cache, &P, &nm, &q, &qo, "pos->offsets",
                     "rstd from the last offset");
     {
+        /* the rows in k, q of no heads: the positions are k's */
+        fusedrope_tensor eq = fusedrope_tensor_bshd(x, FUSEDROPE_FLOAT32, B, S, 0, D);
+        fusedrope_norm kn = nm;
+        fusedrope_positions_init(&P);
+        P.ids = area;
+        kn.q_rstd = NULL;
+        kn.k_weight = w;
+        kn.k_rstd = (float *)(void *)(area + B * S - 1);
+        expect(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, &P, &kn, &eq, &eq, &q, &qo, NULL),
+               FUSEDROPE_ERR_INVALID, "k_rstd overlaps pos->ids", "k_rstd from the last id");
+    }
+    {
         fusedrope_tensor tq = fusedrope_tensor_thd(x, FUSEDROPE_FLOAT32, B * S, H, D);
         fusedrope_tensor tqo = fusedrope_tensor_thd(buf, FUSEDROPE_FLOAT32, B * S, H, D);
         int32_t *cu = (int32_t *)(void *)area;
