@@ -1928,7 +1928,8 @@ START_TEST(test_refusals_at_range_ends)
                     "rounding past ROUND_GEMMA");
     nm.rounding = FUSEDROPE_NORM_ROUND_ONCE;
 
-    /* k arrays of a call without k, a k_out without k_in, a dk_in alone */
+    /* k arrays of a call without k, a k_out without k_in, a dk_in alone, a
+     * k_saved alone */
     ck_assert_msg(fusedrope_norm_forward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, NULL, NULL,
                                             NULL) == FUSEDROPE_OK,
                   "%s", fusedrope_last_error());
@@ -1955,6 +1956,9 @@ START_TEST(test_refusals_at_range_ends)
     expect(fusedrope_norm_backward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, &tdx, NULL, NULL,
                                       &tdy, NULL),
            FUSEDROPE_ERR_INVALID, "k_saved is NULL", "dk_in alone");
+    expect(fusedrope_norm_backward_qk(cache, FUSEDROPE_NEOX, NULL, &nm, &q, &qo, &tdx, &q, NULL,
+                                      NULL, NULL),
+           FUSEDROPE_ERR_INVALID, "dk_out", "k_saved alone");
     tu_free_all();
 }
 END_TEST
