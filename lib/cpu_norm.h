@@ -52,7 +52,7 @@ typedef struct {
     int stream[2];           /* its output is streamed (fr_streamable) */
     int direct[2];           /* ... by nv_out itself, from the registers (else via `stage`) */
     int wf_ok[2];            /* its weight factors are finite */
-    int fin[2];              /* a NaN its vector rows make is the default NaN (fr_cpu_norm_forward) */
+    int fin[2];              /* any NaN its vector rows make is the default one (cpu_norm.c) */
     uintptr_t ahead[2];      /* bytes from a row's input to the one prefetched (FWD_AHEAD_BYTES) */
 } fwd_call;
 

@@ -256,8 +256,9 @@ FR_AVX2_INLINE float nv_sum(const void *x, float *v, int64_t hd, int dt)
  * Only for rows that nv_value8 takes (finite rstd and weight factors).
  * nt: y is streamed, 16-byte aligned, and the row has no scalar tail
  * (nt_whole).  fin: a rotated value that is a NaN is the default NaN
- * (fr_cpu_norm_forward), so the 16-bit narrowings need no NaN case.  16-bit types narrow 16 channels at a time
- * (one pack and one 32-byte store). */
+ * (fr_cpu_norm_forward), so the 16-bit narrowings need no NaN case.
+ * 16-bit types narrow 16 channels at a time (one pack and one 32-byte
+ * store). */
 FR_AVX2_INLINE void nv_out(const float *v, void *y, const float *wf, const float *cs,
                            const float *sn, int64_t hd, int64_t half, float rstd, int rounding,
                            int dt, int interleaved, int nt, int fin)
