@@ -1805,6 +1805,22 @@ static void refused_forward(const fusedrope_cache *cache, const fusedrope_positi
            FUSEDROPE_ERR_INVALID, needle, what);
 }
 
+/* The hand-written small cases' cache (head_dim d, 16 positions, CPU) and
+ * float32 inputs: x[i] = i % 7 - 3, w[i] = 1 + i / 64. */
+static fusedrope_cache *small_case(float *x, int64_t n, float *w, int64_t d)
+{
+    fusedrope_cache_config cfg;
+    fusedrope_cache *cache;
+    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, (int)d, 16, 10000.0);
+    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
+    tu_track(cache);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)(i % 7) - 3.0f;
+    for (int64_t i = 0; i < d; i++)
+        w[i] = 1.0f + (float)i / 64.0f;
+    return cache;
+}
+
 /* Every overlap the norm refuses is refused where only one element of
  * each range is shared (the first of one, the last of the other), every
  * enum's both ends, and every k array of a call without k: a mutation run
@@ -1813,7 +1829,6 @@ static void refused_forward(const fusedrope_cache *cache, const fusedrope_positi
 START_TEST(test_refusals_at_range_ends)
 {
     enum { B = 2, S = 3, H = 2, D = 64, N = B * S * H * D, ROWS = B * S * H };
-    fusedrope_cache_config cfg;
     fusedrope_cache *cache;
     fusedrope_norm nm;
     fusedrope_positions P;
@@ -1826,15 +1841,9 @@ START_TEST(test_refusals_at_range_ends)
     uint16_t *hx = tu_alloc(2 * (size_t)N);
     int64_t *area = tu_alloc(sizeof(int64_t) * (B * S + ROWS + 8));
 
-    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, 16, 10000.0);
-    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
-    tu_track(cache);
-    for (int i = 0; i < N; i++) {
-        x[i] = (float)(i % 7) - 3.0f;
+    cache = small_case(x, N, w, D);
+    for (int i = 0; i < N; i++)
         hx[i] = ref_double_to_bf16(x[i]);
-    }
-    for (int i = 0; i < D; i++)
-        w[i] = 1.0f + (float)i / 64.0f;
     q = fusedrope_tensor_bshd(x, FUSEDROPE_FLOAT32, B, S, H, D);
     fusedrope_norm_init(&nm);
     nm.weight = FUSEDROPE_NORM_WEIGHT;
@@ -2016,7 +2025,6 @@ static void nan_pair_forward(const fusedrope_cache *cache, const float *x, const
 START_TEST(test_empty_k_and_nan_weight)
 {
     enum { S = 4, H = 4, D = 64, N = S * H * D };
-    fusedrope_cache_config cfg;
     fusedrope_cache *cache;
     fusedrope_norm nm;
     float *x = tu_alloc(sizeof(float) * N), *y = tu_alloc(sizeof(float) * N);
@@ -2027,17 +2035,11 @@ START_TEST(test_empty_k_and_nan_weight)
     const uint32_t nan_bits = 0x7fffffffu;
     fusedrope_tensor q, qo, tdy, tdx, k;
 
-    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, 16, 10000.0);
-    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
-    tu_track(cache);
-    for (int i = 0; i < N; i++) {
-        x[i] = (float)(i % 7) - 3.0f;
+    cache = small_case(x, N, w, D);
+    for (int i = 0; i < N; i++)
         dy[i] = (float)(i % 5) - 2.0f;
-    }
-    for (int i = 0; i < D; i++) {
-        w[i] = 1.0f + (float)i / 64.0f;
+    for (int i = 0; i < D; i++)
         dkw[i] = 12345.0f;
-    }
     q = fusedrope_tensor_bshd(x, FUSEDROPE_FLOAT32, 1, S, H, D);
     qo = fusedrope_tensor_bshd(y, FUSEDROPE_FLOAT32, 1, S, H, D);
     tdy = fusedrope_tensor_bshd(dy, FUSEDROPE_FLOAT32, 1, S, H, D);
@@ -2141,7 +2143,6 @@ END_TEST
 START_TEST(test_empty_views_touch_nothing)
 {
     enum { S = 4, H = 4, D = 64, N = S * H * D };
-    fusedrope_cache_config cfg;
     fusedrope_cache *cache;
     fusedrope_norm nm;
     float *x = tu_alloc(sizeof(float) * N), *y = tu_alloc(sizeof(float) * N);
@@ -2149,13 +2150,7 @@ START_TEST(test_empty_views_touch_nothing)
     float *rq = tu_alloc(sizeof(float) * S * H);
     fusedrope_tensor q, qo, k;
 
-    fusedrope_cache_config_init(&cfg, FUSEDROPE_ROPE_DEFAULT, D, 16, 10000.0);
-    ck_assert_int_eq(fusedrope_cache_create(&cfg, CPU, &cache), FUSEDROPE_OK);
-    tu_track(cache);
-    for (int i = 0; i < N; i++)
-        x[i] = (float)(i % 7) - 3.0f;
-    for (int i = 0; i < D; i++)
-        w[i] = 1.0f + (float)i / 64.0f;
+    cache = small_case(x, N, w, D);
     memcpy(w0, w, sizeof(float) * D);
     fusedrope_norm_init(&nm);
     nm.weight = FUSEDROPE_NORM_WEIGHT;
