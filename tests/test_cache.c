@@ -329,9 +329,9 @@ static void check_derived(const fusedrope_cache *c, const fusedrope_cache_config
  * factor (checked against the reference by check_derived), libm's cos and sin
  * give what every table entry must be, the correctly rounded float of
  * cos(p inv_i) a, except where that double lies within 2^-44 of a rounding
- * boundary.  DESIGN's sin and
- * cos (lib/rope_math.h: a reduction by pi/2 and Taylor polynomials) are far
- * more accurate than that window, so a slip in any term above it shows here.
+ * boundary.  DESIGN's sin and cos (lib/rope_math.h: a reduction by pi/2 and
+ * Taylor polynomials) are far more accurate than that window, so a slip in
+ * any term above it shows here.
  */
 static void check_table_libm(const fusedrope_cache *c, const float *tc, const float *ts,
                              const char *name, fusedrope_device dev)
